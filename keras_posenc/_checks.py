@@ -1,0 +1,56 @@
+"""Runtime argument checks that read the same in eager mode and in graphs.
+
+Eager calls raise `ValueError` (the value is known, so the check is plain
+Python). Inside a `tf.function` the check becomes an assertion op, which
+raises `tf.errors.InvalidArgumentError` with the same message text when the
+graph runs. Under XLA assertions cannot be compiled, so they are left out
+there; shapes and ranges are then the caller's contract.
+"""
+
+import tensorflow as tf
+
+
+def in_xla_context():
+    """True while tracing a function that XLA will compile."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - private module moved
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    return control_flow_util.GraphOrParentsInXlaContext(graph)
+
+
+def check(condition, template, *values):
+    """Fails with `template.format(*values)` when `condition` is False.
+
+    Args:
+        condition: a scalar bool tensor or Python bool.
+        template: message with one `{}` per value.
+        *values: tensors or Python values shown in the message.
+
+    Returns:
+        A list of control dependencies to attach to the result in graph mode
+        (empty in eager mode and under XLA).
+    """
+    if tf.executing_eagerly():
+        if not bool(condition):
+            raise ValueError(_format(template, values))
+        return []
+    if in_xla_context():
+        return []
+    message = tf.strings.format(template, values, summarize=6) if values else template
+    return [tf.debugging.Assert(condition, [message])]
+
+
+def _format(template, values):
+    if not values:
+        return template
+    return tf.strings.format(template, values, summarize=6).numpy().decode()
+
+
+def with_checks(tensor, checks):
+    """Returns `tensor`, made to depend on `checks` when there are any."""
+    if not checks:
+        return tensor
+    with tf.control_dependencies(checks):
+        return tf.identity(tensor)

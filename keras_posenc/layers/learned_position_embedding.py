@@ -1,0 +1,75 @@
+"""LearnedPositionEmbedding: a trainable table with the sinusoidal layer's semantics."""
+
+import tensorflow as tf
+from tensorflow import keras
+
+from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
+
+
+@keras.utils.register_keras_serializable(package="keras_posenc")
+class LearnedPositionEmbedding(PositionEmbeddingBase):
+    """Adds a trainable `[max_length, depth]` position table to the inputs.
+
+    Call semantics match `SinusoidalPositionEmbedding`: per-sample position ids
+    derived from the mask (left padding, packed rows), zeroed padding, mask
+    pass-through, optional per-language scale and dropout. A learned table has
+    no rows past `max_length`, so only `overflow="error"` is accepted.
+
+    The table variable stays float32 under `mixed_float16`; rows are gathered
+    in float32 and cast to the compute dtype at the add.
+
+    Args:
+        max_length: int >= 1, number of trainable rows.
+        initializer: initializer of the table (default: truncated normal with
+            stddev 0.02, as in BERT).
+        zero_padding: bool, zero the embedding where the mask is False.
+        num_languages: optional int, learn a scale per language (init 1.0).
+        dropout: float in [0, 1), dropout on the position embedding.
+        overflow: only "error".
+        **kwargs: standard layer arguments.
+
+    Call arguments:
+        inputs: float tensor `[batch, length, depth]`.
+        position_ids: optional int tensor `[batch, length]` or `[length]`.
+        language_ids: int tensor `[batch]` or `[batch, length]` when
+            `num_languages` is set.
+        mask: optional bool tensor `[batch, length]`.
+        training: bool, enables dropout.
+
+    Example:
+
+    >>> layer = LearnedPositionEmbedding(max_length=8)
+    >>> y = layer(tf.zeros([2, 3, 4]))
+    >>> y.shape
+    TensorShape([2, 3, 4])
+    >>> [w.shape.as_list() for w in layer.trainable_weights]
+    [[8, 4]]
+
+    References:
+        - [Devlin et al., 2019](https://arxiv.org/abs/1810.04805) (learned
+          absolute positions in BERT).
+    """
+
+    def __init__(self, max_length=2048, *, initializer=None, zero_padding=True, num_languages=None,
+                 dropout=0.0, overflow="error", **kwargs):
+        super().__init__(max_length, zero_padding=zero_padding, num_languages=num_languages,
+                         dropout=dropout, overflow=overflow, **kwargs)
+        if initializer is None:
+            initializer = keras.initializers.TruncatedNormal(stddev=0.02)
+        self.initializer = keras.initializers.get(initializer)
+
+    def _build_table(self, depth):
+        self.position_table = self.add_weight(
+            name="position_table", shape=[self.max_length, depth], initializer=self.initializer,
+            dtype=tf.float32, trainable=True, experimental_autocast=False)
+
+    def _table_rows(self, ids):
+        return tf.gather(self.position_table, ids)
+
+    def _table_prefix(self, length):
+        return self.position_table[:length]
+
+    def get_config(self):
+        config = super().get_config()
+        config["initializer"] = keras.initializers.serialize(self.initializer)
+        return config

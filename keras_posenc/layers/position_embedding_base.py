@@ -1,0 +1,214 @@
+"""Shared call logic of every additive position-embedding layer.
+
+Subclasses say how to produce the float32 rows of their table (`_table_rows`
+for given ids, `_table_prefix` for positions 0..T-1); this base handles
+position ids, padding, Keras masks, language scaling, dropout, argument checks
+and the cast to the compute dtype.
+"""
+
+import tensorflow as tf
+from tensorflow import keras
+
+from keras_posenc._checks import check, with_checks
+from keras_posenc.positions import position_ids as derive_position_ids
+
+OVERFLOW_MODES = ("error", "extend")
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {tuple(choices)}, got {name}={value!r}.")
+
+
+def check_positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {name}={value!r}.")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {name}={value}.")
+
+
+class PositionEmbeddingBase(keras.layers.Layer):
+    """Adds a position embedding to `[batch, length, depth]` inputs.
+
+    Not used directly: see `SinusoidalPositionEmbedding` and
+    `LearnedPositionEmbedding`.
+    """
+
+    can_extend = False
+
+    def __init__(self, max_length=2048, *, zero_padding=True, num_languages=None, dropout=0.0,
+                 overflow="error", **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("max_length", max_length)
+        check_choice("overflow", overflow, OVERFLOW_MODES)
+        if overflow == "extend" and not self.can_extend:
+            raise ValueError(
+                f"`overflow='extend'` is not possible for {type(self).__name__}: its table has no "
+                f"rows beyond max_length={max_length}. Use overflow='error'.")
+        if num_languages is not None:
+            check_positive_int("num_languages", num_languages)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must be a float in [0, 1), got dropout={dropout!r}.")
+        self.max_length = max_length
+        self.zero_padding = bool(zero_padding)
+        self.num_languages = num_languages
+        self.dropout = float(dropout)
+        self.overflow = overflow
+        self.supports_masking = True
+        self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    # Subclass hooks ---------------------------------------------------------
+    def _build_table(self, depth):
+        """Creates the table for inputs of width `depth`."""
+        raise NotImplementedError  # pragma: no cover - abstract hook
+
+    def _table_rows(self, ids):
+        """float32 rows `[..., depth]` for int32 position ids."""
+        raise NotImplementedError  # pragma: no cover - abstract hook
+
+    def _table_prefix(self, length):
+        """float32 rows `[length, depth]` for positions 0..length-1."""
+        raise NotImplementedError  # pragma: no cover - abstract hook
+
+    # Keras API --------------------------------------------------------------
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        if input_shape.rank != 3:
+            raise ValueError(
+                f"`inputs` must have rank 3 [batch, length, depth], got shape {input_shape}.")
+        depth = input_shape[-1]
+        if depth is None:
+            raise ValueError(f"The last dimension of `inputs` must be known, got shape {input_shape}.")
+        self.depth = int(depth)
+        self._build_table(self.depth)
+        if self.num_languages is not None:
+            self.language_scale = self.add_weight(
+                name="language_scale", shape=[self.num_languages], initializer="ones",
+                dtype=tf.float32, trainable=True, experimental_autocast=False)
+        self._dropout_layer.build(input_shape)
+        super().build(input_shape)
+
+    def call(self, inputs, position_ids=None, language_ids=None, mask=None, training=None):
+        if inputs.shape.rank != 3:
+            raise ValueError(
+                f"`inputs` must have rank 3 [batch, length, depth], got shape {inputs.shape}.")
+        shape = tf.shape(inputs)
+        batch, length = shape[0], shape[1]
+        if mask is not None:
+            mask = self._validated_mask(mask, inputs)
+        if position_ids is not None:
+            pe = self._table_rows(self._validated_position_ids(position_ids, inputs))
+        elif mask is not None:
+            ids = derive_position_ids(mask)
+            longest = tf.reduce_max(tf.reduce_sum(tf.cast(mask, tf.int32), axis=1))
+            pe = self._table_rows(with_checks(ids, self._length_checks(longest)))
+        else:
+            pe = self._table_prefix(with_checks(length, self._length_checks(length)))[None]
+        if self.zero_padding and mask is not None:
+            pe = pe * tf.cast(mask, pe.dtype)[:, :, None]
+        if language_ids is not None or self.num_languages is not None:
+            pe = pe * self._language_scale(language_ids, batch, length)
+        pe = tf.cast(pe, self.compute_dtype)
+        if self.dropout > 0:
+            pe = self._dropout_layer(pe, training=training)
+        return inputs + pe
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "max_length": self.max_length,
+            "zero_padding": self.zero_padding,
+            "num_languages": self.num_languages,
+            "dropout": self.dropout,
+            "overflow": self.overflow,
+        })
+        return config
+
+    # Validation -------------------------------------------------------------
+    def _length_checks(self, length):
+        if self.overflow == "extend":
+            return []
+        static = tf.get_static_value(length)
+        if static is not None and static > self.max_length:
+            raise ValueError(
+                f"Sequence length {static} exceeds max_length={self.max_length} of "
+                f"{type(self).__name__} '{self.name}' (overflow='error').")
+        return check(length <= self.max_length,
+                     "Sequence length {} exceeds max_length=" + str(self.max_length) + " of "
+                     + type(self).__name__ + " '" + self.name + "' (overflow='error').", length)
+
+    def _validated_mask(self, mask, inputs):
+        mask = tf.convert_to_tensor(mask)
+        if mask.shape.rank is not None and mask.shape.rank != 2:
+            raise ValueError(f"`mask` must have shape [batch, length] = {inputs.shape[:2]}, "
+                             f"got shape {mask.shape}.")
+        if mask.shape.is_fully_defined() and inputs.shape[:2].is_fully_defined():
+            if mask.shape != inputs.shape[:2]:
+                raise ValueError(f"`mask` must have shape [batch, length] = {inputs.shape[:2]}, "
+                                 f"got shape {mask.shape}.")
+            return tf.cast(mask, tf.bool)
+        checks = check(tf.reduce_all(tf.equal(tf.shape(mask), tf.shape(inputs)[:2])),
+                       "`mask` must have shape [batch, length] = {}, got shape {}.",
+                       tf.shape(inputs)[:2], tf.shape(mask))
+        return with_checks(tf.cast(mask, tf.bool), checks)
+
+    def _validated_position_ids(self, ids, inputs):
+        ids = tf.convert_to_tensor(ids)
+        if not ids.dtype.is_integer:
+            raise TypeError(f"`position_ids` must be an integer tensor, got dtype {ids.dtype.name}.")
+        if ids.shape.rank not in (None, 1, 2):
+            raise ValueError(f"`position_ids` must have shape [batch, length] or [length], "
+                             f"got shape {ids.shape}.")
+        ids = tf.cast(ids, tf.int32)
+        if ids.shape.rank == 1:
+            ids = ids[None]
+        upper = None if self.overflow == "extend" else self.max_length
+        low, high = tf.reduce_min(ids), tf.reduce_max(ids)
+        range_text = "[0, inf)" if upper is None else f"[0, max_length={upper})"
+        template = "`position_ids` must be in " + range_text + ", got min {} and max {}."
+        in_range = low >= 0 if upper is None else tf.logical_and(low >= 0, high < upper)
+        in_range = tf.logical_or(tf.equal(tf.size(ids), 0), in_range)
+        checks = check(in_range, template, low, high)
+        checks += check(tf.reduce_all(tf.equal(tf.shape(ids)[1], tf.shape(inputs)[1])),
+                        "`position_ids` length {} must equal the inputs length {}.",
+                        tf.shape(ids)[1], tf.shape(inputs)[1])
+        return with_checks(ids, checks)
+
+    def _language_scale(self, language_ids, batch, length):
+        if self.num_languages is None:
+            raise ValueError(
+                f"`language_ids` was given but {type(self).__name__} '{self.name}' was built with "
+                "num_languages=None; pass num_languages=N to learn a scale per language.")
+        if language_ids is None:
+            raise ValueError(
+                f"{type(self).__name__} '{self.name}' has num_languages={self.num_languages}: "
+                "pass `language_ids` of shape [batch] or [batch, length].")
+        language_ids = tf.convert_to_tensor(language_ids)
+        if not language_ids.dtype.is_integer:
+            raise TypeError(
+                f"`language_ids` must be an integer tensor, got dtype {language_ids.dtype.name}.")
+        if language_ids.shape.rank not in (None, 1, 2):
+            raise ValueError(f"`language_ids` must have shape [batch] or [batch, length], "
+                             f"got shape {language_ids.shape}.")
+        language_ids = tf.cast(language_ids, tf.int32)
+        in_range = tf.logical_or(
+            tf.equal(tf.size(language_ids), 0),
+            tf.logical_and(tf.reduce_min(language_ids) >= 0,
+                           tf.reduce_max(language_ids) < self.num_languages))
+        checks = check(in_range, "`language_ids` must be in [0, num_languages="
+                       + str(self.num_languages) + "), got min {} and max {}.",
+                       tf.reduce_min(language_ids), tf.reduce_max(language_ids))
+        expected = tf.stack([batch, length])[:language_ids.shape.rank or 2]
+        checks += check(tf.reduce_all(tf.equal(tf.shape(language_ids), expected)),
+                        "`language_ids` must have shape [batch] or [batch, length] = {}, got shape {}.",
+                        tf.stack([batch, length]), tf.shape(language_ids))
+        scale = tf.gather(self.language_scale, with_checks(language_ids, checks))
+        if language_ids.shape.rank == 1:
+            return scale[:, None, None]
+        return scale[:, :, None]

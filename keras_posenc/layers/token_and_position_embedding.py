@@ -1,0 +1,134 @@
+"""TokenAndPositionEmbedding: token lookup plus any position embedding."""
+
+import math
+
+import tensorflow as tf
+from tensorflow import keras
+
+from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
+from keras_posenc.layers.position_embedding_base import check_choice, check_positive_int
+from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPositionEmbedding
+from keras_posenc.positions import position_ids as derive_position_ids
+
+POSITION_LAYERS = {
+    "sinusoidal": SinusoidalPositionEmbedding,
+    "learned": LearnedPositionEmbedding,
+}
+
+
+@keras.utils.register_keras_serializable(package="keras_posenc")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Embeds token ids and adds a position embedding.
+
+    `output = dropout(embed(ids) * sqrt(d_model) + PE)`, where the sqrt scale
+    (section 3.4 of the paper) is optional and PE is any of the package's
+    position layers, chosen by name. The layer emits the Keras mask
+    `token_ids != pad_id`, which the position layer uses to number each row's
+    real tokens (left padding works) and zero PE at padding, and which later
+    layers (attention) receive automatically.
+
+    Args:
+        vocab_size: int, number of token ids.
+        d_model: int, embedding width.
+        max_length: int, longest sequence (rows of the position table).
+        pad_id: int, the padding token id (masked out).
+        scale_embeddings: bool, multiply token embeddings by sqrt(d_model).
+        position: name of the position embedding, one of
+            `POSITION_LAYERS` ("sinusoidal", "learned").
+        dropout: float, dropout on the sum.
+        embeddings_initializer: initializer of the token table.
+        **position_kwargs: forwarded to the position layer (for example
+            `table`, `layout`, `num_languages`, `overflow`).
+
+    Call arguments:
+        token_ids: int tensor `[batch, length]`.
+        position_ids: optional int tensor `[batch, length]`.
+        language_ids: int tensor `[batch]` or `[batch, length]` when
+            `num_languages` is given.
+        segment_ids: optional int tensor `[batch, length]` for packed rows:
+            positions restart at every segment change.
+        training: bool, enables dropout.
+
+    Example:
+
+    >>> layer = TokenAndPositionEmbedding(vocab_size=100, d_model=8, max_length=16)
+    >>> y = layer(tf.constant([[5, 6, 7, 0], [0, 0, 5, 6]]))
+    >>> y.shape
+    TensorShape([2, 4, 8])
+    >>> layer.compute_mask(tf.constant([[5, 6, 7, 0]])).numpy().tolist()
+    [[True, True, True, False]]
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), sections 3.4-3.5.
+    """
+
+    def __init__(self, vocab_size, d_model, max_length, *, pad_id=0, scale_embeddings=True,
+                 position="sinusoidal", dropout=0.1, embeddings_initializer="uniform",
+                 **position_kwargs):
+        layer_kwargs = {k: position_kwargs.pop(k) for k in ("name", "dtype", "trainable")
+                        if k in position_kwargs}
+        super().__init__(**layer_kwargs)
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("d_model", d_model)
+        check_positive_int("max_length", max_length)
+        check_choice("position", position, POSITION_LAYERS)
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
+            raise ValueError(f"`pad_id` must be an int in [0, vocab_size={vocab_size}), got pad_id={pad_id!r}.")
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self.scale_embeddings = bool(scale_embeddings)
+        self.position = position
+        self.dropout = float(dropout)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.position_kwargs = dict(position_kwargs)
+        self.supports_masking = True
+        self.token_embedding = keras.layers.Embedding(
+            vocab_size, d_model, embeddings_initializer=self.embeddings_initializer,
+            dtype=self.dtype_policy, name="token_embedding")
+        self.position_embedding = POSITION_LAYERS[position](
+            max_length, dtype=self.dtype_policy, name="position_embedding", **position_kwargs)
+        self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        self.token_embedding.build(input_shape)
+        self.position_embedding.build(input_shape.concatenate([self.d_model]))
+        super().build(input_shape)
+
+    def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, training=None):
+        if token_ids.shape.rank != 2:
+            raise ValueError(f"`token_ids` must have rank 2 [batch, length], got shape {token_ids.shape}.")
+        if not token_ids.dtype.is_integer:
+            raise TypeError(f"`token_ids` must be integers, got dtype {token_ids.dtype.name}.")
+        mask = tf.not_equal(token_ids, self.pad_id)
+        x = self.token_embedding(token_ids)
+        if self.scale_embeddings:
+            x = x * tf.cast(math.sqrt(self.d_model), x.dtype)
+        if position_ids is None and segment_ids is not None:
+            position_ids = derive_position_ids(mask, segment_ids=segment_ids)
+        x = self.position_embedding(x, position_ids=position_ids, language_ids=language_ids,
+                                    mask=mask, training=training)
+        return self._dropout_layer(x, training=training)
+
+    def compute_mask(self, token_ids, mask=None):
+        return tf.not_equal(token_ids, self.pad_id)
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape).concatenate([self.d_model])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "vocab_size": self.vocab_size,
+            "d_model": self.d_model,
+            "max_length": self.max_length,
+            "pad_id": self.pad_id,
+            "scale_embeddings": self.scale_embeddings,
+            "position": self.position,
+            "dropout": self.dropout,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            **self.position_kwargs,
+        })
+        return config
