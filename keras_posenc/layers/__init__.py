@@ -1,7 +1,15 @@
 """Keras layers of keras_posenc."""
 
+from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedding
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
 from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPositionEmbedding
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
 
-__all__ = ["LearnedPositionEmbedding", "SinusoidalPositionEmbedding", "TokenAndPositionEmbedding"]
+__all__ = [
+    "IntegerPositionEmbedding",
+    "LearnedPositionEmbedding",
+    "SinusoidalPositionEmbedding",
+    "TokenAndPositionEmbedding",
+    "ZeroPositionEmbedding",
+]

@@ -5,14 +5,18 @@ import math
 import tensorflow as tf
 from tensorflow import keras
 
+from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedding
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
 from keras_posenc.layers.position_embedding_base import check_choice, check_positive_int
 from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPositionEmbedding
+from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
 from keras_posenc.positions import position_ids as derive_position_ids
 
 POSITION_LAYERS = {
     "sinusoidal": SinusoidalPositionEmbedding,
     "learned": LearnedPositionEmbedding,
+    "integer": IntegerPositionEmbedding,
+    "none": ZeroPositionEmbedding,
 }
 
 
@@ -34,7 +38,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         pad_id: int, the padding token id (masked out).
         scale_embeddings: bool, multiply token embeddings by sqrt(d_model).
         position: name of the position embedding, one of
-            `POSITION_LAYERS` ("sinusoidal", "learned").
+            `POSITION_LAYERS` ("sinusoidal", "learned", "integer", "none").
         dropout: float, dropout on the sum.
         embeddings_initializer: initializer of the token table.
         **position_kwargs: forwarded to the position layer (for example
