@@ -1,0 +1,160 @@
+"""Encoder: token and position embedding followed by a stack of EncoderLayers."""
+
+import tensorflow as tf
+from tensorflow import keras
+
+from keras_posenc.encoder_layer import EncoderLayer, check_epsilon, check_rate, merge_attention_masks
+from keras_posenc.layers.position_embedding_base import check_positive_int
+from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
+
+__all__ = ["Encoder", "EncoderLayer"]
+
+
+@keras.utils.register_keras_serializable(package="keras_posenc")
+class Encoder(keras.layers.Layer):
+    """A Transformer encoder over token ids.
+
+    `TokenAndPositionEmbedding` (any position kind of
+    `keras_posenc.layers.token_and_position_embedding.POSITION_LAYERS`), then
+    `num_layers` `EncoderLayer`s, then, for pre-LN stacks only, a final
+    `LayerNormalization` (post-LN blocks already end normalised).
+
+    Masks: padding (`token_ids == pad_id`) is masked for queries and keys and
+    the Keras mask is emitted for later layers. `attention_mask` and
+    `use_causal_mask` are merged in. With `segment_ids` (several sequences
+    packed in one row), position ids restart at each segment and attention is
+    block-diagonal: a token attends only to tokens of its own segment, so a
+    packed row computes exactly what its sequences would compute alone. The
+    merged mask is built once and shared by all layers.
+
+    Args:
+        num_layers: int, number of encoder blocks.
+        d_model: int, model width.
+        num_heads: int, attention heads.
+        dff: int, feed-forward hidden width.
+        vocab_size: int, number of token ids.
+        max_length: int, longest sequence (rows of the position table).
+        dropout: float in [0, 1), used by the embedding and every block.
+        norm_first: bool, pre-LN blocks plus a final LayerNormalization.
+        activation: feed-forward activation.
+        epsilon: float > 0, LayerNormalization epsilon.
+        pad_id: int, the padding token id.
+        position: position embedding name ("sinusoidal", "learned").
+        **position_kwargs: forwarded to the position layer (for example
+            `table`, `num_languages`, `overflow`).
+
+    Call arguments:
+        token_ids: int tensor `[batch, length]`.
+        position_ids: optional int `[batch, length]`.
+        language_ids: int `[batch]` or `[batch, length]`, required exactly
+            when `num_languages` is given.
+        segment_ids: optional int `[batch, length]` for packed rows.
+        attention_mask: optional bool `[batch, length, length]`.
+        use_causal_mask: bool, forbid attention to later positions.
+        training: bool, enables dropout.
+
+    Returns:
+        A float tensor `[batch, length, d_model]` carrying the padding mask.
+
+    Example:
+
+    >>> encoder = Encoder(num_layers=2, d_model=8, num_heads=2, dff=16, vocab_size=50,
+    ...                   max_length=16)
+    >>> y = encoder(tf.constant([[5, 6, 7, 0], [0, 8, 9, 4]]))
+    >>> y.shape
+    TensorShape([2, 4, 8])
+    >>> y._keras_mask.numpy().tolist()
+    [[True, True, True, False], [False, True, True, True]]
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.
+    """
+
+    def __init__(self, num_layers, d_model, num_heads, dff, vocab_size, max_length, *, dropout=0.1,
+                 norm_first=False, activation="relu", epsilon=1e-6, pad_id=0, position="sinusoidal",
+                 **position_kwargs):
+        layer_kwargs = {k: position_kwargs.pop(k) for k in ("name", "dtype", "trainable")
+                        if k in position_kwargs}
+        super().__init__(**layer_kwargs)
+        check_positive_int("num_layers", num_layers)
+        check_rate("dropout", dropout)
+        check_epsilon(epsilon)
+        self.num_layers = num_layers
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.dff = dff
+        self.vocab_size = vocab_size
+        self.max_length = max_length
+        self.dropout = float(dropout)
+        self.norm_first = bool(norm_first)
+        self.activation = keras.activations.get(activation)
+        self.epsilon = float(epsilon)
+        self.pad_id = pad_id
+        self.position = position
+        self.position_kwargs = dict(position_kwargs)
+        self.supports_masking = True
+        policy = self.dtype_policy
+        self.embedding = TokenAndPositionEmbedding(
+            vocab_size, d_model, max_length, pad_id=pad_id, position=position, dropout=self.dropout,
+            dtype=policy, name="embedding", **position_kwargs)
+        self.encoder_layers = [
+            EncoderLayer(d_model, num_heads, dff, dropout=self.dropout, norm_first=self.norm_first,
+                         activation=self.activation, epsilon=self.epsilon, dtype=policy,
+                         name=f"encoder_layer_{i}")
+            for i in range(num_layers)
+        ]
+        self.final_norm = None
+        if self.norm_first:
+            self.final_norm = keras.layers.LayerNormalization(
+                axis=-1, epsilon=self.epsilon, dtype=policy, name="final_norm")
+
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        hidden_shape = input_shape.concatenate([self.d_model])
+        sublayers = [(self.embedding, input_shape)] + [(layer, hidden_shape) for layer in self.encoder_layers]
+        if self.final_norm is not None:
+            sublayers.append((self.final_norm, hidden_shape))
+        for layer, shape in sublayers:
+            with tf.name_scope(layer.name):  # unique weight names for the legacy h5 format
+                layer.build(shape)
+        super().build(input_shape)
+
+    def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
+             use_causal_mask=False, training=None):
+        x = self.embedding(token_ids, position_ids=position_ids, language_ids=language_ids,
+                           segment_ids=segment_ids, training=training)
+        padding_mask = tf.not_equal(token_ids, self.pad_id)
+        merged = merge_attention_masks(tf.shape(token_ids)[1], mask=padding_mask,
+                                       attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+                                       segment_ids=segment_ids)
+        for layer in self.encoder_layers:
+            # mask=None: the padding mask is already inside `merged`.
+            x = layer(x, mask=None, attention_mask=merged, training=training)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x
+
+    def compute_mask(self, token_ids, mask=None):
+        return tf.not_equal(token_ids, self.pad_id)
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape).concatenate([self.d_model])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "num_layers": self.num_layers,
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "dff": self.dff,
+            "vocab_size": self.vocab_size,
+            "max_length": self.max_length,
+            "dropout": self.dropout,
+            "norm_first": self.norm_first,
+            "activation": keras.activations.serialize(self.activation),
+            "epsilon": self.epsilon,
+            "pad_id": self.pad_id,
+            "position": self.position,
+            **self.position_kwargs,
+        })
+        return config
