@@ -1,13 +1,10 @@
 """SinusoidalPositionEmbedding: the fixed sin/cos table, padding-aware."""
 
-import numpy as np
 import tensorflow as tf
 from tensorflow import keras
 
 from keras_posenc import tables
-from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase, check_choice
-
-TABLE_KINDS = ("full",)
+from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
@@ -30,7 +27,26 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
         base: float > 1, wavelength scale; 10000 in the paper.
         layout: "interleave" (the paper's sin/cos pairs) or "concat" (all sines
             then all cosines, as in the TensorFlow text tutorial).
-        table: "full", the whole `[max_length, depth]` table as a constant.
+        table: which constants the layer stores (never weights; a SavedModel
+            holds exactly these):
+            "full": the `[max_length, depth]` float32 table.
+            "factorized": exact to float32 rounding (max abs error < 3e-7)
+                with about `2 * sqrt(max_length) / max_length` of the bytes
+                (9% at max_length 512): rows are rebuilt by angle addition
+                from a coarse table of positions `a * B` and a fine table of
+                positions `b < B`, `B = ceil(sqrt(max_length))`.
+            "interpolated": stores `stored_dims` columns (sin/cos of evenly
+                spaced frequency pairs) and interpolates the others
+                linearly along the dimension axis. Lossy: with 64 of 512
+                columns the high-frequency half of the columns is wrong by
+                up to 2.0 at large positions (see
+                `keras_posenc.tables.compressed_table` for the error per
+                band). Prefer "factorized".
+            The compressed kinds rebuild rows in-graph with gather, mul,
+            add and sub only (no sin/cos, no float64).
+        stored_dims: even int, `2 <= stored_dims <= depth`, the columns an
+            "interpolated" table stores. Default (None): 64, or the whole
+            width when the input depth is below 64. Ignored by other kinds.
         zero_padding: bool, zero the encoding where the mask is False.
         num_languages: optional int; if set, a learnable scale per language
             (initialised to exactly 1.0) multiplies the encoding.
@@ -70,43 +86,114 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
     can_extend = True
 
     def __init__(self, max_length=2048, *, base=10000.0, layout="interleave", table="full",
-                 zero_padding=True, num_languages=None, dropout=0.0, overflow="error", **kwargs):
+                 stored_dims=None, zero_padding=True, num_languages=None, dropout=0.0,
+                 overflow="error", **kwargs):
         super().__init__(max_length, zero_padding=zero_padding, num_languages=num_languages,
                          dropout=dropout, overflow=overflow, **kwargs)
         tables.check_base(base)
         tables.check_layout(layout)
-        check_choice("table", table, TABLE_KINDS)
+        tables.check_table_kind(table)
+        tables.check_stored_dims(stored_dims)
         self.base = float(base)
         self.layout = layout
         self.table = table
+        self.stored_dims = None if stored_dims is None else int(stored_dims)
 
     def _build_table(self, depth):
-        values = tables.sinusoidal_table(self.max_length, depth, base=self.base,
-                                         layout=self.layout, dtype=np.float32)
-        self._table = tf.constant(values)
-        freq, is_sin = tables.column_frequencies(depth, self.base, self.layout)
-        self._freq64 = tf.constant(freq, tf.float64)
-        self._is_sin = tf.constant(is_sin)
+        arrays = tables.table_constants(self.table, self.max_length, depth, stored_dims=self.stored_dims,
+                                        base=self.base, layout=self.layout)
+        self._table_names = tuple(sorted(arrays))
+        for name, values in arrays.items():
+            setattr(self, "_" + name, tf.constant(values))
+        self._pairs = (depth + 1) // 2
+
+    @property
+    def table_nbytes(self):
+        """Bytes of the constants this built layer stores for its table."""
+        return sum(getattr(self, "_" + name).shape.num_elements() * 4 for name in self._table_names)
+
+    def _columns(self):
+        """`(pair, is_cos)` int32 `[depth]`: the frequency pair and sin/cos kind of every column."""
+        cols = tf.range(self.depth)
+        if self.layout == "interleave":
+            return cols // 2, cols % 2
+        is_cos = tf.cast(cols >= self._pairs, tf.int32)
+        return cols - is_cos * self._pairs, is_cos
+
+    def _interpolated_rows(self, ids):
+        # Same arithmetic as tables.compressed_table("interpolated"); the node
+        # formula of tables.interpolation_nodes is evaluated here so that no
+        # index array is stored.
+        pairs, stored_pairs = self._pairs, self._stored.shape[1] // 2
+        pair, is_cos = self._columns()
+        if stored_pairs == 1:
+            lower = upper = tf.zeros_like(pair)
+            alpha = tf.zeros([self.depth], tf.float32)
+        else:
+            lower = tf.minimum(((pair + 1) * (stored_pairs - 1) - 1) // (pairs - 1), stored_pairs - 2)
+            upper = lower + 1
+            lo_node = lower * (pairs - 1) // (stored_pairs - 1)
+            hi_node = upper * (pairs - 1) // (stored_pairs - 1)
+            alpha = tf.cast(pair - lo_node, tf.float32) / tf.cast(hi_node - lo_node, tf.float32)
+        rows = tf.gather(self._stored, ids)
+        lo = tf.gather(rows, is_cos * stored_pairs + lower, axis=-1)
+        hi = tf.gather(rows, is_cos * stored_pairs + upper, axis=-1)
+        return lo + alpha * (hi - lo)
+
+    def _factorized_rows(self, ids):
+        # sin(p w) and cos(p w) by angle addition, p = a * block + b.
+        pairs, block = self._pairs, self._fine.shape[0]
+        coarse_index = ids // block
+        coarse = tf.gather(self._coarse, coarse_index)
+        fine = tf.gather(self._fine, ids - coarse_index * block)
+        cs, cc = coarse[..., :pairs], coarse[..., pairs:]
+        fs, fc = fine[..., :pairs], fine[..., pairs:]
+        sin_cos = tf.concat([cs * fc + cc * fs, cc * fc - cs * fs], axis=-1)
+        if self.layout == "concat":
+            return sin_cos[..., :self.depth] if self.depth % 2 == 0 else tf.concat(
+                [sin_cos[..., :pairs], sin_cos[..., pairs:pairs + self.depth // 2]], axis=-1)
+        pair, is_cos = self._columns()
+        return tf.gather(sin_cos, is_cos * pairs + pair, axis=-1)
+
+    def _stored_rows(self, ids):
+        if self.table == "full":
+            return tf.gather(self._table, ids)
+        if self.table == "interpolated":
+            return self._interpolated_rows(ids)
+        return self._factorized_rows(ids)
+
+    def _stored_prefix(self, length):
+        if self.table == "full":
+            return self._table[:length]
+        return self._stored_rows(tf.range(length))
 
     def _computed_rows(self, ids):
-        angles = tf.cast(ids, tf.float64)[..., None] * self._freq64
-        return tf.cast(tf.where(self._is_sin, tf.sin(angles), tf.cos(angles)), tf.float32)
+        # Positions past the table ("extend"): float64 angles, computed in-graph (nothing stored).
+        pair, is_cos = self._columns()
+        freq = tf.pow(tf.constant(self.base, tf.float64),
+                      -2.0 * tf.cast(pair, tf.float64) / float(self.depth))
+        angles = tf.cast(ids, tf.float64)[..., None] * freq
+        return tf.cast(tf.where(is_cos == 0, tf.sin(angles), tf.cos(angles)), tf.float32)
 
     def _table_rows(self, ids):
         if self.overflow == "extend":
             return tf.cond(tf.reduce_all(ids < self.max_length),
-                           lambda: tf.gather(self._table, ids),
+                           lambda: self._stored_rows(ids),
                            lambda: self._computed_rows(ids))
-        return tf.gather(self._table, ids)
+        return self._stored_rows(ids)
 
     def _table_prefix(self, length):
         if self.overflow == "extend":
             return tf.cond(length <= self.max_length,
-                           lambda: self._table[:length],
+                           lambda: self._stored_prefix(length),
                            lambda: self._computed_rows(tf.range(length)))
-        return self._table[:length]
+        return self._stored_prefix(length)
+
+    def _constant_table(self):
+        return self._table if self.table == "full" else None
 
     def get_config(self):
         config = super().get_config()
-        config.update({"base": self.base, "layout": self.layout, "table": self.table})
+        config.update({"base": self.base, "layout": self.layout, "table": self.table,
+                       "stored_dims": self.stored_dims})
         return config
