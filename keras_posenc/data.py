@@ -1,0 +1,302 @@
+"""Corpora, SentencePiece training and tf.data pipelines for a causal LM.
+
+A corpus is either plain text (one document or sentence per line) or TSV
+parallel pairs (`source<TAB>target`). Pairs are trained as one sequence
+`[<s>] source <sep> target [</s>]` whose `language_ids` are 0 on the source
+side (up to and including `<sep>`) and 1 on the target side, so a model built
+with `num_languages=2` learns a position scale per language.
+
+Token ids are fixed: 0 `<pad>`, 1 `<unk>`, 2 `<s>`, 3 `</s>`, 4 `<sep>`.
+BOS and EOS are explicit options of the pipeline; `<s>` stays at the start of
+the sequence (never moved to the end as in 002 "坑二"): it is a real token
+at position 0, and the first word is at position 1.
+
+Example:
+
+>>> texts = ["the cat sat on the mat", "the dog sat on the log"] * 20
+>>> sp_model = train_sentencepiece(texts, vocab_size=20)
+>>> ds = lm_dataset(texts, sp_model, max_length=8, batch_size=4, shuffle=False)
+>>> features, labels = next(iter(ds))
+>>> sorted(features)
+['position_ids', 'token_ids']
+>>> int(features["token_ids"][0, 0]) == BOS_ID
+True
+"""
+
+import io
+import os
+import random
+import re
+
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from keras_posenc.positions import position_ids as derive_position_ids
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
+SEP_PIECE = "<sep>"
+NUM_RESERVED_IDS = 5
+FORMATS = ("text", "tsv")
+
+
+class CorpusError(ValueError):
+    """A corpus file is missing, empty or malformed."""
+
+
+def default_corpus_path():
+    """Path of the embedded English corpus (Python documentation prose, PSF licence)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "python_docs_en.txt")
+
+
+def _read_lines(path):
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"`corpus` must be a file path, got corpus={path!r}.")
+    if not os.path.isfile(path):
+        raise CorpusError(f"Corpus file not found: corpus={os.fspath(path)!r}.")
+    with open(path, encoding="utf-8") as f:
+        try:
+            return f.read().splitlines()
+        except UnicodeDecodeError as err:
+            raise CorpusError(f"Corpus {os.fspath(path)!r} is not UTF-8 text: {err}.") from None
+
+
+def read_text_corpus(path):
+    """Non-blank lines of a plain-text corpus, stripped.
+
+    Raises:
+        CorpusError: the file is missing or has no non-blank line.
+    """
+    lines = [line.strip() for line in _read_lines(path)]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise CorpusError(f"Corpus {os.fspath(path)!r} is empty: it has no non-blank line.")
+    return lines
+
+
+def read_tsv_corpus(path, *, skip_bad_lines=False):
+    """`(source, target)` pairs of a `source<TAB>target` corpus.
+
+    Blank lines are ignored. A line without a tab, with more than one tab or
+    with an empty side is an error naming its line number, unless
+    `skip_bad_lines` is true.
+
+    Raises:
+        CorpusError: missing file, malformed line, or no valid pair.
+    """
+    pairs = []
+    for number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) == 2 and parts[0].strip() and parts[1].strip():
+            pairs.append((parts[0].strip(), parts[1].strip()))
+        elif not skip_bad_lines:
+            reason = "has no tab" if len(parts) == 1 else (
+                f"has {len(parts) - 1} tabs" if len(parts) > 2 else "has an empty side")
+            raise CorpusError(
+                f"TSV corpus {os.fspath(path)!r} line {number} {reason}; expected 'source<TAB>target': "
+                f"{line[:60]!r}. Fix the line or pass skip_bad_lines=True (--skip-bad-lines).")
+    if not pairs:
+        raise CorpusError(f"TSV corpus {os.fspath(path)!r} is empty: it has no 'source<TAB>target' line.")
+    return pairs
+
+
+def load_corpus(path, corpus_format="text", *, skip_bad_lines=False):
+    """Reads a corpus: a list of strings (`"text"`) or of pairs (`"tsv"`)."""
+    if corpus_format not in FORMATS:
+        raise ValueError(f"`corpus_format` must be one of {FORMATS}, got corpus_format={corpus_format!r}.")
+    if corpus_format == "tsv":
+        return read_tsv_corpus(path, skip_bad_lines=skip_bad_lines)
+    return read_text_corpus(path)
+
+
+def split_corpus(examples, eval_fraction=0.1, *, seed=0):
+    """Deterministic shuffled `(train, eval)` split; eval gets at least one example."""
+    if not 0 < eval_fraction < 1:
+        raise ValueError(f"`eval_fraction` must be in (0, 1), got eval_fraction={eval_fraction!r}.")
+    if len(examples) < 2:
+        raise CorpusError(f"A corpus needs at least 2 examples to hold one out for evaluation, "
+                          f"got {len(examples)}.")
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_eval = max(1, int(round(len(examples) * eval_fraction)))
+    return [examples[i] for i in order[n_eval:]], [examples[i] for i in order[:n_eval]]
+
+
+def corpus_texts(examples):
+    """The sentences to train a tokenizer on: texts, or both sides of pairs."""
+    texts = []
+    for example in examples:
+        texts.extend(example if isinstance(example, tuple) else (example,))
+    return texts
+
+
+def train_sentencepiece(texts, vocab_size, *, model_type="unigram", character_coverage=1.0):
+    """Trains a SentencePiece model in memory and returns its serialized bytes.
+
+    Ids 0-4 are `<pad>`, `<unk>`, `<s>`, `</s>`, `<sep>`. Training is
+    single-threaded on the sentences in the given order, so it is
+    deterministic. `vocab_size` is independent of any sequence length.
+
+    Raises:
+        ValueError: `vocab_size` is not an int above the reserved ids, or
+            exceeds what the corpus supports (the message gives the maximum).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= NUM_RESERVED_IDS:
+        raise ValueError(f"`vocab_size` must be an int > {NUM_RESERVED_IDS} (the reserved ids "
+                         f"<pad> <unk> <s> </s> <sep>), got vocab_size={vocab_size!r}.")
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise CorpusError("Cannot train SentencePiece on an empty corpus.")
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            user_defined_symbols=[SEP_PIECE], num_threads=1, shuffle_input_sentence=False,
+            minloglevel=2)
+    except RuntimeError as err:
+        found = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(err))
+        if found:
+            raise ValueError(
+                f"vocab_size={vocab_size} is larger than this corpus allows: its {len(texts)} sentences "
+                f"support at most vocab_size={found.group(2)} SentencePiece pieces. Use a smaller "
+                "--vocab-size or a bigger corpus.") from None
+        raise ValueError(f"SentencePiece training failed for vocab_size={vocab_size}, "
+                         f"model_type={model_type!r}: {err}") from None
+    return buffer.getvalue()
+
+
+def sentencepiece_vocab_size(sp_model):
+    """Number of pieces in a serialized SentencePiece model."""
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    return processor.GetPieceSize()
+
+
+def decode(sp_model, ids):
+    """Decodes token ids (pads and specials dropped) back to text."""
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    return processor.DecodeIds([int(i) for i in ids if int(i) >= NUM_RESERVED_IDS or int(i) == UNK_ID])
+
+
+def default_bucket_boundaries(max_length):
+    """Powers of two from 8 up to `max_length` (sequence-length bucket edges)."""
+    boundaries, edge = [], 8
+    while edge <= max_length:
+        boundaries.append(edge)
+        edge *= 2
+    return boundaries
+
+
+def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_eos=True,
+               bucket_boundaries="auto", shuffle=True, seed=0, repeat=False, drop_remainder=False):
+    """A tf.data pipeline of next-token batches `(features, labels)`.
+
+    Each example is tokenized inside the pipeline with
+    `tensorflow_text.SentencepieceTokenizer`, framed with optional `<s>` and
+    `</s>` (pairs get `<sep>` between the sides), truncated to
+    `max_length + 1` tokens and shifted: inputs are tokens `[:-1]`, labels
+    tokens `[1:]`, both at most `max_length` long. Batches group sequences of
+    similar length (bucketing) and are padded with `PAD_ID` (0).
+
+    Args:
+        examples: list of strings, or of `(source, target)` pairs.
+        sp_model: serialized SentencePiece model (bytes).
+        max_length: int, longest model input.
+        batch_size: int, sequences per batch.
+        add_bos: bool, start every sequence with `<s>`.
+        add_eos: bool, end every sequence with `</s>`.
+        bucket_boundaries: `"auto"` (powers of two), a list of length edges,
+            or None for no bucketing (pad to the longest in the batch).
+        shuffle: bool, shuffle the examples (seeded, reshuffled each epoch).
+        seed: int, shuffle seed.
+        repeat: bool, repeat forever.
+        drop_remainder: bool, drop a final smaller batch.
+
+    Returns:
+        A dataset of `({"token_ids", "position_ids"[, "language_ids"]}, labels)`,
+        all int32 `[batch, length]`. `position_ids` come from the padding mask
+        of each row; `language_ids` exist for pairs.
+    """
+    for name, value in (("max_length", max_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int, got {name}={value!r}.")
+    if not examples:
+        raise CorpusError("Cannot build a dataset from an empty list of examples.")
+    paired = isinstance(examples[0], tuple)
+    tokenizer = tf_text.SentencepieceTokenizer(model=sp_model, out_type=tf.int32)
+    bos = tf.constant([BOS_ID] if add_bos else [], tf.int32)
+    eos = tf.constant([EOS_ID] if add_eos else [], tf.int32)
+
+    def frame(source, target=None):
+        head = tf.concat([bos, tokenizer.tokenize(source)], axis=0)
+        if target is None:
+            tokens = tf.concat([head, eos], axis=0)
+            languages = tf.zeros_like(tokens)
+        else:
+            head = tf.concat([head, [SEP_ID]], axis=0)
+            tail = tf.concat([tokenizer.tokenize(target), eos], axis=0)
+            tokens = tf.concat([head, tail], axis=0)
+            languages = tf.concat([tf.zeros_like(head), tf.ones_like(tail)], axis=0)
+        tokens, languages = tokens[:max_length + 1], languages[:max_length + 1]
+        features = {"token_ids": tokens[:-1]}
+        if paired:
+            features["language_ids"] = languages[:-1]
+        return features, tokens[1:]
+
+    columns = tuple(zip(*examples)) if paired else (list(examples),)
+    ds = tf.data.Dataset.from_tensor_slices(tuple(tf.constant(c, tf.string) for c in columns))
+    if shuffle:
+        ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    ds = ds.map(frame, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.filter(lambda features, labels: tf.size(labels) > 0)
+    padded_shapes = ({k: [None] for k in (["token_ids", "language_ids"] if paired else ["token_ids"])}, [None])
+    padding_values = ({k: PAD_ID for k in padded_shapes[0]}, PAD_ID)
+    if bucket_boundaries == "auto":
+        bucket_boundaries = default_bucket_boundaries(max_length)
+    if bucket_boundaries:
+        ds = ds.bucket_by_sequence_length(
+            lambda features, labels: tf.size(labels), list(bucket_boundaries),
+            [batch_size] * (len(bucket_boundaries) + 1), padded_shapes=padded_shapes,
+            padding_values=padding_values, drop_remainder=drop_remainder)
+    else:
+        ds = ds.padded_batch(batch_size, padded_shapes, padding_values, drop_remainder=drop_remainder)
+
+    def add_positions(features, labels):
+        features = dict(features)
+        features["position_ids"] = derive_position_ids(tf.not_equal(features["token_ids"], PAD_ID))
+        return features, labels
+
+    return ds.map(add_positions).prefetch(tf.data.AUTOTUNE)
+
+
+def unigram_cross_entropy(train_ds, eval_ds, vocab_size):
+    """Mean per-token cross-entropy (nats) of an add-one unigram model.
+
+    Token counts come from the labels of `train_ds`; the loss is measured on
+    the labels of `eval_ds`, padding excluded: the baseline a language model
+    must beat on the same split. Both datasets must be finite.
+    """
+    import numpy as np
+
+    counts = np.ones(vocab_size, np.float64)
+    counts[PAD_ID] = 0.0
+    for _, labels in train_ds:
+        labels = labels.numpy().ravel()
+        counts += np.bincount(labels[labels != PAD_ID], minlength=vocab_size)[:vocab_size]
+    log_p = np.log(counts / counts.sum(), where=counts > 0, out=np.full(vocab_size, -np.inf))
+    total, n = 0.0, 0
+    for _, labels in eval_ds:
+        labels = labels.numpy().ravel()
+        labels = labels[labels != PAD_ID]
+        total -= log_p[labels].sum()
+        n += labels.size
+    if n == 0:
+        raise CorpusError("The evaluation split has no tokens.")
+    return total / n
