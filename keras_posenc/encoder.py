@@ -3,7 +3,12 @@
 import tensorflow as tf
 from tensorflow import keras
 
-from keras_posenc.encoder_layer import EncoderLayer, check_epsilon, check_rate, merge_attention_masks
+from keras_posenc.encoder_layer import (
+    EncoderLayer,
+    check_epsilon,
+    check_rate,
+    merge_attention_masks,
+)
 from keras_posenc.layers.position_embedding_base import check_positive_int
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 

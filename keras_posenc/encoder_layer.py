@@ -4,7 +4,7 @@ import tensorflow as tf
 from tensorflow import keras
 
 from keras_posenc._checks import check, with_checks
-from keras_posenc.layers.position_embedding_base import check_choice, check_positive_int
+from keras_posenc.layers.position_embedding_base import check_positive_int
 
 
 def check_rate(name, value):
