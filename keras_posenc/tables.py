@@ -208,7 +208,9 @@ def interpolation_weights(pairs, stored_pairs):
 
     Returns:
         `lower`: int64 `[pairs]`, index into the nodes; `alpha`: float32
-        `[pairs]` in [0, 1), exactly 0 at stored pairs.
+        `[pairs]` in [0, 1]: 0 at stored pairs, except 1 at the last one
+        (the upper node of the last interval). Rows are rebuilt as
+        `(1 - alpha) * lo + alpha * hi`, exact at every stored pair.
     """
     nodes = interpolation_nodes(pairs, stored_pairs)
     i = np.arange(pairs)
@@ -346,7 +348,7 @@ def compressed_table(kind, length, depth, *, stored_dims=None, base=10000.0, lay
         upper = np.minimum(lower + 1, stored_pairs - 1)
         lo = stored[:, is_cos * stored_pairs + lower[pair]]
         hi = stored[:, is_cos * stored_pairs + upper[pair]]
-        return (lo + alpha[pair] * (hi - lo)).astype(np.float32)
+        return (lo * (np.float32(1) - alpha[pair]) + hi * alpha[pair]).astype(np.float32)
     block = consts["fine"].shape[0]
     positions = np.arange(length)
     coarse, fine = consts["coarse"][positions // block], consts["fine"][positions % block]

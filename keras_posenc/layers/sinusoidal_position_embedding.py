@@ -138,7 +138,7 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
         rows = tf.gather(self._stored, ids)
         lo = tf.gather(rows, is_cos * stored_pairs + lower, axis=-1)
         hi = tf.gather(rows, is_cos * stored_pairs + upper, axis=-1)
-        return lo + alpha * (hi - lo)
+        return lo * (1.0 - alpha) + hi * alpha
 
     def _factorized_rows(self, ids):
         # sin(p w) and cos(p w) by angle addition, p = a * block + b.
