@@ -1,0 +1,448 @@
+"""Training of a causal next-token language model (Keras fit, checkpoints, tf.distribute).
+
+The model is `Encoder(use_causal_mask=True)` followed by `Dense(vocab_size)`,
+trained with masked sparse cross-entropy (padding ignored) and
+Adam(0.9, 0.98, 1e-9) on `WarmupSchedule`. `train(TrainConfig(...))` writes
+to `out`: `model.keras`, `spm.model`, `report.json`, `loss.png`, TensorBoard
+logs in `logs/` and checkpoints in `checkpoints/`.
+
+Loss: the mean cross-entropy over every real (non-padding) label of the
+global batch. Each replica divides its sum by the token count of the whole
+global batch (an all-reduce), and the optimizer sums the replicas'
+gradients, so one device and N devices compute the same update.
+
+Checkpoints: `tf.train.Checkpoint(model, optimizer)` (the optimizer holds the
+step, which drives the learning-rate schedule) is written into a temporary
+folder that is renamed into place (`os.replace`) only when complete, so a
+crash never leaves a half-written checkpoint under a valid name; leftovers
+are ignored. The folder also holds `config.json`, compared on `--resume`.
+A resumed run skips the batches already trained (the seeded data order is
+fixed) and continues at the same step and learning rate.
+
+Example:
+
+>>> import tempfile
+>>> out = tempfile.mkdtemp()
+>>> cfg = TrainConfig(corpus=None, out=out, steps=2, batch_size=4, num_layers=1, d_model=8,
+...                   num_heads=2, dff=16, max_length=16, vocab_size=200, verbose=0)
+>>> report = train(cfg)
+>>> report["steps"], len(report["losses"])
+(2, 2)
+"""
+
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+from tensorflow import keras
+
+from keras_posenc import data as data_lib
+from keras_posenc.encoder import Encoder
+from keras_posenc.schedules import WarmupSchedule
+
+STRATEGIES = ("default", "mirrored", "multiworker")
+_CHECKPOINT_DIR = re.compile(r"^step-(\d{9})$")
+_CHECKPOINT_PREFIX = "state"
+_CONFIG_FILE = "config.json"
+
+
+@keras.utils.register_keras_serializable(package="keras_posenc")
+class CausalLM(keras.Model):
+    """A next-token language model: causal `Encoder` + `Dense(vocab_size)` head.
+
+    Args:
+        encoder_config: dict, the keyword arguments of `keras_posenc.Encoder`.
+
+    Call arguments:
+        inputs: int token ids `[batch, length]`, or a dict with `token_ids`
+            and optionally `position_ids`, `language_ids`.
+        position_ids: optional int `[batch, length]`.
+        language_ids: int `[batch]` or `[batch, length]` when the position
+            layer has `num_languages`.
+        training: bool.
+
+    Returns:
+        float32 logits `[batch, length, vocab_size]`.
+    """
+
+    def __init__(self, encoder_config, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder_config = dict(encoder_config)
+        self.encoder = Encoder(**self.encoder_config, name="encoder")
+        self.head = keras.layers.Dense(self.encoder_config["vocab_size"], name="lm_head")
+        self.num_languages = self.encoder_config.get("num_languages")
+        self.eval_loss = keras.metrics.Mean(name="loss")
+
+    def call(self, inputs, position_ids=None, language_ids=None, training=None):
+        if isinstance(inputs, dict):
+            position_ids = inputs.get("position_ids", position_ids)
+            language_ids = inputs.get("language_ids", language_ids)
+            inputs = inputs["token_ids"]
+        x = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids,
+                         use_causal_mask=True, training=training)
+        return tf.cast(self.head(x), tf.float32)
+
+    def _token_losses(self, data, training):
+        features, labels = data
+        logits = self(features, training=training)
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        real = tf.cast(tf.not_equal(labels, data_lib.PAD_ID), tf.float32)
+        return tf.reduce_sum(losses * real), tf.reduce_sum(real)
+
+    def train_step(self, data):
+        context = tf.distribute.get_replica_context()
+        with tf.GradientTape() as tape:
+            local_sum, local_count = self._token_losses(data, training=True)
+            global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
+            loss = local_sum / tf.maximum(global_count, 1.0)
+        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        global_loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
+        return {"loss": global_loss, "tokens": global_count}
+
+    def test_step(self, data):
+        local_sum, local_count = self._token_losses(data, training=False)
+        self.eval_loss.update_state(local_sum / tf.maximum(local_count, 1.0), sample_weight=local_count)
+        return {"loss": self.eval_loss.result()}
+
+    @property
+    def metrics(self):
+        return [self.eval_loss]
+
+    def build_on_dummy(self):
+        """Creates the weights by calling the model on a tiny batch."""
+        ids = tf.fill([1, 2], data_lib.BOS_ID)
+        languages = tf.zeros([1, 2], tf.int32) if self.num_languages else None
+        self(ids, language_ids=languages, training=False)
+
+    def get_build_config(self):
+        return {"built": True}
+
+    def build_from_config(self, config):
+        self.build_on_dummy()
+
+    def get_config(self):
+        return {"encoder_config": self.encoder_config, "name": self.name}
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a training run needs. `corpus=None` is the embedded corpus."""
+
+    corpus: str = None
+    out: str = "runs/train"
+    corpus_format: str = "text"
+    skip_bad_lines: bool = False
+    vocab_size: int = 2000
+    max_length: int = 64
+    add_bos: bool = True
+    add_eos: bool = True
+    eval_fraction: float = 0.05
+    steps: int = 1000
+    batch_size: int = 32
+    num_layers: int = 2
+    d_model: int = 64
+    num_heads: int = 4
+    dff: int = 256
+    dropout: float = 0.1
+    norm_first: bool = False
+    position: str = "sinusoidal"
+    table: str = "full"
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    resume: bool = False
+    strategy: str = "default"
+    verbose: int = 1
+
+    def model_config(self, vocab_size):
+        """The keyword arguments of `Encoder`; a checkpoint only fits this exact config."""
+        config = dict(num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
+                      dff=self.dff, vocab_size=vocab_size, max_length=self.max_length,
+                      dropout=self.dropout, norm_first=self.norm_first, pad_id=data_lib.PAD_ID,
+                      position=self.position)
+        if self.position == "sinusoidal":
+            config["table"] = self.table
+        if self.corpus_format == "tsv":
+            config["num_languages"] = 2
+        return config
+
+
+# Checkpoints -------------------------------------------------------------------------------
+def checkpoint_dir(out):
+    return os.path.join(out, "checkpoints")
+
+
+def list_checkpoints(directory):
+    """`[(step, path)]` of complete checkpoints, oldest first; temp or partial folders are ignored."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        match = _CHECKPOINT_DIR.match(name)
+        path = os.path.join(directory, name)
+        if match and os.path.isfile(os.path.join(path, _CONFIG_FILE)) \
+                and os.path.isfile(os.path.join(path, _CHECKPOINT_PREFIX + ".index")):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def write_checkpoint(checkpoint, directory, step, config, *, keep=3):
+    """Writes `checkpoint` as `directory/step-NNNNNNNNN` atomically; returns its path."""
+    os.makedirs(directory, exist_ok=True)
+    final = os.path.join(directory, f"step-{step:09d}")
+    temp = tempfile.mkdtemp(prefix=f".tmp-step-{step:09d}-", dir=directory)
+    try:
+        checkpoint.write(os.path.join(temp, _CHECKPOINT_PREFIX))
+        with open(os.path.join(temp, _CONFIG_FILE), "w") as f:
+            json.dump(config, f, indent=1, sort_keys=True)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(temp, final)
+    finally:
+        if os.path.exists(temp):
+            shutil.rmtree(temp, ignore_errors=True)
+    for _, old in list_checkpoints(directory)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_checkpoint_config(path):
+    with open(os.path.join(path, _CONFIG_FILE)) as f:
+        return json.load(f)
+
+
+def check_checkpoint_config(path, expected):
+    """Raises ValueError naming every setting where the checkpoint differs from `expected`."""
+    stored = read_checkpoint_config(path)
+    keys = sorted(set(stored) | set(expected))
+    diffs = [f"{k}: checkpoint {stored.get(k)!r} vs now {expected.get(k)!r}"
+             for k in keys if stored.get(k) != expected.get(k)]
+    if diffs:
+        raise ValueError(f"Cannot resume from {path}: it was trained with a different model config ("
+                         + "; ".join(diffs) + "). Use the same flags, or a new --out without --resume.")
+
+
+class CheckpointCallback(keras.callbacks.Callback):
+    """Writes a checkpoint every `every` optimizer steps and at the end."""
+
+    def __init__(self, checkpoint, directory, config, every, keep, optimizer, is_chief=True):
+        super().__init__()
+        self.checkpoint, self.directory, self.config = checkpoint, directory, config
+        self.every, self.keep, self.optimizer, self.is_chief = every, keep, optimizer, is_chief
+        self.last_written = None
+
+    def _write(self):
+        step = int(self.optimizer.iterations.numpy())
+        if step == self.last_written:
+            return
+        directory = self.directory if self.is_chief else tempfile.mkdtemp(prefix="worker-ckpt-")
+        write_checkpoint(self.checkpoint, directory, step, self.config, keep=self.keep)
+        if not self.is_chief:  # every worker must take part in the save; only the chief keeps it
+            shutil.rmtree(directory, ignore_errors=True)
+        self.last_written = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.optimizer.iterations.numpy()) % self.every == 0:
+            self._write()
+
+    def on_train_end(self, logs=None):
+        self._write()
+
+
+class StepLog(keras.callbacks.Callback):
+    """Records the loss and the token count of every step, and the training time."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses, self.tokens, self.seconds = [], 0, 0.0
+
+    def on_train_begin(self, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+        self.tokens += int(logs["tokens"])
+
+    def on_train_end(self, logs=None):
+        self.seconds = time.perf_counter() - self._start
+
+
+# Strategy ----------------------------------------------------------------------------------
+def make_strategy(name):
+    """`default`, `mirrored` (all local devices) or `multiworker` (reads TF_CONFIG)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {STRATEGIES}, got strategy={name!r}.")
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if name == "multiworker":
+        if not os.environ.get("TF_CONFIG"):
+            raise ValueError("strategy='multiworker' needs the TF_CONFIG environment variable "
+                             "describing the cluster and this worker's task.")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def _is_chief(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True
+    if resolver.task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+# Training ----------------------------------------------------------------------------------
+def _check_config(cfg):
+    for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length",
+                 "warmup_steps"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int, got {name}={value!r}.")
+    if cfg.corpus_format not in data_lib.FORMATS:
+        raise ValueError(f"`format` must be one of {data_lib.FORMATS}, got format={cfg.corpus_format!r}.")
+
+
+def _prepare_data(cfg, resuming):
+    corpus = cfg.corpus or data_lib.default_corpus_path()
+    corpus_format = "text" if cfg.corpus is None else cfg.corpus_format
+    examples = data_lib.load_corpus(corpus, corpus_format, skip_bad_lines=cfg.skip_bad_lines)
+    train_examples, eval_examples = data_lib.split_corpus(examples, cfg.eval_fraction, seed=cfg.seed)
+    spm_path = os.path.join(cfg.out, "spm.model")
+    if resuming and os.path.isfile(spm_path):
+        with open(spm_path, "rb") as f:
+            sp_model = f.read()
+    else:
+        sp_model = data_lib.train_sentencepiece(data_lib.corpus_texts(train_examples), cfg.vocab_size)
+        with open(spm_path + ".tmp", "wb") as f:
+            f.write(sp_model)
+        os.replace(spm_path + ".tmp", spm_path)
+    return corpus, train_examples, eval_examples, sp_model
+
+
+def train(cfg):
+    """Trains per `cfg` and returns the report (also written to `out/report.json`)."""
+    _check_config(cfg)
+    strategy = make_strategy(cfg.strategy)
+    keras.utils.set_random_seed(cfg.seed)
+    tf.config.experimental.enable_op_determinism()
+    os.makedirs(cfg.out, exist_ok=True)
+    ckpt_dir = checkpoint_dir(cfg.out)
+    checkpoints = list_checkpoints(ckpt_dir)
+    if cfg.resume and not checkpoints:
+        raise ValueError(f"--resume was given but {ckpt_dir} holds no complete checkpoint to resume from.")
+    if not cfg.resume and os.path.isdir(ckpt_dir):
+        shutil.rmtree(ckpt_dir)  # a fresh run must never resume a stale checkpoint by accident
+    corpus, train_examples, eval_examples, sp_model = _prepare_data(cfg, cfg.resume)
+    vocab_size = data_lib.sentencepiece_vocab_size(sp_model)
+    model_config = cfg.model_config(vocab_size)
+    if cfg.resume:
+        check_checkpoint_config(checkpoints[-1][1], model_config)
+
+    with strategy.scope():
+        model = CausalLM(model_config, name="causal_lm")
+        model.build_on_dummy()
+        optimizer = keras.optimizers.Adam(
+            WarmupSchedule(cfg.d_model, cfg.warmup_steps, scale=cfg.lr_scale),
+            beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+        optimizer.build(model.trainable_variables)
+        model.compile(optimizer=optimizer)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    start_step = 0
+    if cfg.resume:
+        step, path = checkpoints[-1]
+        checkpoint.read(os.path.join(path, _CHECKPOINT_PREFIX)).assert_existing_objects_matched()
+        start_step = int(optimizer.iterations.numpy())
+        if start_step != step:
+            raise ValueError(f"Checkpoint {path} holds optimizer step {start_step}, not {step}.")
+        if cfg.verbose:
+            print(f"Resuming from {path} at step {start_step}.")
+
+    dataset_kwargs = dict(max_length=cfg.max_length, add_bos=cfg.add_bos, add_eos=cfg.add_eos)
+    train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True,
+                                   seed=cfg.seed, repeat=True, drop_remainder=True, **dataset_kwargs)
+    step_log = StepLog()
+    callbacks = [
+        step_log,
+        CheckpointCallback(checkpoint, ckpt_dir, model_config, cfg.checkpoint_every, cfg.keep_checkpoints,
+                           optimizer, is_chief=_is_chief(strategy)),
+        keras.callbacks.TensorBoard(os.path.join(cfg.out, "logs"), update_freq=cfg.log_every),
+    ]
+    remaining = cfg.steps - start_step
+    if remaining > 0:
+        model.fit(train_ds.skip(start_step), epochs=1, steps_per_epoch=remaining, callbacks=callbacks,
+                  verbose=cfg.verbose)
+
+    eval_ds = data_lib.lm_dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
+                                  **dataset_kwargs)
+    eval_loss = float(model.evaluate(eval_ds, verbose=0))
+    unigram_train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=256, shuffle=False,
+                                           **dataset_kwargs)
+    unigram_loss = data_lib.unigram_cross_entropy(unigram_train_ds, eval_ds, vocab_size)
+
+    model_path = os.path.join(cfg.out, "model.keras")
+    if _is_chief(strategy):
+        model.save(model_path, save_format="keras_v3")
+    report = {
+        "corpus": os.path.basename(corpus),
+        "corpus_format": cfg.corpus_format if cfg.corpus else "text",
+        "train_examples": len(train_examples),
+        "eval_examples": len(eval_examples),
+        "vocab_size": vocab_size,
+        "start_step": start_step,
+        "steps": int(optimizer.iterations.numpy()),
+        "losses": step_log.losses,
+        "final_train_loss": step_log.losses[-1] if step_log.losses else None,
+        "eval_loss": eval_loss,
+        "eval_perplexity": math.exp(eval_loss),
+        "unigram_eval_loss": unigram_loss,
+        "unigram_eval_perplexity": math.exp(unigram_loss),
+        "train_seconds": step_log.seconds,
+        "tokens_per_second": step_log.tokens / step_log.seconds if step_log.seconds else None,
+        "num_replicas": strategy.num_replicas_in_sync,
+        "model_config": model_config,
+        "train_config": dataclasses.asdict(cfg),
+    }
+    if _is_chief(strategy):
+        report["loss_plot"] = plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
+                                          eval_loss=eval_loss, unigram_loss=unigram_loss)
+        with open(os.path.join(cfg.out, "report.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+def plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):
+    """Saves the per-step training loss (and its moving average) as a PNG; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = np.arange(start_step + 1, start_step + len(losses) + 1)
+    ax.plot(steps, losses, lw=0.8, alpha=0.5, label="train loss (per step)")
+    if len(losses) >= 10:
+        window = max(2, len(losses) // 20)
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, lw=2, label=f"train loss ({window}-step mean)")
+    if eval_loss is not None:
+        ax.axhline(eval_loss, color="C2", ls="--", label=f"eval loss {eval_loss:.3f}")
+    if unigram_loss is not None:
+        ax.axhline(unigram_loss, color="C3", ls=":", label=f"unigram baseline {unigram_loss:.3f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
