@@ -8,6 +8,7 @@ from keras_posenc.encoder_layer import (
     check_epsilon,
     check_rate,
     merge_attention_masks,
+    static_or_dynamic_length,
 )
 from keras_posenc.layers.position_embedding_base import check_positive_int
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
@@ -129,7 +130,7 @@ class Encoder(keras.layers.Layer):
         x = self.embedding(token_ids, position_ids=position_ids, language_ids=language_ids,
                            segment_ids=segment_ids, training=training)
         padding_mask = tf.not_equal(token_ids, self.pad_id)
-        merged = merge_attention_masks(tf.shape(token_ids)[1], mask=padding_mask,
+        merged = merge_attention_masks(static_or_dynamic_length(token_ids), mask=padding_mask,
                                        attention_mask=attention_mask, use_causal_mask=use_causal_mask,
                                        segment_ids=segment_ids)
         for layer in self.encoder_layers:

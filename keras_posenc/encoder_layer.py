@@ -17,6 +17,11 @@ def check_epsilon(value):
         raise ValueError(f"`epsilon` must be a float > 0, got epsilon={value!r}.")
 
 
+def static_or_dynamic_length(tensor):
+    """Axis 1 of `tensor`: a Python int when known while tracing, else a scalar tensor."""
+    return tensor.shape[1] if tensor.shape[1] is not None else tf.shape(tensor)[1]
+
+
 def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mask=False,
                           segment_ids=None):
     """Combines every kind of mask into one boolean `[B or 1, T, T]` mask.
@@ -50,6 +55,11 @@ def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mas
         attention_mask = tf.cast(attention_mask, tf.bool)
         if attention_mask.shape.rank == 2:
             attention_mask = attention_mask[None]
+        static_length = tf.get_static_value(length)
+        if static_length is not None and any(
+                dim not in (None, static_length) for dim in attention_mask.shape[1:]):
+            raise ValueError(f"`attention_mask` must have shape [batch, length, length] with length "
+                             f"{static_length}, got shape {attention_mask.shape}.")
         checks = check(tf.reduce_all(tf.equal(tf.shape(attention_mask)[1:], tf.stack([length, length]))),
                        "`attention_mask` must have shape [batch, length, length] with length {}, "
                        "got shape {}.", length, tf.shape(attention_mask))
@@ -176,7 +186,7 @@ class EncoderLayer(keras.layers.Layer):
         if x.shape.rank != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"`x` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {x.shape}.")
-        merged = merge_attention_masks(tf.shape(x)[1], mask=mask, attention_mask=attention_mask,
+        merged = merge_attention_masks(static_or_dynamic_length(x), mask=mask, attention_mask=attention_mask,
                                        use_causal_mask=use_causal_mask)
         # A fresh tensor without `_keras_mask`, so MultiHeadAttention sees only `merged_mask`.
         x = tf.identity(x)

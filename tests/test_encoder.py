@@ -1,0 +1,241 @@
+"""EncoderLayer and Encoder: masks, causality, packing, LN placement, Keras contract."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from layer_test_helper import run_layer_test
+from tensorflow import keras
+
+from keras_posenc import Encoder, EncoderLayer
+from keras_posenc.encoder_layer import merge_attention_masks
+
+SMALL = {"d_model": 16, "num_heads": 2, "dff": 32}
+SMALL_ENCODER = {"num_layers": 2, "vocab_size": 30, "max_length": 12, **SMALL}
+
+
+def random_inputs(shape, seed=0):
+    return tf.constant(np.random.RandomState(seed).normal(size=shape).astype("float32"))
+
+
+# The shared Keras-contract test ------------------------------------------------------------------
+
+def test_encoder_layer_contract_pre_ln(tmp_path):
+    mask = tf.constant([[True] * 5, [False, True, True, True, False]])
+    run_layer_test(EncoderLayer, {**SMALL, "norm_first": True}, {"inputs": random_inputs([2, 5, 16]), "mask": mask},
+                   expected_output_shape=(2, 5, 16), expected_num_trainable_weights=16, tmp_dir=tmp_path)
+
+
+def test_encoder_layer_contract_post_ln(tmp_path):
+    # The helper's fit check regresses onto zeros: after a final LayerNormalization (gamma=1,
+    # beta=0) that loss is constant, so only gamma/beta get gradients. The fit step of a
+    # post-LN block is checked with a non-degenerate target in test_one_fit_step_trains_every_weight.
+    mask = tf.constant([[True] * 5, [True, True, True, False, False]])
+    run_layer_test(EncoderLayer, {**SMALL, "activation": "gelu"},
+                   {"inputs": random_inputs([2, 5, 16]), "mask": mask,
+                    "attention_mask": tf.ones([2, 5, 5], tf.bool)},
+                   expected_output_shape=(2, 5, 16), run_fit=False, tmp_dir=tmp_path)
+
+
+def test_encoder_contract_sinusoidal_post_ln(tmp_path):
+    ids = tf.constant([[3, 4, 5, 0, 0], [0, 0, 7, 8, 9]])
+    run_layer_test(Encoder, SMALL_ENCODER, ids, expected_output_shape=(2, 5, 16), run_fit=False,
+                   tmp_dir=tmp_path)
+
+
+def test_encoder_contract_learned_pre_ln_packed(tmp_path):
+    inputs = {"inputs": tf.constant([[3, 4, 5, 6, 0], [7, 8, 9, 0, 0]]),
+              "segment_ids": tf.constant([[1, 1, 2, 2, 2], [1, 2, 2, 0, 0]])}
+    run_layer_test(Encoder, {**SMALL_ENCODER, "num_layers": 1, "norm_first": True, "position": "learned"},
+                   inputs, expected_output_shape=(2, 5, 16), run_fit=False, tmp_dir=tmp_path)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_one_fit_step_trains_every_weight(norm_first):
+    keras.utils.set_random_seed(1)
+    ids = tf.constant([[3, 4, 5, 0], [6, 7, 8, 9]])
+    encoder = Encoder(**{**SMALL_ENCODER, "num_layers": 1}, norm_first=norm_first, dropout=0.0)
+    target = random_inputs([2, 4, 16], seed=3)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((encoder(ids, training=True) - target) ** 2)
+    grads = dict(zip([w.name for w in encoder.trainable_weights],
+                     tape.gradient(loss, encoder.trainable_weights)))
+    for name, grad in grads.items():
+        size = float(tf.reduce_max(tf.abs(tf.convert_to_tensor(grad))))
+        if "key/bias" in name:
+            # Softmax is invariant to the key bias: it adds q.b_k to every score of a query row.
+            assert size < 1e-6, (name, size)
+        else:
+            assert size > 1e-6, (name, size)
+
+
+# Masks ------------------------------------------------------------------------------------------
+
+def test_merge_attention_masks_matches_numpy():
+    mask = np.array([[1, 1, 1, 0], [0, 1, 1, 1]], bool)
+    explicit = np.random.RandomState(0).rand(2, 4, 4) > 0.3
+    segments = np.array([[1, 1, 2, 2], [1, 1, 1, 2]])
+    got = merge_attention_masks(4, mask=mask, attention_mask=explicit, use_causal_mask=True,
+                                segment_ids=segments).numpy()
+    causal = np.tril(np.ones([4, 4], bool))
+    expected = (mask[:, :, None] & mask[:, None, :] & explicit & causal
+                & (segments[:, :, None] == segments[:, None, :]))
+    np.testing.assert_array_equal(got, expected)
+    assert merge_attention_masks(4) is None
+    np.testing.assert_array_equal(merge_attention_masks(3, attention_mask=np.eye(3)).numpy(), np.eye(3)[None] > 0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_layer_ignores_values_at_padding(norm_first, padding):
+    layer = EncoderLayer(**SMALL, norm_first=norm_first)
+    real = [True, True, True, False, False]
+    mask = tf.constant([real if padding == "right" else real[::-1]])
+    x = random_inputs([1, 5, 16])
+    noise = random_inputs([1, 5, 16], seed=1) * 100.0
+    x_changed = tf.where(mask[:, :, None], x, noise)
+    y, y_changed = layer(x, mask=mask), layer(x_changed, mask=mask)
+    np.testing.assert_allclose(tf.boolean_mask(y_changed, mask), tf.boolean_mask(y, mask), atol=1e-6)
+    assert np.all(np.isfinite(y_changed.numpy()))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_padding_left_right_or_none_gives_same_real_outputs(norm_first):
+    encoder = Encoder(**SMALL_ENCODER, norm_first=norm_first)
+    alone = encoder(tf.constant([[5, 6, 7]]))[0]
+    right = encoder(tf.constant([[5, 6, 7, 0, 0]]))[0, :3]
+    left = encoder(tf.constant([[0, 0, 5, 6, 7]]))[0, 2:]
+    np.testing.assert_allclose(right, alone, atol=1e-5)
+    np.testing.assert_allclose(left, alone, atol=1e-5)
+
+
+def test_padding_queries_and_all_padding_rows_are_finite():
+    encoder = Encoder(**SMALL_ENCODER)
+    y = encoder(tf.constant([[0, 0, 0, 0], [4, 0, 0, 0]]))
+    assert np.all(np.isfinite(y.numpy()))
+    layer = EncoderLayer(**SMALL, dtype="mixed_float16")
+    y16 = layer(random_inputs([2, 4, 16]), mask=tf.constant([[False] * 4, [True, False, False, False]]))
+    assert y16.dtype == tf.float16 and np.all(np.isfinite(y16.numpy()))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_causal_mask_blocks_the_future(norm_first):
+    layer = EncoderLayer(**SMALL, norm_first=norm_first)
+    x = random_inputs([2, 6, 16])
+    x_changed = tf.concat([x[:, :4], random_inputs([2, 2, 16], seed=5)], axis=1)
+    y, y_changed = (layer(v, use_causal_mask=True) for v in (x, x_changed))
+    np.testing.assert_allclose(y_changed[:, :4], y[:, :4], atol=1e-6)
+    assert np.max(np.abs(y_changed[:, 4:] - y[:, 4:])) > 1e-3
+    # Without the causal mask every position sees the change.
+    assert np.min(np.max(np.abs(layer(x_changed) - layer(x)), axis=-1)) > 1e-4
+
+    encoder = Encoder(**SMALL_ENCODER, norm_first=norm_first)
+    ids = tf.constant([[3, 4, 5, 6, 7, 8]])
+    ids_changed = tf.constant([[3, 4, 5, 6, 9, 10]])
+    out, out_changed = (encoder(v, use_causal_mask=True) for v in (ids, ids_changed))
+    np.testing.assert_allclose(out_changed[:, :4], out[:, :4], atol=1e-6)
+    assert np.max(np.abs(out_changed[:, 4:] - out[:, 4:])) > 1e-3
+
+
+def test_explicit_attention_mask_blocks_a_key():
+    layer = EncoderLayer(**SMALL)
+    x = random_inputs([1, 4, 16])
+    x_changed = tf.concat([x[:, :3], random_inputs([1, 1, 16], seed=9)], axis=1)
+    allowed = tf.constant([[[True, True, True, False]] * 4])  # nobody attends to key 3
+    y, y_changed = (layer(v, attention_mask=allowed) for v in (x, x_changed))
+    np.testing.assert_allclose(y_changed[:, :3], y[:, :3], atol=1e-6)
+
+
+def test_packed_segments_compute_what_each_sequence_computes_alone():
+    encoder = Encoder(**SMALL_ENCODER)
+    packed = encoder(tf.constant([[5, 6, 7, 8, 9, 0]]), segment_ids=tf.constant([[1, 1, 1, 2, 2, 0]]))
+    first = encoder(tf.constant([[5, 6, 7]]))
+    second = encoder(tf.constant([[8, 9]]))
+    np.testing.assert_allclose(packed[0, :3], first[0], atol=1e-5)
+    np.testing.assert_allclose(packed[0, 3:5], second[0], atol=1e-5)
+
+
+def test_output_mask_is_the_padding_mask():
+    ids = tf.constant([[3, 4, 0], [0, 5, 6]])
+    expected = [[True, True, False], [False, True, True]]
+    encoder = Encoder(**SMALL_ENCODER, pad_id=0)
+    assert encoder(ids)._keras_mask.numpy().tolist() == expected
+    inputs = keras.Input((3,), dtype="int32")
+    hidden = Encoder(**SMALL_ENCODER)(inputs)
+    outputs = EncoderLayer(**SMALL)(hidden)
+    assert keras.Model(inputs, outputs)(ids)._keras_mask.numpy().tolist() == expected
+
+
+# Post-LN versus pre-LN --------------------------------------------------------------------------
+
+def _silence_sublayers(layer):
+    for dense in (layer.ffn_output, layer.attention._output_dense):
+        dense.set_weights([np.zeros_like(w) for w in dense.get_weights()])
+
+
+def test_pre_ln_is_identity_when_sublayers_output_zero():
+    layer = EncoderLayer(**SMALL, norm_first=True)
+    x = random_inputs([2, 5, 16]) * 3.0 + 7.0
+    layer(x)
+    _silence_sublayers(layer)
+    np.testing.assert_array_equal(layer(x).numpy(), x.numpy())
+
+
+def test_post_ln_normalises_when_sublayers_output_zero():
+    epsilon = 1e-6
+    layer = EncoderLayer(**SMALL, epsilon=epsilon)
+    x = random_inputs([2, 5, 16]) * 3.0 + 7.0
+    layer(x)
+    _silence_sublayers(layer)
+
+    def layer_norm(v):
+        v = np.asarray(v, np.float64)
+        return (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + epsilon)
+
+    np.testing.assert_allclose(layer(x).numpy(), layer_norm(layer_norm(x)), atol=1e-5)
+
+
+def test_encoder_final_norm_only_for_pre_ln():
+    post = Encoder(**SMALL_ENCODER)
+    pre = Encoder(**SMALL_ENCODER, norm_first=True)
+    ids = tf.constant([[3, 4, 5]])
+    y_post, y_pre = post(ids), pre(ids)
+    assert post.final_norm is None and pre.final_norm is not None
+    assert len(pre.trainable_weights) == len(post.trainable_weights) + 2
+    # Both stacks end normalised: per-position mean 0 and variance 1 (gamma=1, beta=0).
+    for y in (y_post, y_pre):
+        np.testing.assert_allclose(np.mean(y, -1), 0.0, atol=1e-5)
+        np.testing.assert_allclose(np.var(y, -1), 1.0, atol=1e-3)
+
+
+# Arguments --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"d_model": 10, "num_heads": 3, "dff": 8}, ValueError,
+     r"`d_model` must be divisible by `num_heads`, got d_model=10 and num_heads=3"),
+    ({**SMALL, "dropout": 1.0}, ValueError, r"`dropout` must be a float in \[0, 1\), got dropout=1.0"),
+    ({**SMALL, "epsilon": 0}, ValueError, r"`epsilon` must be a float > 0, got epsilon=0"),
+    ({**SMALL, "dff": 0}, ValueError, r"`dff` must be >= 1, got dff=0"),
+    ({**SMALL, "num_heads": 2.0}, TypeError, r"`num_heads` must be an int, got num_heads=2.0"),
+])
+def test_invalid_layer_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        EncoderLayer(**kwargs)
+
+
+def test_invalid_encoder_arguments_and_inputs():
+    with pytest.raises(ValueError, match=r"`num_layers` must be >= 1, got num_layers=0"):
+        Encoder(**{**SMALL_ENCODER, "num_layers": 0})
+    with pytest.raises(ValueError, match=r"`position` must be one of"):
+        Encoder(**SMALL_ENCODER, position="rotary")
+    layer = EncoderLayer(**SMALL)
+    with pytest.raises(ValueError, match=r"`x` must have shape \[batch, length, d_model=16\], got shape"):
+        layer(tf.zeros([1, 3, 8]))
+    with pytest.raises(ValueError, match=r"`attention_mask` must have shape \[batch, length, length\] "
+                                         r"with length 3, got shape \(1, 3, 4\)"):
+        layer(tf.zeros([1, 3, 16]), attention_mask=tf.ones([1, 3, 4], tf.bool))
+    with pytest.raises(ValueError, match=r"with length 3, got shape \(1, 3, 4\)"):
+        tf.function(lambda x, m: layer(x, attention_mask=m))(tf.zeros([1, 3, 16]), tf.ones([1, 3, 4], tf.bool))
+    dynamic = tf.function(lambda x, m: layer(x, attention_mask=m), input_signature=[
+        tf.TensorSpec([None, None, 16]), tf.TensorSpec([None, None, None], tf.bool)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`attention_mask` must have shape .* length 3"):
+        dynamic(tf.zeros([1, 3, 16]), tf.ones([1, 3, 4], tf.bool))
