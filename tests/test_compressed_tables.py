@@ -219,3 +219,19 @@ def test_get_config_has_table_and_stored_dims():
     config = layer.get_config()
     assert config["table"] == "interpolated" and config["stored_dims"] == 4
     assert SinusoidalPositionEmbedding.from_config(config).stored_dims == 4
+
+
+@pytest.mark.parametrize("kind", ["interpolated", "factorized"])
+def test_rows_per_id_and_rebuilt_whole_table_agree(kind):
+    # Few ids: rows rebuilt per id; more ids than table rows: the table is rebuilt once and gathered;
+    # unknown batch: a tf.cond picks one. All must give the same, bitwise.
+    layer = SinusoidalPositionEmbedding(12, table=kind, stored_dims=4)
+    ids = tf.constant(np.random.RandomState(2).randint(0, 12, [3, 5]), tf.int32)
+    x = tf.zeros([3, 5, 9])
+    many = layer(x, position_ids=ids).numpy()  # 15 ids > 12 rows
+    few = np.stack([layer(x[:1], position_ids=ids[i:i + 1]).numpy()[0] for i in range(3)])
+    dynamic = tf.function(lambda x, ids: layer(x, position_ids=ids),
+                          input_signature=[tf.TensorSpec([None, 5, 9]), tf.TensorSpec([None, 5], tf.int32)])
+    assert np.array_equal(many, few)
+    assert np.array_equal(dynamic(x, ids).numpy(), many) and np.array_equal(dynamic(x[:1], ids[:1]), few[:1])
+    np.testing.assert_array_equal(many, tables.compressed_table(kind, 12, 9, stored_dims=4)[ids.numpy()])

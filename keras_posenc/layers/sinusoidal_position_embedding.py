@@ -155,17 +155,28 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
         pair, is_cos = self._columns()
         return tf.gather(sin_cos, is_cos * pairs + pair, axis=-1)
 
-    def _stored_rows(self, ids):
-        if self.table == "full":
-            return tf.gather(self._table, ids)
+    def _rebuilt_rows(self, ids):
         if self.table == "interpolated":
             return self._interpolated_rows(ids)
         return self._factorized_rows(ids)
 
+    def _stored_rows(self, ids):
+        if self.table == "full":
+            return tf.gather(self._table, ids)
+        # Rebuild whichever is fewer rows: one per id, or the whole table once and gather from it
+        # (big batches). Both give the same values. A static shape decides without a tf.cond.
+        def whole_table():
+            return tf.gather(self._rebuilt_rows(tf.range(self.max_length)), ids)
+
+        count = ids.shape.num_elements()
+        if count is not None:
+            return self._rebuilt_rows(ids) if count <= self.max_length else whole_table()
+        return tf.cond(tf.size(ids) <= self.max_length, lambda: self._rebuilt_rows(ids), whole_table)
+
     def _stored_prefix(self, length):
         if self.table == "full":
             return self._table[:length]
-        return self._stored_rows(tf.range(length))
+        return self._rebuilt_rows(tf.range(length))
 
     def _computed_rows(self, ids):
         # Positions past the table ("extend"): float64 angles, computed in-graph (nothing stored).
