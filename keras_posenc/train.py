@@ -277,6 +277,26 @@ class StepLog(keras.callbacks.Callback):
         self.seconds = time.perf_counter() - self._start
 
 
+def dropout_generators(model):
+    """The `tf.random.Generator` of every random layer of `model`, created now.
+
+    Keras does not checkpoint them, so a resumed run would replay the dropout
+    masks of the first steps; `train` checkpoints them with the model. Needs
+    `keras.backend.experimental.enable_tf_random_generator()` before the
+    layers are created (otherwise the layers use stateful ops and this list is
+    empty). Uses Keras 2.12's private `_flatten_layers` and `_random_generator`.
+    """
+    generators = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        rng = getattr(layer, "_random_generator", None)
+        if rng is None or not hasattr(rng, "_maybe_init"):
+            continue
+        rng._maybe_init()
+        if getattr(rng, "_generator", None) is not None:
+            generators.append(rng._generator)
+    return generators
+
+
 # Strategy ----------------------------------------------------------------------------------
 def make_strategy(name):
     """`default`, `mirrored` (all local devices) or `multiworker` (reads TF_CONFIG)."""
@@ -335,6 +355,7 @@ def train(cfg):
     _check_config(cfg)
     strategy = make_strategy(cfg.strategy)
     keras.utils.set_random_seed(cfg.seed)
+    keras.backend.experimental.enable_tf_random_generator()
     tf.config.experimental.enable_op_determinism()
     os.makedirs(cfg.out, exist_ok=True)
     ckpt_dir = checkpoint_dir(cfg.out)
@@ -357,7 +378,8 @@ def train(cfg):
             beta_1=0.9, beta_2=0.98, epsilon=1e-9)
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                         dropout_rng=dropout_generators(model))
     start_step = 0
     if cfg.resume:
         step, path = checkpoints[-1]
