@@ -14,9 +14,14 @@ For `SinusoidalPositionEmbedding(table=KIND)`, KIND in full / interpolated
   4. precision at positions up to 8192 (depth 512): the float64 table stored
      as float16, angles computed in float16, angles computed in float32, and
      the factorized table (float32 constants).
+  5. with --train-steps N: the training demo (`keras_posenc.train.train`,
+     default corpus and TrainConfig, same seed and steps) with each kind,
+     at every d_model of --train-d-model; final train loss and held-out loss.
+     At d_model 64 the interpolated table's default 64 stored dims are the
+     whole width, so it is exact there; at d_model 128 it stores half.
 Plots go to benchmarks/results/.
 
-Run: python benchmarks/bench_tables.py [--reps N]
+Run: python benchmarks/bench_tables.py [--reps N] [--train-steps N --train-d-model 64 128]
 """
 
 import argparse
@@ -83,6 +88,29 @@ def memory_and_error():
                   f"{band['rms_error']:.3g} |")
     plot_interpolated_error(reports)
     return reports
+
+
+def tflite_sizes():
+    """Flatbuffer bytes of a one-layer model converted with builtins only, batch 1, T 128, D 512."""
+    print("TFLite (builtins only, batch 1, T 128, D 512, max_length 512), flatbuffer bytes:\n")
+    print("| positions | full | interpolated | factorized |")
+    print("|---|---|---|---|")
+    for with_ids in (False, True):
+        sizes = []
+        for kind in KINDS:
+            x = keras.Input([128, 512], batch_size=1)
+            layer = SinusoidalPositionEmbedding(512, table=kind)
+            if with_ids:
+                ids = keras.Input([128], batch_size=1, dtype="int32")
+                model = keras.Model([x, ids], layer(x, position_ids=ids))
+            else:
+                model = keras.Model(x, layer(x))
+            converter = tf.lite.TFLiteConverter.from_keras_model(model)
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+            sizes.append(len(converter.convert()))
+        label = "position_ids input" if with_ids else "0..T-1 (folded to a [128, 512] constant)"
+        print(f"| {label} | " + " | ".join(str(n) for n in sizes) + " |")
+    print()
 
 
 def plot_interpolated_error(reports):
@@ -196,7 +224,7 @@ def precision_study():
     ax.set_xlabel("position (max over each block of 64 positions)")
     ax.set_ylabel("max |error| over the 512 dims")
     ax.set_title("Sinusoidal table precision, depth 512")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     path = os.path.join(RESULTS, "tables_precision.png")
     fig.savefig(path, dpi=110)
@@ -204,15 +232,40 @@ def precision_study():
     print(f"\nPlot: benchmarks/results/{os.path.basename(path)}\n")
 
 
+def demo_losses(steps, d_models):
+    from keras_posenc.train import TrainConfig, train
+
+    print(f"## 5. Training demo, {steps} steps, seed 0, default corpus and TrainConfig\n")
+    print("| d_model | table | final train loss | held-out loss |")
+    print("|---|---|---|---|")
+    for d_model in d_models:
+        for kind in KINDS:
+            with tempfile.TemporaryDirectory() as out:
+                report = train(TrainConfig(corpus=None, out=out, steps=steps, d_model=d_model, table=kind,
+                                           seed=0, verbose=0))
+            print(f"| {d_model} | {kind} | {report['final_train_loss']:.4f} | {report['eval_loss']:.4f} |",
+                  flush=True)
+    print()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=15, help="interleaved repetitions per timing case")
+    parser.add_argument("--train-steps", type=int, default=0, help="also run the training demo per kind")
+    parser.add_argument("--train-d-model", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--only-train", action="store_true", help="run the training demo only")
     args = parser.parse_args()
+    if args.only_train:
+        demo_losses(args.train_steps, args.train_d_model)
+        return
     os.makedirs(RESULTS, exist_ok=True)
     memory_and_error()
+    tflite_sizes()
     attention_logits()
     precision_study()
     timing(args.reps)
+    if args.train_steps:
+        demo_losses(args.train_steps, args.train_d_model)
 
 
 if __name__ == "__main__":

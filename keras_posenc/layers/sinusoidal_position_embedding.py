@@ -43,7 +43,10 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
                 `keras_posenc.tables.compressed_table` for the error per
                 band). Prefer "factorized".
             The compressed kinds rebuild rows in-graph with gather, mul,
-            add and sub only (no sin/cos, no float64).
+            add and sub only (no sin/cos, no float64). A TFLite converter
+            folds a rebuild that depends on no input (positions 0..T-1 at a
+            fixed T) into a `[T, depth]` constant; rows gathered by
+            `position_ids` stay compressed.
         stored_dims: even int, `2 <= stored_dims <= depth`, the columns an
             "interpolated" table stores. Default (None): 64, or the whole
             width when the input depth is below 64. Ignored by other kinds.
