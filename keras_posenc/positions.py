@@ -43,21 +43,31 @@ def position_ids(mask, *, segment_ids=None, offset=0):
     mask = tf.convert_to_tensor(mask)
     if mask.shape.rank is not None and mask.shape.rank != 2:
         raise ValueError(f"`mask` must have rank 2 [batch, length], got shape {mask.shape}.")
-    real = tf.cast(tf.cast(mask, tf.bool), tf.int32)
+    is_real = mask if mask.dtype == tf.bool else tf.cast(mask, tf.bool)
+    real = tf.cast(is_real, tf.int32)
     before = tf.cumsum(real, axis=1, exclusive=True)
     if segment_ids is not None:
         before = before - _real_tokens_in_earlier_segments(real, segment_ids)
     offset = _as_offset(offset, tf.shape(real)[0])
-    return tf.where(real > 0, before + offset, tf.zeros_like(before))
+    if offset is not None:
+        before = before + offset
+    return tf.where(is_real, before, 0)
 
 
 def _as_offset(offset, batch):
+    """The validated offset, broadcastable to [batch, length]; None for a known 0."""
     offset = tf.convert_to_tensor(offset)
     if offset.dtype.is_floating or offset.dtype == tf.bool:
         raise TypeError(f"`offset` must be an integer scalar or [batch] tensor, got dtype {offset.dtype.name}.")
     offset = tf.cast(offset, tf.int32)
     if offset.shape.rank is not None and offset.shape.rank > 1:
         raise ValueError(f"`offset` must be a scalar or have shape [batch], got shape {offset.shape}.")
+    static = tf.get_static_value(offset)
+    if offset.shape.rank == 0 and static is not None:
+        # Known while tracing: checked here, and no ops at all for the usual offset=0.
+        if static < 0:
+            raise ValueError(f"`offset` must be >= 0, got offset={static}.")
+        return None if static == 0 else offset
     checks = check(tf.reduce_all(offset >= 0), "`offset` must be >= 0, got offset={}.", offset)
     if offset.shape.rank == 1:
         checks += check(tf.equal(tf.size(offset), batch),

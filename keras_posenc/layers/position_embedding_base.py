@@ -10,7 +10,6 @@ import tensorflow as tf
 from tensorflow import keras
 
 from keras_posenc._checks import check, with_checks
-from keras_posenc.positions import position_ids as derive_position_ids
 
 OVERFLOW_MODES = ("error", "extend")
 
@@ -70,6 +69,15 @@ class PositionEmbeddingBase(keras.layers.Layer):
         """float32 rows `[length, depth]` for positions 0..length-1."""
         raise NotImplementedError  # pragma: no cover - abstract hook
 
+    def _constant_table(self):
+        """The float32 `[max_length, depth]` table if rows are plain lookups in a constant, else None.
+
+        When a subclass returns its table here, masked calls gather from a
+        copy shifted down by one row under an all-zero row 0, which padding
+        positions point at: zeroing the padding then costs nothing, where a
+        multiply would be one more pass over `[batch, length, depth]`.
+        """
+
     # Keras API --------------------------------------------------------------
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
@@ -81,6 +89,14 @@ class PositionEmbeddingBase(keras.layers.Layer):
             raise ValueError(f"The last dimension of `inputs` must be known, got shape {input_shape}.")
         self.depth = int(depth)
         self._build_table(self.depth)
+        self._lookup_table = None
+        table = self._constant_table()
+        if table is not None:
+            # Stored in the compute dtype (fewer bytes to gather, no cast at the add) unless the
+            # language scale needs float32 rows first.
+            dtype = tf.float32 if self.num_languages is not None else self.compute_dtype
+            zero_row = tf.zeros([1, self.depth], tf.float32)
+            self._lookup_table = tf.cast(tf.concat([zero_row, tf.cast(table, tf.float32)], 0), dtype)
         if self.num_languages is not None:
             self.language_scale = self.add_weight(
                 name="language_scale", shape=[self.num_languages], initializer="ones",
@@ -96,22 +112,45 @@ class PositionEmbeddingBase(keras.layers.Layer):
         batch, length = shape[0], shape[1]
         if mask is not None:
             mask = self._validated_mask(mask, inputs)
+        zero_padding = self.zero_padding and mask is not None
         if position_ids is not None:
-            pe = self._table_rows(self._validated_position_ids(position_ids, inputs))
+            ids = self._validated_position_ids(position_ids, inputs)
+            pe = self._masked_rows(ids + 1, mask) if zero_padding else self._table_rows(ids)
         elif mask is not None:
-            ids = derive_position_ids(mask)
-            longest = tf.reduce_max(tf.reduce_sum(tf.cast(mask, tf.int32), axis=1))
-            pe = self._table_rows(with_checks(ids, self._length_checks(longest)))
+            # Inclusive count of real tokens so far: a real token at position p (as
+            # `position_ids(mask)` numbers it) holds p + 1, and each row ends on its length.
+            counts = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
+            counts = with_checks(counts, self._length_checks(tf.reduce_max(counts)))
+            if zero_padding:
+                pe = self._masked_rows(counts, mask)
+            else:
+                pe = self._table_rows(tf.where(mask, counts - 1, 0))
         else:
             pe = self._table_prefix(with_checks(length, self._length_checks(length)))[None]
-        if self.zero_padding and mask is not None:
-            pe = pe * tf.cast(mask, pe.dtype)[:, :, None]
         if language_ids is not None or self.num_languages is not None:
             pe = pe * self._language_scale(language_ids, batch, length)
         pe = tf.cast(pe, self.compute_dtype)
         if self.dropout > 0:
             pe = self._dropout_layer(pe, training=training)
         return inputs + pe
+
+    def _masked_rows(self, ids_plus_one, mask):
+        """Table rows of positions `ids_plus_one - 1`, exactly zero where `mask` is False."""
+        def multiplied():
+            rows = self._table_rows(tf.where(mask, ids_plus_one - 1, 0))
+            return rows * tf.cast(mask, rows.dtype)[:, :, None]
+
+        if self._lookup_table is None:
+            return multiplied()
+
+        def gathered():
+            return tf.gather(self._lookup_table, tf.where(mask, ids_plus_one, 0))
+
+        if self.overflow == "error":
+            return gathered()
+        # "extend": positions past the table are computed, not gathered.
+        return tf.cond(tf.reduce_max(ids_plus_one) <= self.max_length, gathered,
+                       lambda: tf.cast(multiplied(), self._lookup_table.dtype))
 
     def compute_mask(self, inputs, mask=None):
         return mask

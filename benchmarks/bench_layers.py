@@ -1,0 +1,131 @@
+"""Cost of SinusoidalPositionEmbedding on padded batches, as ratios to a bare add.
+
+Everything runs on the CPU inside `tf.function`s traced once with dynamic
+shapes (`input_signature` with None batch and length), the way a Keras model
+with variable-length batches runs. The padded batches pass their mask to the
+layer as a Keras mask would arrive (`layer(x, mask=mask)`).
+
+Printed ratios (medians of interleaved repetitions, all measured in this run):
+  (a) ours on a right-padded batch / bare `x + table[:T]`;
+  (b) ours on a left-padded batch (per-sample ids derived from the mask) /
+      the same bare add;
+  (c) a keras-hub / tensor2tensor style layer on the left-padded batch /
+      ours: sin and cos evaluated per element from per-sample positions.
+
+Run: python benchmarks/bench_layers.py [--reps N]
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc import sinusoidal_table
+from keras_posenc.layers import SinusoidalPositionEmbedding
+
+DEPTH = 512
+LENGTH = 512
+MAX_LENGTH = 2048
+
+
+def per_element_reference(x, mask, base=10000.0):
+    """Sinusoidal PE computed per element, as keras-hub / tensor2tensor do.
+
+    Written for this benchmark after keras-hub's `SinePositionEncoding` (a
+    timescale per column, sin on even and cos on odd columns, both evaluated
+    for every element and blended by column masks) fed with per-sample
+    positions, as tensor2tensor's `add_timing_signal_1d_given_position` takes
+    them. Angles are float32, as in those libraries.
+    """
+    depth = x.shape[-1]
+    real = tf.cast(mask, x.dtype)
+    positions = tf.cumsum(real, axis=1, exclusive=True)
+    columns = tf.range(depth)
+    timescales = tf.pow(1.0 / base, tf.cast(2 * (columns // 2), x.dtype) / depth)
+    angles = positions[:, :, None] * timescales
+    is_cos = tf.cast(columns % 2, x.dtype)
+    encoding = tf.sin(angles) * (1.0 - is_cos) + tf.cos(angles) * is_cos
+    return x + encoding * real[:, :, None]
+
+
+def padded_batches(batch, length, seed=0):
+    """Right- and left-padded versions of one batch [batch, length, DEPTH] and their bool masks.
+
+    Real lengths are drawn in [length/2, length] (the first row is full when
+    batch > 1); the left-padded rows hold the same real tokens, shifted.
+    """
+    rng = np.random.RandomState(seed)
+    lengths = rng.randint(length // 2, length + 1, size=batch)
+    lengths[0] = length if batch > 1 else (3 * length) // 4
+    steps = np.arange(length)[None, :]
+    right_mask = steps < lengths[:, None]
+    left_mask = steps >= (length - lengths)[:, None]
+    right = rng.standard_normal((batch, length, DEPTH)).astype(np.float32)
+    left = np.stack([np.roll(row, length - n, axis=0) for row, n in zip(right, lengths)])
+    return ((tf.constant(right), tf.constant(right_mask)),
+            (tf.constant(left), tf.constant(left_mask)))
+
+
+def compiled(fn):
+    signature = [tf.TensorSpec([None, None, DEPTH], tf.float32), tf.TensorSpec([None, None], tf.bool)]
+    return tf.function(fn, input_signature=signature)
+
+
+def interleaved_medians(cases, reps):
+    """Median seconds per case; every repetition runs each case once, in rotating order."""
+    for fn, args in cases.values():
+        fn(*args)  # trace and warm up
+    times = {name: [] for name in cases}
+    names = list(cases)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            fn, args = cases[name]
+            start = time.perf_counter()
+            fn(*args)
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=0,
+                        help="repetitions per case (default: 101 at batch 32, 1001 at batch 1)")
+    args = parser.parse_args()
+
+    table = tf.constant(sinusoidal_table(MAX_LENGTH, DEPTH))
+    layer = SinusoidalPositionEmbedding(max_length=MAX_LENGTH)
+    layer.build([None, None, DEPTH])
+    bare = compiled(lambda x, mask: x + table[:tf.shape(x)[1]])
+    ours = compiled(lambda x, mask: layer(x, mask=mask))
+    reference = compiled(per_element_reference)
+
+    print(f"CPU, {os.cpu_count()} cores, TF {tf.__version__}, T={LENGTH} D={DEPTH} "
+          f"max_length={MAX_LENGTH}, real lengths in [T/2, T]")
+    for batch in (32, 1):
+        right, left = padded_batches(batch, LENGTH)
+        # The left-padded rows are the right-padded ones shifted: same per-token output.
+        expected = reference(*left).numpy()[left[1].numpy()]
+        np.testing.assert_allclose(ours(*left).numpy()[left[1].numpy()], expected, atol=1e-3)
+        np.testing.assert_array_equal(ours(*left).numpy()[left[1].numpy()],
+                                      ours(*right).numpy()[right[1].numpy()])
+        reps = args.reps or (101 if batch > 1 else 1001)
+        t = interleaved_medians({
+            "bare": (bare, right),
+            "ours_right": (ours, right),
+            "ours_left": (ours, left),
+            "reference_left": (reference, left),
+        }, reps)
+        print(f"B={batch} T={LENGTH} D={DEPTH} ({reps} reps; medians: "
+              + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in t.items()) + ")")
+        print(f"  (a) right-padded, ours / bare add:           {t['ours_right'] / t['bare']:.2f}x")
+        print(f"  (b) left-padded, ours / bare add:            {t['ours_left'] / t['bare']:.2f}x")
+        print(f"  (c) left-padded, per-element sin/cos / ours: {t['reference_left'] / t['ours_left']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
