@@ -120,7 +120,7 @@ def split_corpus(examples, eval_fraction=0.1, *, seed=0):
                           f"got {len(examples)}.")
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
-    n_eval = max(1, int(round(len(examples) * eval_fraction)))
+    n_eval = max(1, round(len(examples) * eval_fraction))
     return [examples[i] for i in order[n_eval:]], [examples[i] for i in order[:n_eval]]
 
 
@@ -132,7 +132,7 @@ def corpus_texts(examples):
     return texts
 
 
-def train_sentencepiece(texts, vocab_size, *, model_type="unigram", character_coverage=1.0):
+def train_sentencepiece(texts, vocab_size, *, model_type="unigram", character_coverage=0.9995):
     """Trains a SentencePiece model in memory and returns its serialized bytes.
 
     Ids 0-4 are `<pad>`, `<unk>`, `<s>`, `</s>`, `<sep>`. Training is
@@ -164,6 +164,12 @@ def train_sentencepiece(texts, vocab_size, *, model_type="unigram", character_co
                 f"vocab_size={vocab_size} is larger than this corpus allows: its {len(texts)} sentences "
                 f"support at most vocab_size={found.group(2)} SentencePiece pieces. Use a smaller "
                 "--vocab-size or a bigger corpus.") from None
+        found = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(err))
+        if found:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small for this corpus: its characters (at "
+                f"character_coverage={character_coverage}) and the reserved pieces need at least "
+                f"vocab_size={found.group(2)}. Use a larger --vocab-size.") from None
         raise ValueError(f"SentencePiece training failed for vocab_size={vocab_size}, "
                          f"model_type={model_type!r}: {err}") from None
     return buffer.getvalue()
@@ -256,7 +262,8 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
         ds = ds.repeat()
     ds = ds.map(frame, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.filter(lambda features, labels: tf.size(labels) > 0)
-    padded_shapes = ({k: [None] for k in (["token_ids", "language_ids"] if paired else ["token_ids"])}, [None])
+    feature_names = ["token_ids", "language_ids"] if paired else ["token_ids"]
+    padded_shapes = ({k: [None] for k in feature_names}, [None])
     padding_values = ({k: PAD_ID for k in padded_shapes[0]}, PAD_ID)
     if bucket_boundaries == "auto":
         bucket_boundaries = default_bucket_boundaries(max_length)

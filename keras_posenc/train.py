@@ -166,10 +166,11 @@ class TrainConfig:
 
     def model_config(self, vocab_size):
         """The keyword arguments of `Encoder`; a checkpoint only fits this exact config."""
-        config = dict(num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
-                      dff=self.dff, vocab_size=vocab_size, max_length=self.max_length,
-                      dropout=self.dropout, norm_first=self.norm_first, pad_id=data_lib.PAD_ID,
-                      position=self.position)
+        config = {
+            "num_layers": self.num_layers, "d_model": self.d_model, "num_heads": self.num_heads,
+            "dff": self.dff, "vocab_size": vocab_size, "max_length": self.max_length, "dropout": self.dropout,
+            "norm_first": self.norm_first, "pad_id": data_lib.PAD_ID, "position": self.position,
+        }
         if self.position == "sinusoidal":
             config["table"] = self.table
         if self.corpus_format == "tsv":
@@ -390,7 +391,7 @@ def train(cfg):
         if cfg.verbose:
             print(f"Resuming from {path} at step {start_step}.")
 
-    dataset_kwargs = dict(max_length=cfg.max_length, add_bos=cfg.add_bos, add_eos=cfg.add_eos)
+    dataset_kwargs = {"max_length": cfg.max_length, "add_bos": cfg.add_bos, "add_eos": cfg.add_eos}
     train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True,
                                    seed=cfg.seed, repeat=True, drop_remainder=True, **dataset_kwargs)
     step_log = StepLog()

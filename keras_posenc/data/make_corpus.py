@@ -33,7 +33,7 @@ def _documents():
             continue
         try:
             module = importlib.import_module(name)
-        except Exception:  # platform-specific modules
+        except (ImportError, OSError, RuntimeError):  # platform-specific modules
             continue
         yield inspect.getdoc(module) or ""
         for attr, obj in sorted(vars(module).items()):

@@ -1,0 +1,208 @@
+"""Position-embedding diagnostics of a trained model (002 §5.3, 000 §4.2).
+
+- `pe_value_range`: min/max of the position table. Sinusoidal rows lie in
+  [-1, 1] (times a language scale); values outside point at a broken table
+  (002 §3.1's integer `tf.pow` yields a table of constants 0 and 1 instead).
+- `plot_pe_heatmap`: the table as a `[position, dimension]` image.
+- `positional_contribution`: 002 §5.3's probe: the first attention
+  sublayer run on `token + PE` and on `token` alone; the ratio
+  `||att(tok + PE) - att(tok)|| / ||att(tok + PE)||`, averaged over real tokens.
+  The article's "healthy 0.3-0.7" band is its claim, not a rule: the
+  number is reported, not judged.
+- `attention_by_distance`: the mean attention weight a query gives a key at
+  distance `|i - j|` (000 §4.2), per layer, averaged over heads, queries and
+  probe sentences; sinusoidal models trained as LMs concentrate it on small
+  distances.
+
+Example:
+
+>>> from keras_posenc.layers import SinusoidalPositionEmbedding
+>>> layer = SinusoidalPositionEmbedding(max_length=32)
+>>> r = pe_value_range(position_table(layer, depth=8))
+>>> r["min"] >= -1.0, r["max"] <= 1.0, r["ok"]
+(True, True, True)
+"""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc import data as data_lib
+from keras_posenc.encoder_layer import merge_attention_masks
+
+
+def position_table(position_layer, depth=None, length=None):
+    """The `[length, depth]` rows a position layer adds at positions 0..length-1 (float64)."""
+    length = length or position_layer.max_length
+    depth = depth or position_layer.depth
+    zeros = tf.zeros([1, length, depth])
+    if getattr(position_layer, "num_languages", None):
+        rows = position_layer(zeros, language_ids=tf.zeros([1], tf.int32))
+    else:
+        rows = position_layer(zeros)
+    return rows.numpy()[0].astype(np.float64)
+
+
+def pe_value_range(table, *, bound=1.0, tolerance=1e-5):
+    """Min, max, mean |value| of a PE table; `ok` when every value is within `±bound`."""
+    table = np.asarray(table, np.float64)
+    low, high = float(table.min()), float(table.max())
+    return {"min": low, "max": high, "mean_abs": float(np.abs(table).mean()), "bound": bound,
+            "ok": bool(low >= -bound - tolerance and high <= bound + tolerance)}
+
+
+def plot_pe_heatmap(table, path, title="position embedding"):
+    """Saves the table as a heatmap PNG (rows: positions, columns: dimensions); returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    image = ax.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-np.abs(table).max(),
+                      vmax=np.abs(table).max(), interpolation="nearest")
+    ax.set_xlabel("dimension")
+    ax.set_ylabel("position")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _attention_input(encoder_layer, x):
+    return encoder_layer.attention_norm(x) if encoder_layer.norm_first else x
+
+
+def positional_contribution(encoder, token_ids, language_ids=None):
+    """002 §5.3: relative change of the first attention output when PE is removed.
+
+    Returns the mean over real query tokens of
+    `||att(tok + PE) - att(tok)|| / ||att(tok + PE)||`, where `tok` is the
+    scaled token embedding and the mask is causal plus padding.
+    """
+    embedding = encoder.embedding
+    mask = tf.not_equal(token_ids, encoder.pad_id)
+    with_pe = embedding(token_ids, language_ids=language_ids, training=False)
+    tokens_only = embedding.token_embedding(token_ids)
+    if embedding.scale_embeddings:
+        tokens_only = tokens_only * tf.cast(np.sqrt(embedding.d_model), tokens_only.dtype)
+    merged = merge_attention_masks(tf.shape(token_ids)[1], mask=mask, use_causal_mask=True)
+    layer = encoder.encoder_layers[0]
+    outputs = []
+    for x in (with_pe, tokens_only):
+        x = _attention_input(layer, tf.identity(x))
+        outputs.append(layer.attention(x, x, attention_mask=merged, training=False))
+    full, without = (o.numpy().astype(np.float64) for o in outputs)
+    ratio = np.linalg.norm(full - without, axis=-1) / np.maximum(np.linalg.norm(full, axis=-1), 1e-12)
+    return float(ratio[mask.numpy()].mean())
+
+
+def attention_by_distance(encoder, token_ids, language_ids=None):
+    """Mean attention weight per query-key distance `|i - j|`, one array per layer.
+
+    Entry `d` of a layer's array averages, over heads and over every real
+    query that has a real key at distance `d`, the weight on that key. With
+    a causal mask only keys `j <= i` exist.
+    """
+    mask = tf.not_equal(token_ids, encoder.pad_id)
+    length = int(token_ids.shape[1])
+    merged = merge_attention_masks(length, mask=mask, use_causal_mask=True)
+    x = encoder.embedding(token_ids, language_ids=language_ids, training=False)
+    distance = np.abs(np.arange(length)[:, None] - np.arange(length)[None, :])
+    valid = merged.numpy()  # [B, T, T] query-key pairs that exist
+    real_query = mask.numpy()[:, :, None]
+    per_layer = []
+    for layer in encoder.encoder_layers:
+        query = _attention_input(layer, tf.identity(x))
+        _, scores = layer.attention(query, query, attention_mask=merged, return_attention_scores=True,
+                                    training=False)
+        weights = scores.numpy().astype(np.float64).mean(axis=1)  # [B, T, T] averaged over heads
+        keep = valid & real_query
+        sums = np.bincount(np.broadcast_to(distance, keep.shape)[keep], weights=weights[keep],
+                           minlength=length)
+        counts = np.bincount(np.broadcast_to(distance, keep.shape)[keep], minlength=length)
+        per_layer.append(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan))
+        x = layer(x, attention_mask=merged, training=False)
+    return per_layer
+
+
+def plot_attention_by_distance(per_layer, path, max_distance=32):
+    """Saves the mean attention weight against distance, one line per layer; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, values in enumerate(per_layer):
+        shown = values[:max_distance + 1]
+        ax.plot(np.arange(len(shown)), shown, marker="o", ms=3, label=f"layer {i}")
+    ax.set_xlabel("distance |i - j| (query i, key j <= i)")
+    ax.set_ylabel("mean attention weight")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def probe_batch(sp_model, texts, max_length, num_languages=None):
+    """Token ids (and zero language ids when needed) of probe sentences, framed as in training."""
+    ds = data_lib.lm_dataset(list(texts), sp_model, max_length=max_length, batch_size=len(texts),
+                             shuffle=False, bucket_boundaries=None)
+    features, _ = next(iter(ds))
+    token_ids = features["token_ids"]
+    language_ids = tf.zeros_like(token_ids) if num_languages else None
+    return token_ids, language_ids
+
+
+def inspect_model(model_path, out, texts=None, num_texts=32):
+    """Runs every diagnostic on a `model.keras` saved by `train`; writes PNGs and `inspect.json`."""
+    from tensorflow import keras
+
+    from keras_posenc import train  # noqa: F401  registers CausalLM for loading
+
+    if not os.path.isfile(model_path):
+        raise ValueError(f"Model file not found: model={model_path!r}.")
+    spm_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
+    if not os.path.isfile(spm_path):
+        raise ValueError(f"No SentencePiece model next to the model: expected {spm_path!r}.")
+    model = keras.models.load_model(model_path, compile=False)
+    encoder = model.encoder
+    with open(spm_path, "rb") as f:
+        sp_model = f.read()
+    if not texts:
+        texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:num_texts]
+    os.makedirs(out, exist_ok=True)
+    position_layer = encoder.embedding.position_embedding
+    table = position_table(position_layer, depth=encoder.d_model)
+    token_ids, language_ids = probe_batch(sp_model, texts, encoder.max_length,
+                                          position_layer.num_languages)
+    per_layer = attention_by_distance(encoder, token_ids, language_ids)
+    bound = 1.0
+    if position_layer.num_languages:
+        bound = float(np.abs(position_layer.language_scale.numpy()).max())
+    summary = {
+        "model": model_path,
+        "position": encoder.position,
+        "pe_range": pe_value_range(table, bound=bound) if encoder.position == "sinusoidal"
+        else pe_value_range(table, bound=float("inf")),
+        "positional_contribution_ratio": positional_contribution(encoder, token_ids, language_ids),
+        "attention_by_distance": [[None if np.isnan(v) else float(v) for v in layer[:17]]
+                                  for layer in per_layer],
+        "probe_sentences": len(texts),
+    }
+    artifacts = [
+        plot_pe_heatmap(table, os.path.join(out, "pe_heatmap.png"), title=f"{encoder.position} PE"),
+        plot_attention_by_distance(per_layer, os.path.join(out, "attention_by_distance.png")),
+    ]
+    report_path = os.path.join(out, "inspect.json")
+    with open(report_path, "w") as f:
+        json.dump(summary, f, indent=1)
+    artifacts.append(report_path)
+    return {"summary": summary, "artifacts": artifacts}
