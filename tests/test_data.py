@@ -1,0 +1,197 @@
+"""Corpora, SentencePiece training and the tf.data LM pipeline."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from keras_posenc import data
+
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog ran in the park and barked at the birds",
+    "positions tell the model where each word is",
+    "short",
+    "the quick brown fox jumps over the lazy dog again and again",
+] * 8
+
+
+@pytest.fixture(scope="module")
+def sp_model():
+    return data.train_sentencepiece(TEXTS, vocab_size=40)
+
+
+def _processor(sp_model):
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    return processor
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+# Corpora ------------------------------------------------------------------------------------
+def test_default_corpus_is_real_english_with_licence():
+    path = data.default_corpus_path()
+    lines = data.read_text_corpus(path)
+    assert len(lines) > 5000 and os.path.getsize(path) > 400_000
+    words = " ".join(lines).lower().split()
+    # Real English: "the" is the most frequent word and a few function words are frequent.
+    top = [w for w, _ in sorted(((w, words.count(w)) for w in {"the", "a", "is", "of", "to"}),
+                                key=lambda kv: -kv[1])]
+    assert top[0] == "the" and words.count("the") / len(words) > 0.04
+    folder = os.path.dirname(path)
+    assert "PYTHON SOFTWARE FOUNDATION LICENSE" in open(os.path.join(folder, "LICENSE-PSF.txt")).read()
+
+
+def test_read_text_corpus_strips_and_skips_blank_lines(tmp_path):
+    path = _write(tmp_path, "c.txt", "  first line \n\n\t\nsecond\n")
+    assert data.read_text_corpus(path) == ["first line", "second"]
+
+
+def test_missing_and_empty_corpus_are_clear_errors(tmp_path):
+    with pytest.raises(data.CorpusError, match=r"Corpus file not found: corpus='.*nope\.txt'"):
+        data.read_text_corpus(str(tmp_path / "nope.txt"))
+    with pytest.raises(data.CorpusError, match="is empty: it has no non-blank line"):
+        data.read_text_corpus(_write(tmp_path, "e.txt", "\n  \n"))
+    with pytest.raises(data.CorpusError, match="is empty"):
+        data.read_tsv_corpus(_write(tmp_path, "e.tsv", "\n"))
+
+
+def test_tsv_bad_line_reports_line_number_unless_skipped(tmp_path):
+    path = _write(tmp_path, "p.tsv", "hello\thallo\n\nno tab here\ncat\tKatze\na\tb\tc\n")
+    with pytest.raises(data.CorpusError, match=r"line 3 has no tab.*'no tab here'.*--skip-bad-lines"):
+        data.read_tsv_corpus(path)
+    assert data.read_tsv_corpus(path, skip_bad_lines=True) == [("hello", "hallo"), ("cat", "Katze")]
+    with pytest.raises(data.CorpusError, match="line 5 has 2 tabs"):
+        data.read_tsv_corpus(_write(tmp_path, "q.tsv", "hello\thallo\n\n\ncat\tKatze\na\tb\tc\n"))
+    with pytest.raises(ValueError, match="`corpus_format` must be one of"):
+        data.load_corpus(path, "csv")
+
+
+def test_split_is_deterministic_disjoint_and_complete():
+    examples = [f"s{i}" for i in range(50)]
+    train_a, eval_a = data.split_corpus(examples, 0.1, seed=3)
+    train_b, eval_b = data.split_corpus(examples, 0.1, seed=3)
+    assert (train_a, eval_a) == (train_b, eval_b) and len(eval_a) == 5
+    assert sorted(train_a + eval_a) == sorted(examples)
+    assert data.split_corpus(examples, 0.1, seed=4)[1] != eval_a
+
+
+# SentencePiece ------------------------------------------------------------------------------
+def test_sentencepiece_reserved_ids_and_determinism(sp_model):
+    processor = _processor(sp_model)
+    assert [processor.IdToPiece(i) for i in range(5)] == ["<pad>", "<unk>", "<s>", "</s>", "<sep>"]
+    assert processor.GetPieceSize() == 40 == data.sentencepiece_vocab_size(sp_model)
+    assert data.train_sentencepiece(TEXTS, vocab_size=40) == sp_model
+
+
+def test_vocab_size_larger_than_corpus_allows_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"vocab_size=5000 is larger than this corpus allows: .* at most "
+                                         r"vocab_size=\d+"):
+        data.train_sentencepiece(TEXTS, vocab_size=5000)
+    with pytest.raises(ValueError, match=r"vocab_size=10 is too small for this corpus"):
+        data.train_sentencepiece(TEXTS, vocab_size=10)
+    with pytest.raises(ValueError, match=r"`vocab_size` must be an int > 5"):
+        data.train_sentencepiece(TEXTS, vocab_size=3)
+
+
+# Pipeline -----------------------------------------------------------------------------------
+def _rows(ds):
+    """Every (tokens, labels, positions, languages) row without padding, in order."""
+    rows = []
+    for features, labels in ds:
+        for i in range(labels.shape[0]):
+            n = int(np.sum(labels[i].numpy() != 0))
+            lang = features.get("language_ids")
+            rows.append((features["token_ids"][i, :n].numpy().tolist(), labels[i, :n].numpy().tolist(),
+                         features["position_ids"][i].numpy().tolist(),
+                         None if lang is None else lang[i, :n].numpy().tolist(),
+                         features["token_ids"][i, n:].numpy().tolist()))
+    return rows
+
+
+def test_text_rows_are_bos_pieces_eos_shifted_by_one(sp_model):
+    processor = _processor(sp_model)
+    texts = TEXTS[:5]
+    ds = data.lm_dataset(texts, sp_model, max_length=64, batch_size=5, shuffle=False, bucket_boundaries=None)
+    for text, (tokens, labels, positions, languages, padding) in zip(texts, _rows(ds)):
+        full = [data.BOS_ID] + processor.EncodeAsIds(text) + [data.EOS_ID]
+        assert tokens == full[:-1] and labels == full[1:]
+        assert tokens[0] == data.BOS_ID  # <s> stays first (002's move-to-end workaround is not used)
+        assert positions == list(range(len(tokens))) + [0] * len(padding)
+        assert languages is None and set(padding) <= {data.PAD_ID}
+
+
+def test_bos_eos_options_and_truncation(sp_model):
+    processor = _processor(sp_model)
+    text = TEXTS[4]
+    pieces = processor.EncodeAsIds(text)
+    ds = data.lm_dataset([text], sp_model, max_length=64, batch_size=1, shuffle=False, add_bos=False,
+                         add_eos=False)
+    tokens, labels = _rows(ds)[0][:2]
+    assert tokens == pieces[:-1] and labels == pieces[1:]
+    ds = data.lm_dataset([text], sp_model, max_length=4, batch_size=1, shuffle=False)
+    tokens, labels = _rows(ds)[0][:2]
+    assert tokens == [data.BOS_ID] + pieces[:3] and labels == pieces[:4]
+
+
+def test_tsv_pairs_get_sep_and_language_ids(sp_model):
+    processor = _processor(sp_model)
+    pair = ("the cat sat", "the dog ran")
+    ds = data.lm_dataset([pair], sp_model, max_length=64, batch_size=1, shuffle=False)
+    tokens, labels, _, languages, _ = _rows(ds)[0]
+    source, target = processor.EncodeAsIds(pair[0]), processor.EncodeAsIds(pair[1])
+    full = [data.BOS_ID] + source + [data.SEP_ID] + target + [data.EOS_ID]
+    assert tokens == full[:-1] and labels == full[1:]
+    # Language of each input token: 0 for <s>, source and <sep>; 1 for the target side.
+    assert languages == [0] * (len(source) + 2) + [1] * len(target)
+
+
+def test_bucketing_groups_similar_lengths_and_pads_with_zero(sp_model):
+    ds = data.lm_dataset(TEXTS, sp_model, max_length=64, batch_size=4, shuffle=True, seed=1,
+                         bucket_boundaries=[6, 12])
+    seen = 0
+    for features, labels in ds:
+        lengths = np.sum(labels.numpy() != 0, axis=1)
+        bucket = np.digitize(lengths, [6, 12])
+        assert len(set(bucket)) == 1, lengths  # one bucket per batch
+        assert features["token_ids"].shape[1] == lengths.max()
+        assert np.all((features["token_ids"].numpy() == 0) == (labels.numpy() == 0))
+        seen += labels.shape[0]
+    assert seen == len(TEXTS)
+
+
+def test_shuffle_order_is_fixed_by_seed(sp_model):
+    def order(seed):
+        ds = data.lm_dataset(TEXTS[:5], sp_model, max_length=64, batch_size=1, shuffle=True, seed=seed,
+                             bucket_boundaries=None)
+        return [row[0] for row in _rows(ds)]
+
+    assert order(7) == order(7)
+    assert sorted(order(7)) == sorted(order(8))
+    assert any(order(s) != order(7) for s in (8, 9, 10))
+
+
+def test_unigram_cross_entropy_matches_numpy(sp_model):
+    train_ds = data.lm_dataset(TEXTS[:5], sp_model, max_length=64, batch_size=2, shuffle=False)
+    eval_ds = data.lm_dataset(TEXTS[5:7], sp_model, max_length=64, batch_size=2, shuffle=False)
+    counts = np.ones(40)
+    counts[0] = 0
+    for row in _rows(train_ds):
+        for token in row[1]:
+            counts[token] += 1
+    expected = [-math.log(counts[t] / counts.sum()) for row in _rows(eval_ds) for t in row[1]]
+    assert data.unigram_cross_entropy(train_ds, eval_ds, 40) == pytest.approx(np.mean(expected), rel=1e-12)
+
+
+def test_pipeline_argument_errors(sp_model):
+    with pytest.raises(ValueError, match="`max_length` must be a positive int, got max_length=0"):
+        data.lm_dataset(TEXTS, sp_model, max_length=0, batch_size=2)
+    with pytest.raises(data.CorpusError, match="empty list"):
+        data.lm_dataset([], sp_model, max_length=8, batch_size=2)
