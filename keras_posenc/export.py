@@ -223,8 +223,8 @@ def run_interpreter(tflite_bytes, feeds):
     rows = int(inputs[0]["shape"][0])
     for detail, feed in zip(inputs, feeds):
         if tuple(detail["shape"][1:]) != feed.shape[1:] or len(feed) % rows:
-            raise ValueError(f"Input '{detail['name']}' of shape {feed.shape} does not fit the exported shape "
-                             f"{tuple(detail['shape'])} (same length, batch a multiple of it).")
+            raise ValueError(f"Input '{detail['name']}' of shape {feed.shape} does not fit the exported "
+                             f"shape {tuple(detail['shape'])} (same length, batch a multiple of it).")
     output = interpreter.get_output_details()[0]["index"]
     got = []
     for start in range(0, len(feeds[0]), rows):
@@ -320,7 +320,8 @@ def format_report(report):
         lines.append("GPU delegate: NOT compatible; ops it rejects: " + ", ".join(report["gpu_incompatible"]))
     else:
         lines.append("GPU delegate: compatible (TFLite analyzer and op-level check found no rejected op)")
-    lines.append(f"TRANSPOSE ops: {report['transpose_ops']} (no shader on the OpenGL ES backend; see export/README.md)")
+    lines.append(f"TRANSPOSE ops: {report['transpose_ops']} "
+                 "(no shader on the OpenGL ES backend; see export/README.md)")
     lines.append(f"Parity vs Keras: max abs diff {report['parity']:.3g} on real tokens "
                  f"({report['parity_all']:.3g} with padding positions)")
     lines.append(f"File size: {report['file_bytes']} bytes = {report['size_ratio']:.3f} x the weight bytes "
@@ -349,7 +350,8 @@ class _ModelSpec:
         _check_int("sequence_length", sequence_length)
         _check_int("batch_size", batch_size)
         if not model.built:
-            raise ValueError(f"Model '{model.name}' is not built: call it on a batch or load a trained model.")
+            raise ValueError(f"Model '{model.name}' is not built: call it on a batch or load a trained "
+                             "model.")
         layers = _all_layers(model)
         unknown = [layer for layer in layers if not _is_known(layer)]
         if unknown:
@@ -478,7 +480,8 @@ class _ExportPositionEmbedding:
         if self.num_languages is not None:
             # MUL + SUM, not a matmul: the converter rewrites a 2-D one-hot matmul as EMBEDDING_LOOKUP.
             scales = tf.reduce_sum(_one_hot(language_ids, self.num_languages) * self.language_scale, axis=-1)
-            pe = pe * (tf.reshape(scales, [-1, 1, 1]) if language_ids.shape.rank == 1 else _with_unit_axis(scales))
+            per_row = language_ids.shape.rank == 1
+            pe = pe * (tf.reshape(scales, [-1, 1, 1]) if per_row else _with_unit_axis(scales))
         return inputs + tf.cast(pe, inputs.dtype)
 
 
