@@ -126,7 +126,11 @@ def _run_demo(args):
     print(f"Training a causal LM on the embedded corpus for {config.steps} steps; writing to {args.out}")
     report = train(config)
     _print_summary(report, args.out)
-    return 0
+    print("Exporting the demo model to TFLite (float32, GPU-friendly):")
+    return _run_export(argparse.Namespace(
+        model=os.path.join(args.out, "model.keras"), out=os.path.join(args.out, "model.tflite"),
+        sequence_length=DEMO_SETTINGS["max_length"], batch_size=1, quantize=None, no_gpu_friendly=False,
+        require_gpu=True, tolerance=None, token_ids=None))
 
 
 # train --------------------------------------------------------------------------------------
@@ -190,10 +194,106 @@ def _run_inspect(args):
     return 0
 
 
+# export -------------------------------------------------------------------------------------
+# Parity that `export` requires, per quantize mode (None: report only).
+EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "dynamic_int8": None}
+
+
+def _add_export_parser(subparsers):
+    parser = subparsers.add_parser(
+        "export", help="convert a trained model to TFLite for edge GPUs (builtin ops only)",
+        description="Rebuilds the model with fixed input shapes under float32, freezes the position "
+                    "tables as constants, converts with TFLite builtin ops only (never Flex) and prints "
+                    "the op histogram, the GPU-delegate verdict, the parity against Keras on a real "
+                    "token batch and the file size against the weight bytes. Exit status 1 when the "
+                    "parity exceeds the tolerance or, with --require-gpu, when an op is GPU-incompatible. "
+                    "export/README.md takes the file to a Jetson.")
+    parser.add_argument("model", help="trained model (.keras, .h5 or SavedModel folder)")
+    parser.add_argument("--out", required=True,
+                        help="output .tflite file (FILE.json with its input shapes is written beside)")
+    parser.add_argument("--sequence-length", type=_positive_int, required=True,
+                        help="fixed input length, at most the model's max_length")
+    parser.add_argument("--batch-size", type=_positive_int, default=1,
+                        help="fixed batch (1 for the GPU delegate)")
+    parser.add_argument("--quantize", choices=("float16", "dynamic_int8"),
+                        help="float16 weights (GPU) or int8 dynamic-range weights (CPU)")
+    parser.add_argument("--no-gpu-friendly", action="store_true",
+                        help="keep GATHER lookups (smaller compute, CPU only)")
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="fail when the GPU delegate would reject an op")
+    parser.add_argument("--tolerance", type=float,
+                        help="max abs parity on real tokens (default 1e-4; float16 2e-2; int8 report only)")
+    parser.add_argument("--token-ids", help="int .npy [n, sequence-length] for the parity check (default: "
+                                            "corpus sentences tokenized with spm.model beside the model, "
+                                            "else a synthetic padded batch)")
+
+
+def _export_parity_batch(args, model):
+    import numpy as np
+
+    from keras_posenc import export
+
+    rows = 4 * args.batch_size
+    spm_path = os.path.join(os.path.dirname(os.path.abspath(args.model)), "spm.model")
+    if args.token_ids:
+        token_ids = np.load(args.token_ids)
+        if token_ids.ndim != 2 or token_ids.shape[1] != args.sequence_length:
+            raise _Error(f"--token-ids must hold an int array [n, {args.sequence_length}], "
+                         f"got shape {token_ids.shape}.")
+    elif os.path.isfile(spm_path):
+        from keras_posenc import data as data_lib
+        from keras_posenc.diagnostics import probe_batch
+
+        with open(spm_path, "rb") as f:
+            sp_model = f.read()
+        texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:rows]
+        token_ids, _ = probe_batch(sp_model, texts, args.sequence_length)
+        token_ids = token_ids.numpy()[:, :args.sequence_length]
+        token_ids = np.pad(token_ids, ((0, 0), (0, args.sequence_length - token_ids.shape[1])),
+                           constant_values=data_lib.PAD_ID)
+    else:
+        return export.sample_token_batch(model, args.sequence_length, rows=rows)
+    _, languages = export.sample_token_batch(model, args.sequence_length, rows=len(token_ids))
+    return token_ids.astype(np.int32), None if languages is None else np.zeros_like(languages)
+
+
+def _run_export(args):
+    import json
+
+    from keras_posenc import export, train  # noqa: F401  train registers CausalLM for loading
+
+    model = export.load_model(args.model)
+    quantize = args.quantize
+    flat = export.to_tflite(model, sequence_length=args.sequence_length, batch_size=args.batch_size,
+                            quantize=quantize, gpu_friendly=not args.no_gpu_friendly)
+    token_ids, language_ids = _export_parity_batch(args, model)
+    report = export.export_report(model, flat, token_ids, language_ids)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "wb") as f:
+        f.write(flat)
+    with open(args.out + ".json", "w") as f:
+        json.dump(export.runtime_metadata(model, args.sequence_length, args.batch_size, quantize=quantize,
+                                          gpu_friendly=not args.no_gpu_friendly), f, indent=1)
+    print(f"Wrote {args.out} ({len(flat)} bytes, quantize={quantize or 'none'}, "
+          f"batch {args.batch_size} x length {args.sequence_length}) and {args.out}.json")
+    for line in export.format_report(report):
+        print(line)
+    status = 0
+    tolerance = args.tolerance if args.tolerance is not None else EXPORT_TOLERANCE[quantize]
+    if tolerance is not None and not report["parity"] <= tolerance:
+        print(f"FAILED: parity {report['parity']:.3g} exceeds the tolerance {tolerance:g}.")
+        status = 1
+    if args.require_gpu and report["gpu_incompatible"]:
+        print("FAILED: --require-gpu and the GPU delegate rejects " + ", ".join(report["gpu_incompatible"]))
+        status = 1
+    return status
+
+
 _SUBCOMMANDS = {
     "demo": (_add_demo_parser, _run_demo),
     "train": (_add_train_parser, _run_train),
     "inspect": (_add_inspect_parser, _run_inspect),
+    "export": (_add_export_parser, _run_export),
 }
 
 

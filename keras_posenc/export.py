@@ -273,6 +273,27 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
     return ids.astype(np.int32), languages
 
 
+def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, gpu_friendly=True):
+    """What a runtime-only runner needs to feed the exported model (`export/run_tflite.py` reads it).
+
+    Returns:
+        A JSON-ready dict: fixed shapes, vocab size, pad id, number of
+        languages and the export options.
+    """
+    spec = _ModelSpec.of(model, sequence_length, batch_size)
+    languages = [layer.num_languages for layer in spec.position_layers if layer.num_languages]
+    return {
+        "sequence_length": sequence_length,
+        "batch_size": batch_size,
+        "vocab_size": spec.vocab_size,
+        "pad_id": spec.pad_id,
+        "num_languages": min(languages) if languages else None,
+        "inputs": [s.name for s in spec.signature()],
+        "quantize": quantize,
+        "gpu_friendly": gpu_friendly,
+    }
+
+
 def load_model(path):
     """Loads a `.keras`/`.h5` file or SavedModel directory with the keras_posenc layers registered.
 
@@ -368,7 +389,7 @@ class _ModelSpec:
         if sequence_length > longest:
             raise ValueError(f"`sequence_length`={sequence_length} exceeds the model's max_length={longest}.")
         needs_languages = any(layer.num_languages is not None for layer in positions)
-        language_rank = 1
+        language_rank = 2  # subclassed models get per-token language ids, the general case
         if needs_languages and getattr(model, "_is_graph_network", False):
             if len(model.inputs) != 2:
                 raise ValueError(f"Model '{model.name}' scales positions per language: it must take "
