@@ -27,8 +27,9 @@ def test_integer_layer_contract(tmp_path):
     run_layer_test(IntegerPositionEmbedding, {"max_length": 8, "num_languages": 2},
                    {"inputs": x, "language_ids": tf.constant([0, 1])}, tmp_dir=tmp_path,
                    expected_output_shape=(2, 5, 6), expected_num_trainable_weights=1)
-    run_layer_test(IntegerPositionEmbedding, {"max_length": 8, "scale": 1.0}, {"inputs": x, "mask": LEFT_PADDED},
-                   tmp_dir=tmp_path, run_fit=False, expected_num_trainable_weights=0)
+    run_layer_test(IntegerPositionEmbedding, {"max_length": 8, "scale": 1.0},
+                   {"inputs": x, "mask": LEFT_PADDED}, tmp_dir=tmp_path, run_fit=False,
+                   expected_num_trainable_weights=0)
 
 
 @pytest.mark.parametrize("scale, expected_scale", [(None, 1 / 8), (1.0, 1.0), (0.3, 0.3)])

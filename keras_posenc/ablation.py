@@ -1,0 +1,516 @@
+"""Position-encoding ablation and length extrapolation (`keras-posenc ablate`).
+
+Source article 000 (section 4.2) trains the same small next-word model with
+four position encodings and reports sin/cos 0.38 < learned 0.42 < increasing
+integer 0.95 < all-zero 1.27. Article 002 (section 2.2) claims that
+sinusoidal encodings extrapolate past the training length and learned tables
+do not. `run_ablation` regenerates such evidence on this package's layers:
+
+- every variant of `VARIANTS` trains the same causal Transformer LM
+  (`keras_posenc.Encoder` + a softmax head) with the same data order, budget
+  and seeds;
+- held-out next-token loss is measured at the training length T and at 2T
+  and 4T. Formula variants evaluate the same trained model on longer inputs
+  (`overflow="extend"`); a learned table has no rows past T, so it reports
+  "cannot extrapolate" instead of a number;
+- attention focus: the mean last-layer attention weight by query-key
+  distance `i - j` on held-out text (000 section 4.2's analysis);
+- `write_report` writes `ablation.md` (mean ± std over seeds), `ablation.json`
+  and three PNGs (loss curves, extrapolation, attention focus).
+
+Data: every training example is T+1 tokens of consecutive corpus lines (the
+line starting at each training line, then the following ones), so every
+position 0..T-1 is trained equally often; `<s>` is at position 0. Held-out
+windows are built the same way from a contiguous block at the end of the
+corpus, with the same starting lines at every evaluated length, so with a
+causal mask positions below T get the same loss at T, 2T and 4T and any
+difference comes from the positions past T.
+
+Runs are deterministic for a given seed (`tf.keras.utils.set_random_seed` and
+op determinism); the seed also fixes the order of training examples, which
+is the same for every variant.
+
+Example:
+
+>>> sorted(VARIANTS)[:3]
+['integer', 'learned', 'none']
+>>> variant_kwargs("integer", AblationConfig(max_length=32))
+{'position': 'integer', 'scale': 0.03125}
+>>> uniform_attention_by_distance(2).tolist()  # row 0: [1], row 1: [1/2, 1/2]
+[0.75, 0.5]
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+import numpy as np
+import sentencepiece as spm
+import tensorflow as tf
+from tensorflow import keras
+
+from keras_posenc import data, diagnostics
+from keras_posenc.schedules import WarmupSchedule
+from keras_posenc.train import CausalLM, StepLog
+
+CANNOT_EXTRAPOLATE = "cannot extrapolate"
+
+# name -> (description, Encoder position kwargs as a function of the config).
+VARIANTS = {
+    "sinusoidal": ("sin/cos, full table", lambda c: {"position": "sinusoidal", "table": "full"}),
+    "sinusoidal-factorized": ("sin/cos, factorized table (exact)",
+                              lambda c: {"position": "sinusoidal", "table": "factorized"}),
+    "sinusoidal-interpolated": ("sin/cos, interpolated table (d_model/4 stored dims)",
+                                lambda c: {"position": "sinusoidal", "table": "interpolated",
+                                           "stored_dims": max(2, c.d_model // 8 * 2)}),
+    "learned": ("learned table (T rows)", lambda c: {"position": "learned"}),
+    "integer": ("increasing integer p/T on every dim",
+                lambda c: {"position": "integer", "scale": 1.0 / c.max_length}),
+    "none": ("all-zero (no position signal)", lambda c: {"position": "none"}),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationConfig:
+    """Model, data and budget shared by every variant.
+
+    Attributes:
+        max_length: training length T (model input tokens).
+        eval_multiples: evaluated lengths as multiples of T.
+        steps: optimizer steps per run.
+        batch_size: sequences per step.
+        seeds: one run per seed and variant.
+        variants: names from `VARIANTS`.
+        num_layers, d_model, num_heads, dff, dropout: the encoder.
+        vocab_size: SentencePiece vocabulary.
+        warmup_steps, lr_scale: the training CLI's `WarmupSchedule` for Adam.
+        eval_fraction: share of corpus lines (a contiguous block at the end)
+            held out.
+        max_train_lines: use at most this many training lines (None: all).
+        max_eval_windows: held-out windows per evaluated length.
+        curve_every: steps per point of the training-loss curve.
+        run_eagerly: train without tracing a graph (faster for a handful of
+            steps, as in `QUICK`).
+    """
+
+    max_length: int = 32
+    eval_multiples: tuple = (1, 2, 4)
+    steps: int = 800
+    batch_size: int = 32
+    seeds: tuple = (0, 1, 2)
+    variants: tuple = tuple(VARIANTS)
+    num_layers: int = 2
+    d_model: int = 64
+    num_heads: int = 4
+    dff: int = 256
+    dropout: float = 0.1
+    vocab_size: int = 512
+    warmup_steps: int = 100
+    lr_scale: float = 1.0
+    eval_fraction: float = 0.1
+    max_train_lines: int = None
+    max_eval_windows: int = 256
+    curve_every: int = 25
+    run_eagerly: bool = False
+
+    def __post_init__(self):
+        for name in ("max_length", "steps", "batch_size", "num_layers", "d_model", "num_heads", "dff",
+                     "max_eval_windows", "curve_every", "warmup_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {name}={value!r}.")
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown or not self.variants:
+            raise ValueError(f"`variants` must be a non-empty subset of {tuple(VARIANTS)}, "
+                             f"got variants={tuple(self.variants)!r}.")
+        if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds):
+            raise ValueError(f"`seeds` must be a non-empty list of ints, got seeds={self.seeds!r}.")
+        if not self.eval_multiples or any(not isinstance(m, int) or m < 1 for m in self.eval_multiples):
+            raise ValueError(f"`eval_multiples` must be positive ints, got {self.eval_multiples!r}.")
+
+    @property
+    def eval_lengths(self):
+        return [self.max_length * m for m in self.eval_multiples]
+
+
+QUICK = AblationConfig(max_length=8, steps=4, batch_size=4, seeds=(0, 1), num_layers=1, d_model=8,
+                       num_heads=2, dff=16, vocab_size=100, max_train_lines=200, max_eval_windows=4,
+                       curve_every=2, warmup_steps=2, run_eagerly=True)
+
+
+def variant_kwargs(name, config):
+    """Encoder position kwargs of variant `name` under `config`."""
+    return VARIANTS[name][1](config)
+
+
+def extrapolates(name, config):
+    return variant_kwargs(name, config)["position"] != "learned"
+
+
+# Data -------------------------------------------------------------------------------------------
+def _piece_counts(lines, sp_model):
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    return [len(ids) for ids in processor.EncodeAsIds(lines)]
+
+
+def joined_windows(lines, counts, min_tokens, max_windows=None):
+    """Texts of consecutive lines starting at each line, each at least `min_tokens` pieces long.
+
+    Lines are joined with a space (SentencePiece tokenizes each word with its
+    leading space either way). Starts whose chain runs out of lines are
+    dropped. At most `max_windows` texts, from evenly spaced starts.
+    """
+    texts = []
+    for start in range(len(lines)):
+        total, end = 0, start
+        while total < min_tokens and end < len(lines):
+            total += counts[end]
+            end += 1
+        if total >= min_tokens:
+            texts.append(" ".join(lines[start:end]))
+    if max_windows is not None and len(texts) > max_windows:
+        picks = np.linspace(0, len(texts) - 1, max_windows).round().astype(int)
+        texts = [texts[i] for i in picks]
+    return texts
+
+
+@dataclasses.dataclass
+class AblationData:
+    """Tokenized windows: `train` `[N, T + 1]` and `eval` `[M, max eval length + 1]` int32."""
+
+    sp_model: bytes
+    train: np.ndarray
+    eval: np.ndarray
+    vocab_size: int
+    corpus_lines: int
+    train_lines: int
+    eval_lines: int
+
+
+def _tokenized(texts, sp_model, length):
+    """`[len(texts), length + 1]` ids: `<s>` then the first `length` pieces (via `data.lm_dataset`)."""
+    ds = data.lm_dataset(texts, sp_model, max_length=length, batch_size=len(texts), add_bos=True,
+                         add_eos=False, bucket_boundaries=None, shuffle=False)
+    features, labels = next(iter(ds))
+    tokens = np.concatenate([features["token_ids"].numpy(), labels.numpy()[:, -1:]], axis=1)
+    assert tokens.shape == (len(texts), length + 1) and not np.any(tokens == data.PAD_ID), tokens.shape
+    return tokens.astype(np.int32)
+
+
+def prepare_data(corpus, config):
+    """Reads the corpus, trains SentencePiece on the training lines, tokenizes the windows."""
+    lines = data.read_text_corpus(corpus)
+    n_eval = max(1, round(len(lines) * config.eval_fraction))
+    train_lines, eval_lines = lines[:-n_eval], lines[-n_eval:]
+    if config.max_train_lines is not None:
+        train_lines = train_lines[:config.max_train_lines]
+    sp_model = data.train_sentencepiece(train_lines, config.vocab_size)
+    # Margin of 2 pieces: joining can merge a piece at a line boundary.
+    need = config.max_length + 3
+    train_texts = joined_windows(train_lines, _piece_counts(train_lines, sp_model), need)
+    longest = max(config.eval_lengths)
+    eval_texts = joined_windows(eval_lines, _piece_counts(eval_lines, sp_model), longest + 3,
+                                config.max_eval_windows)
+    if not train_texts or not eval_texts:
+        raise data.CorpusError(
+            f"Corpus {os.fspath(corpus)!r} is too small for the ablation: it needs consecutive lines "
+            f"of at least {need} pieces for training and {longest + 3} for evaluation.")
+    return AblationData(sp_model, _tokenized(train_texts, sp_model, config.max_length),
+                        _tokenized(eval_texts, sp_model, longest), data.sentencepiece_vocab_size(sp_model),
+                        len(lines), len(train_lines), len(eval_lines))
+
+
+def _train_dataset(tokens, batch_size, seed):
+    ds = tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
+    ds = ds.shuffle(len(tokens), seed=seed, reshuffle_each_iteration=True).repeat()
+    return ds.batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+# Model ------------------------------------------------------------------------------------------
+def encoder_config(config, vocab_size, name, *, max_length=None):
+    """`Encoder` kwargs of variant `name`; formula variants get `overflow="extend"`."""
+    kwargs = variant_kwargs(name, config)
+    if kwargs["position"] != "learned":
+        kwargs["overflow"] = "extend"
+    return dict(num_layers=config.num_layers, d_model=config.d_model, num_heads=config.num_heads,
+                dff=config.dff, vocab_size=vocab_size, max_length=max_length or config.max_length,
+                dropout=config.dropout, pad_id=data.PAD_ID, **kwargs)
+
+
+def build_model(config, vocab_size, name, *, max_length=None):
+    """The training CLI's causal LM (`train.CausalLM`) with variant `name`'s position layer."""
+    model = CausalLM(encoder_config(config, vocab_size, name, max_length=max_length), name=f"lm_{name}")
+    model.build_on_dummy()
+    return model
+
+
+def _eval_model(model, config, vocab_size, name, length):
+    # "extend" on an interpolated table computes exact sin/cos rows for the whole batch, which is
+    # not the table the model was trained with; a table built for `length` rows keeps its rows.
+    if length <= config.max_length or variant_kwargs(name, config).get("table") != "interpolated":
+        return model
+    clone = build_model(config, vocab_size, name, max_length=length)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def _train(model, dataset, config):
+    """`keras fit` with the training CLI's optimizer; returns the loss of every step."""
+    optimizer = keras.optimizers.Adam(
+        WarmupSchedule(config.d_model, config.warmup_steps, scale=config.lr_scale),
+        beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    model.compile(optimizer=optimizer, run_eagerly=config.run_eagerly)
+    step_log = StepLog()
+    model.fit(dataset, epochs=1, steps_per_epoch=config.steps, callbacks=[step_log], verbose=0)
+    return step_log.losses
+
+
+def position_losses(model, tokens, batch_size):
+    """Mean next-token cross-entropy at every position `[length]` (nats) over windows `tokens`."""
+    total = 0.0
+    for start in range(0, len(tokens), batch_size):
+        batch = tokens[start:start + batch_size]
+        logits = model(batch[:, :-1], training=False)
+        loss = tf.keras.losses.sparse_categorical_crossentropy(batch[:, 1:], logits, from_logits=True)
+        total = total + tf.reduce_sum(tf.cast(loss, tf.float64), axis=0).numpy()
+    return total / len(tokens)
+
+
+def uniform_attention_by_distance(length):
+    """The same statistic for uniform causal attention (row i puts 1/(i+1) on each key)."""
+    return np.array([np.mean(1.0 / (np.arange(d, length) + 1.0)) for d in range(length)])
+
+
+# Runs -------------------------------------------------------------------------------------------
+def run_one(config, prepared, name, seed):
+    """Trains variant `name` with `seed` and evaluates it; returns a JSON-ready dict."""
+    tf.keras.utils.set_random_seed(seed)
+    model = build_model(config, prepared.vocab_size, name)
+    start = time.perf_counter()
+    losses = _train(model, _train_dataset(prepared.train, config.batch_size, seed), config)
+    train_seconds = time.perf_counter() - start
+    every = config.curve_every
+    curve = [[min(i + every, len(losses)), float(np.mean(losses[i:i + every]))]
+             for i in range(0, len(losses), every)]
+    result = {"seed": seed, "losses": [float(v) for v in losses], "curve": curve,
+              "train_loss": curve[-1][1],
+              "train_seconds": round(train_seconds, 2), "eval": {}, "beyond_train_length": {},
+              "position_losses": {}}
+    t = config.max_length
+    for length in config.eval_lengths:
+        key = str(length)
+        if length > t and not extrapolates(name, config):
+            result["eval"][key] = result["beyond_train_length"][key] = CANNOT_EXTRAPOLATE
+            continue
+        evaluated = _eval_model(model, config, prepared.vocab_size, name, length)
+        losses = position_losses(evaluated, prepared.eval[:, :length + 1], config.batch_size * 2)
+        result["eval"][key] = float(np.mean(losses))
+        if length > t:
+            result["beyond_train_length"][key] = float(np.mean(losses[t:]))
+        result["position_losses"][key] = [float(v) for v in losses]
+    per_layer = diagnostics.attention_by_distance(model.encoder, tf.constant(prepared.eval[:, :t]))
+    result["attention_by_distance_per_layer"] = [[float(v) for v in layer] for layer in per_layer]
+    result["attention_by_distance"] = result["attention_by_distance_per_layer"][-1]
+    return result
+
+
+def _mean_std(values):
+    values = np.asarray(values, np.float64)
+    std = float(np.std(values, ddof=1)) if values.size > 1 else 0.0
+    return [float(np.mean(values)), std]
+
+
+def summarize(runs, config):
+    """Mean and sample std (ddof=1) over seeds of every reported number."""
+    summary = {"train_loss": _mean_std([r["train_loss"] for r in runs]), "eval": {},
+               "beyond_train_length": {}}
+    for section in ("eval", "beyond_train_length"):
+        for key in runs[0][section]:
+            values = [r[section][key] for r in runs]
+            summary[section][key] = (CANNOT_EXTRAPOLATE if values[0] == CANNOT_EXTRAPOLATE
+                                     else _mean_std(values))
+    summary["attention_by_distance"] = np.mean([r["attention_by_distance"] for r in runs], 0).tolist()
+    return summary
+
+
+def run_ablation(corpus=None, config=AblationConfig(), *, log=print):
+    """Runs every variant with every seed; returns the JSON-ready results dict."""
+    corpus = corpus or data.default_corpus_path()
+    started = time.perf_counter()
+    keras.backend.experimental.enable_tf_random_generator()
+    tf.config.experimental.enable_op_determinism()
+    prepared = prepare_data(corpus, config)
+    with open(corpus, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    results = {
+        "config": dataclasses.asdict(config),
+        "corpus": {"path": os.path.basename(os.fspath(corpus)), "sha256": digest,
+                   "lines": prepared.corpus_lines, "train_lines": prepared.train_lines,
+                   "eval_lines": prepared.eval_lines, "train_windows": len(prepared.train),
+                   "eval_windows": len(prepared.eval)},
+        "vocab_size": prepared.vocab_size,
+        "variants": {},
+    }
+    for name in config.variants:
+        runs = []
+        for seed in config.seeds:
+            run = run_one(config, prepared, name, seed)
+            log(f"{name:24s} seed {seed}: train {run['train_loss']:.4f}  eval "
+                + "  ".join(f"{k}:{v if isinstance(v, str) else round(v, 4)}" for k, v in run["eval"].items())
+                + f"  ({run['train_seconds']:.1f} s)")
+            runs.append(run)
+        results["variants"][name] = {"description": VARIANTS[name][0],
+                                     "kwargs": variant_kwargs(name, config),
+                                     "runs": runs, "summary": summarize(runs, config)}
+    results["uniform_attention_by_distance"] = uniform_attention_by_distance(config.max_length).tolist()
+    results["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+    return results
+
+
+# Report -----------------------------------------------------------------------------------------
+def _fmt(value, digits=3):
+    if isinstance(value, str):
+        return value
+    mean, std = value
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(results):
+    """The mean ± std table of `ablation.md`."""
+    config = results["config"]
+    t = config["max_length"]
+    lengths = [t * m for m in config["eval_multiples"]]
+    head = ["variant", "train loss"] + [f"held-out @{n}" for n in lengths]
+    head += [f"@{n}, positions ≥ {t}" for n in lengths if n > t]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, entry in results["variants"].items():
+        s = entry["summary"]
+        cells = [f"`{name}`", _fmt(s["train_loss"])] + [_fmt(s["eval"][str(n)]) for n in lengths]
+        cells += [_fmt(s["beyond_train_length"][str(n)]) for n in lengths if n > t]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def write_report(results, out_dir, command=None):
+    """Writes ablation.json, ablation.md and the three PNGs to `out_dir`; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    if command is not None:
+        results = {**results, "command": command}
+    paths = {name: os.path.join(out_dir, name) for name in (
+        "ablation.json", "ablation.md", "loss_curves.png", "extrapolation.png", "attention_focus.png")}
+    with open(paths["ablation.json"], "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    config = results["config"]
+    lines = [
+        "# Position-encoding ablation",
+        "",
+        f"Command: `{results.get('command', 'keras-posenc ablate')}`",
+        "",
+        (f"Causal next-token LM, {config['num_layers']} layers, d_model {config['d_model']}, "
+        f"{config['num_heads']} heads, dff {config['dff']}, dropout {config['dropout']}, "
+        f"vocab {results['vocab_size']} (SentencePiece), T = {config['max_length']}, "
+        f"{config['steps']} steps of batch {config['batch_size']}, Adam with the Transformer schedule "
+        f"(warmup {config['warmup_steps']}, scale {config['lr_scale']}), "
+        f"seeds {list(config['seeds'])}. Corpus `{results['corpus']['path']}` "
+        f"({results['corpus']['train_lines']} training lines, {results['corpus']['eval_lines']} held-out "
+        f"lines, {results['corpus']['eval_windows']} held-out windows)."),
+        "",
+        ("Cross-entropy in nats per token, mean ± sample std over seeds. Train loss: mean over the "
+        f"last {config['curve_every']} steps (with dropout). Held-out @L: mean over all L positions "
+        "of windows of L tokens; the positions-≥-T columns average only the positions past the "
+        "training length."),
+        "",
+        markdown_table(results),
+        "",
+        f"Total time: {results['elapsed_seconds']} s.",
+        "",
+    ]
+    with open(paths["ablation.md"], "w") as f:
+        f.write("\n".join(lines))
+    _plot_curves(results, paths["loss_curves.png"])
+    _plot_extrapolation(results, paths["extrapolation.png"])
+    _plot_attention(results, paths["attention_focus.png"])
+    return paths
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_curves(results, path):
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, entry in results["variants"].items():
+        curves = np.array([[point[1] for point in run["curve"]] for run in entry["runs"]])
+        steps = [point[0] for point in entry["runs"][0]["curve"]]
+        mean = curves.mean(0)
+        ax.plot(steps, mean, label=name)
+        if len(curves) > 1:
+            std = curves.std(0, ddof=1)
+            ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats/token)")
+    ax.set_title("Training loss, mean ± std over seeds")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_extrapolation(results, path):
+    plt = _pyplot()
+    config = results["config"]
+    t = config["max_length"]
+    longest = str(t * max(config["eval_multiples"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, entry in results["variants"].items():
+        lengths, means, stds = [], [], []
+        for key, value in entry["summary"]["eval"].items():
+            if not isinstance(value, str):
+                lengths.append(int(key))
+                means.append(value[0])
+                stds.append(value[1])
+        left.errorbar(lengths, means, yerr=stds, marker="o", capsize=3, label=name)
+        per_position = [run["position_losses"].get(longest, run["position_losses"][str(t)])
+                        for run in entry["runs"]]
+        curve = np.mean(per_position, 0)
+        right.plot(np.arange(len(curve)), curve, label=name, linewidth=1)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("evaluated length (tokens)")
+    left.set_ylabel("held-out loss (nats/token)")
+    left.set_title("Held-out loss by length (learned: cannot extrapolate)")
+    left.legend()
+    right.axvline(t - 0.5, color="gray", linestyle="--", label=f"training length {t}")
+    right.set_xlabel("position")
+    right.set_ylabel("held-out loss at the position")
+    right.set_title(f"Loss by position in {longest}-token windows")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_attention(results, path):
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, entry in results["variants"].items():
+        ax.plot(entry["summary"]["attention_by_distance"], marker=".", label=name)
+    ax.plot(results["uniform_attention_by_distance"], color="black", linestyle=":",
+            label="uniform causal attention")
+    ax.set_yscale("log")
+    ax.set_xlabel("query-key distance i - j")
+    ax.set_ylabel("mean attention weight (last layer)")
+    ax.set_title("Attention focus by distance, mean over heads, held-out windows and seeds")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
