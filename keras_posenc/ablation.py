@@ -68,6 +68,8 @@ VARIANTS = {
     "learned": ("learned table (T rows)", lambda c: {"position": "learned"}),
     "integer": ("increasing integer p/T on every dim",
                 lambda c: {"position": "integer", "scale": 1.0 / c.max_length}),
+    "integer-raw": ("raw increasing integer p on every dim (the article's)",
+                    lambda c: {"position": "integer", "scale": 1.0}),
     "none": ("all-zero (no position signal)", lambda c: {"position": "none"}),
 }
 
@@ -97,7 +99,7 @@ class AblationConfig:
 
     max_length: int = 32
     eval_multiples: tuple = (1, 2, 4)
-    steps: int = 800
+    steps: int = 700
     batch_size: int = 32
     seeds: tuple = (0, 1, 2)
     variants: tuple = tuple(VARIANTS)

@@ -161,3 +161,17 @@ def test_position_variants_break_permutation_equivariance(position):
     y = encoder(ids).numpy()
     y_perm = encoder(tf.gather(ids, perm, axis=1)).numpy()
     assert np.max(np.abs(y_perm - y[:, perm])) > 1e-3
+
+
+@pytest.mark.parametrize("position, kwargs", [("integer", {"scale": 0.25}), ("none", {})])
+def test_variants_export_to_gpu_ready_tflite(position, kwargs):
+    from keras_posenc import export
+
+    tf.keras.utils.set_random_seed(5)
+    ids = tf.keras.Input(shape=(None,), dtype="int32")
+    model = tf.keras.Model(ids, TokenAndPositionEmbedding(20, 4, 8, position=position, dropout=0.0,
+                                                          **kwargs)(ids))
+    flat = export.to_tflite(model, sequence_length=6)
+    assert export.gpu_incompatible_ops(flat) == []
+    batch = np.array([[5, 6, 7, 8, 9, 3], [0, 0, 4, 5, 6, 7]], np.int32)
+    assert export.check_parity(model, flat, batch) < 1e-5
