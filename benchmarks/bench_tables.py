@@ -14,8 +14,8 @@ For `SinusoidalPositionEmbedding(table=KIND)`, KIND in full / interpolated
   4. precision at positions up to 8192 (depth 512): the float64 table stored
      as float16, angles computed in float16, angles computed in float32, and
      the factorized table (float32 constants).
-  5. with --train-steps N: the training demo (`keras_posenc.train.train`,
-     default corpus and TrainConfig, same seed and steps) with each kind,
+  5. with --train-steps N: the training demo (`keras_posenc.train.train` with
+     the `keras-posenc demo` settings and corpus, same seed and steps) per kind,
      at every d_model of --train-d-model; final train loss and held-out loss.
      At d_model 64 the interpolated table's default 64 stored dims are the
      whole width, so it is exact there; at d_model 128 it stores half.
@@ -233,16 +233,17 @@ def precision_study():
 
 
 def demo_losses(steps, d_models):
+    from keras_posenc.cli import DEMO_SETTINGS
     from keras_posenc.train import TrainConfig, train
 
-    print(f"## 5. Training demo, {steps} steps, seed 0, default corpus and TrainConfig\n")
+    print(f"## 5. Training demo (`keras-posenc demo` settings), {steps} steps, seed 0\n")
     print("| d_model | table | final train loss | held-out loss |")
     print("|---|---|---|---|")
     for d_model in d_models:
         for kind in KINDS:
             with tempfile.TemporaryDirectory() as out:
-                report = train(TrainConfig(corpus=None, out=out, steps=steps, d_model=d_model, table=kind,
-                                           seed=0, verbose=0))
+                settings = {**DEMO_SETTINGS, "steps": steps, "d_model": d_model}
+                report = train(TrainConfig(corpus=None, out=out, table=kind, seed=0, verbose=0, **settings))
             print(f"| {d_model} | {kind} | {report['final_train_loss']:.4f} | {report['eval_loss']:.4f} |",
                   flush=True)
     print()
