@@ -33,7 +33,7 @@ is the same for every variant.
 Example:
 
 >>> sorted(VARIANTS)[:3]
-['integer', 'learned', 'none']
+['integer', 'integer-raw', 'learned']
 >>> variant_kwargs("integer", AblationConfig(max_length=32))
 {'position': 'integer', 'scale': 0.03125}
 >>> uniform_attention_by_distance(2).tolist()  # row 0: [1], row 1: [1/2, 1/2]
