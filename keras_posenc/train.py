@@ -79,6 +79,7 @@ class CausalLM(keras.Model):
         self.head = keras.layers.Dense(self.encoder_config["vocab_size"], name="lm_head")
         self.num_languages = self.encoder_config.get("num_languages")
         self.eval_loss = keras.metrics.Mean(name="loss")
+        self.distribute_reduction_method = "sum"
 
     def call(self, inputs, position_ids=None, language_ids=None, training=None):
         if isinstance(inputs, dict):
@@ -103,8 +104,8 @@ class CausalLM(keras.Model):
             global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
             loss = local_sum / tf.maximum(global_count, 1.0)
         self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
-        global_loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
-        return {"loss": global_loss, "tokens": global_count}
+        # Per-replica shares; Keras sums them over replicas (distribute_reduction_method="sum").
+        return {"loss": loss, "tokens": local_count}
 
     def test_step(self, data):
         local_sum, local_count = self._token_losses(data, training=False)

@@ -1,0 +1,195 @@
+"""Training: determinism, resume after a killed process, atomic checkpoints, tf.distribute."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from tensorflow import keras
+
+from keras_posenc import data
+from keras_posenc import train as train_lib
+from keras_posenc.train import TrainConfig, list_checkpoints, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"steps": 6, "batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32,
+        "max_length": 16, "vocab_size": 150, "warmup_steps": 4, "checkpoint_every": 2, "verbose": 0}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "small.txt"
+    lines = data.read_text_corpus(data.default_corpus_path())[:300]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _weights(out):
+    return keras.models.load_model(os.path.join(out, "model.keras"), compile=False).get_weights()
+
+
+def _subprocess_env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return env
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """A short run that learns: the artifacts and report of a real training."""
+    out = str(tmp_path_factory.mktemp("trained"))
+    config = TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=90, batch_size=16, dropout=0.0,
+                                                         warmup_steps=20, lr_scale=2.0, checkpoint_every=30))
+    return out, train(config)
+
+
+def test_run_writes_artifacts_and_beats_unigram(trained):
+    out, report = trained
+    for name in ("model.keras", "spm.model", "report.json", "loss.png"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    assert os.listdir(os.path.join(out, "logs"))  # TensorBoard event files
+    assert open(os.path.join(out, "loss.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    on_disk = json.load(open(os.path.join(out, "report.json")))
+    assert on_disk["steps"] == 90 and len(on_disk["losses"]) == 90
+    assert on_disk["eval_perplexity"] == pytest.approx(np.exp(on_disk["eval_loss"]))
+    assert on_disk["tokens_per_second"] > 0
+    assert np.mean(report["losses"][-10:]) < np.mean(report["losses"][:10]) - 0.5
+    assert report["eval_loss"] < report["unigram_eval_loss"]
+    assert [s for s, _ in list_checkpoints(os.path.join(out, "checkpoints"))] == [30, 60, 90]
+
+
+def test_same_seed_gives_bit_identical_losses(corpus, tmp_path):
+    runs = [train(TrainConfig(corpus=corpus, out=str(tmp_path / f"r{i}"), seed=seed, dropout=0.1, **TINY))
+            for i, seed in enumerate((5, 5, 6))]
+    assert runs[0]["losses"] == runs[1]["losses"]  # exact float equality
+    assert runs[0]["losses"] != runs[2]["losses"]
+    assert runs[0]["eval_loss"] == runs[1]["eval_loss"]
+
+
+def test_resume_after_killed_process_matches_uninterrupted_run(corpus, tmp_path):
+    steps = 40
+    flags = ["--corpus", corpus, "--batch-size", "4", "--num-layers", "1", "--d-model", "16", "--num-heads",
+             "2", "--dff", "32", "--max-length", "16", "--vocab-size", "150", "--warmup-steps", "4",
+             "--checkpoint-every", "2", "--dropout", "0.1", "--quiet"]
+    interrupted = str(tmp_path / "interrupted")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keras_posenc.cli", "train", "--out", interrupted, "--steps", str(steps)]
+        + flags, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt_dir = os.path.join(interrupted, "checkpoints")
+    try:
+        deadline = time.monotonic() + 120
+        while not list_checkpoints(ckpt_dir) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    resumed_from = list_checkpoints(ckpt_dir)[-1][0]
+    assert 2 <= resumed_from < steps
+    assert not os.path.exists(os.path.join(interrupted, "model.keras"))
+
+    from keras_posenc.cli import main
+
+    assert main(["train", "--out", interrupted, "--steps", str(steps), "--resume"] + flags) == 0
+    report = json.load(open(os.path.join(interrupted, "report.json")))
+    assert report["start_step"] == resumed_from and report["steps"] == steps
+    assert len(report["losses"]) == steps - resumed_from
+
+    reference = str(tmp_path / "reference")
+    expected = train(TrainConfig(corpus=corpus, out=reference, **dict(TINY, steps=steps, dropout=0.1)))
+    assert report["losses"] == expected["losses"][resumed_from:]
+    for got, want in zip(_weights(interrupted), _weights(reference)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_partial_and_temporary_checkpoints_are_ignored(corpus, tmp_path):
+    out = str(tmp_path / "run")
+    train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=4)))
+    ckpt_dir = os.path.join(out, "checkpoints")
+    assert [s for s, _ in list_checkpoints(ckpt_dir)] == [2, 4]
+    # A crash during a write leaves a temp folder; a folder without its index is incomplete.
+    os.makedirs(os.path.join(ckpt_dir, ".tmp-step-000000006-abc"))
+    open(os.path.join(ckpt_dir, ".tmp-step-000000006-abc", "state.index"), "w").write("garbage")
+    os.makedirs(os.path.join(ckpt_dir, "step-000000008"))
+    open(os.path.join(ckpt_dir, "step-000000008", "config.json"), "w").write("{}")
+    assert [s for s, _ in list_checkpoints(ckpt_dir)] == [2, 4]
+    report = train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, steps=6)))
+    assert report["start_step"] == 4 and report["steps"] == 6
+
+
+def test_write_checkpoint_never_leaves_a_partial_folder(tmp_path, monkeypatch):
+    class Failing:
+        def write(self, prefix):
+            open(prefix + ".index", "w").write("half")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        train_lib.write_checkpoint(Failing(), str(tmp_path), 3, {"a": 1})
+    assert os.listdir(tmp_path) == []
+
+
+def test_resume_without_checkpoint_or_with_other_config_fails_clearly(corpus, trained, tmp_path):
+    with pytest.raises(ValueError, match=r"--resume was given but .* holds no complete checkpoint"):
+        train(TrainConfig(corpus=corpus, out=str(tmp_path / "empty"), resume=True, **TINY))
+    out, _ = trained
+    with pytest.raises(ValueError, match=r"different model config \(d_model: checkpoint 16 vs now 24; "
+                                         r"dff: checkpoint 32 vs now 48\)"):
+        train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, d_model=24, dff=48, dropout=0.0)))
+
+
+def test_tsv_training_uses_two_language_scales(tmp_path):
+    pairs = [("the house is small", "das Haus ist klein"), ("the cat sleeps", "die Katze schläft"),
+             ("I read a book", "ich lese ein Buch"), ("the water is cold", "das Wasser ist kalt"),
+             ("we eat bread", "wir essen Brot"), ("the dog runs fast", "der Hund läuft schnell"),
+             ("she drinks tea", "sie trinkt Tee"), ("the sun is warm", "die Sonne ist warm")] * 5
+    corpus = tmp_path / "en_de.tsv"
+    corpus.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    out = str(tmp_path / "run")
+    report = train(TrainConfig(corpus=str(corpus), corpus_format="tsv", out=out,
+                               **dict(TINY, vocab_size=60, dropout=0.0, lr_scale=4.0)))
+    assert report["model_config"]["num_languages"] == 2
+    model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
+    scale = model.encoder.embedding.position_embedding.language_scale.numpy()
+    assert scale.shape == (2,)
+    assert np.all(scale != 1.0)  # both languages' scales received gradients
+
+
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from keras_posenc.train import TrainConfig, train
+    corpus, out, tiny = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    single = train(TrainConfig(corpus=corpus, out=out + "/single", strategy="default", **tiny))
+    mirrored = train(TrainConfig(corpus=corpus, out=out + "/mirrored", strategy="mirrored", **tiny))
+    print(json.dumps([single["losses"], mirrored["losses"], mirrored["num_replicas"],
+                      single["eval_loss"], mirrored["eval_loss"]]))
+""")
+
+
+def test_mirrored_strategy_on_two_devices_matches_single_device(corpus, tmp_path):
+    tiny = dict(TINY, dropout=0.0, lr_scale=4.0)
+    result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, corpus, str(tmp_path), json.dumps(tiny)],
+                            env=_subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    single, mirrored, replicas, single_eval, mirrored_eval = json.loads(result.stdout.strip().splitlines()[-1])
+    assert replicas == 2
+    np.testing.assert_allclose(mirrored, single, rtol=1e-5)
+    assert single[0] != single[-1]  # the weights did change between steps
+    assert mirrored_eval == pytest.approx(single_eval, rel=1e-5)
+
+
+def test_strategy_and_config_errors(corpus, tmp_path, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="needs the TF_CONFIG environment variable"):
+        train_lib.make_strategy("multiworker")
+    with pytest.raises(ValueError, match=r"`strategy` must be one of .* got strategy='tpu'"):
+        train_lib.make_strategy("tpu")
+    with pytest.raises(ValueError, match="`steps` must be a positive int, got steps=0"):
+        train(TrainConfig(corpus=corpus, out=str(tmp_path), **dict(TINY, steps=0)))
