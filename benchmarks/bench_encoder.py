@@ -15,7 +15,9 @@ and a fresh Adam optimizer; the train step is a `tf.function` (no XLA).
 
 Timing: after a warm-up (tracing) step per model, each repetition runs
 `--steps` steps of every model, in an order rotated every repetition; tokens/s
-is `batch * length * steps / seconds`. Printed: the median tokens/s of each
+is `batch * length * steps / seconds`, measured both in wall-clock seconds and in
+seconds of CPU time used by this process (less sensitive to other processes
+on a shared machine). Printed: the median tokens/s of each
 model and the ratios ours/peer (median and range of the per-repetition ratios).
 
 Peers need their own environment (they pin other versions than this
@@ -112,27 +114,31 @@ def main():
         print(f"{name}: {layer.count_params()} parameters, first loss {float(loss):.3f}")
 
     names = list(steps)
+    tokens = args.batch * args.length * args.steps
     rates = {name: [] for name in names}
+    cpu_rates = {name: [] for name in names}
     for rep in range(args.reps):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 loss = steps[name](x, mask, target)
             float(loss)  # wait for the last step
-            rates[name].append(args.batch * args.length * args.steps / (time.perf_counter() - start))
+            rates[name].append(tokens / (time.perf_counter() - start))
+            cpu_rates[name].append(tokens / (time.process_time() - cpu_start))
 
     print(f"\nB{args.batch} T{args.length} d_model {args.d_model} heads {args.heads} dff {args.dff}, "
           f"{args.reps} reps x {args.steps} steps, tf {tf.__version__}, "
           f"{tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()} CPU threads")
-    for name in names:
-        print(f"  {name:45s} {np.median(rates[name]):10.0f} tokens/s")
-    ours = np.array(rates["ours"])
-    for name in names[1:]:
-        ratios = ours / np.array(rates[name])
-        print(f"  ratio ours / {name}: {np.median(ratios):.3f} "
-              f"(per-repetition range {ratios.min():.3f}-{ratios.max():.3f})")
-
+    for label, table in (("wall-clock", rates), ("process CPU time", cpu_rates)):
+        print(f" {label}:")
+        for name in names:
+            print(f"  {name:45s} {np.median(table[name]):10.0f} tokens/s")
+        ours = np.array(table["ours"])
+        for name in names[1:]:
+            ratios = ours / np.array(table[name])
+            print(f"  ratio ours / {name}: {np.median(ratios):.3f} "
+                  f"(per-repetition range {ratios.min():.3f}-{ratios.max():.3f})")
 
 if __name__ == "__main__":
     main()
