@@ -95,6 +95,10 @@ class AblationConfig:
         curve_every: steps per point of the training-loss curve.
         run_eagerly: train without tracing a graph (faster for a handful of
             steps, as in `QUICK`).
+        causal: use the causal mask (a proper next-token LM). False trains
+            the article's unmasked encoder on the same next-token targets: the
+            answer at position i is the input at position i+1, so the task
+            becomes "find your right neighbour", which needs positions.
     """
 
     max_length: int = 32
@@ -116,6 +120,7 @@ class AblationConfig:
     max_eval_windows: int = 256
     curve_every: int = 25
     run_eagerly: bool = False
+    causal: bool = True
 
     def __post_init__(self):
         for name in ("max_length", "steps", "batch_size", "num_layers", "d_model", "num_heads", "dff",
@@ -242,9 +247,19 @@ def encoder_config(config, vocab_size, name, *, max_length=None):
                 dropout=config.dropout, pad_id=data.PAD_ID, **kwargs)
 
 
+class UnmaskedLM(CausalLM):
+    """`CausalLM` without the causal mask: every position sees the whole input (000's setup)."""
+
+    def call(self, inputs, position_ids=None, language_ids=None, training=None):
+        x = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids,
+                         use_causal_mask=False, training=training)
+        return tf.cast(self.head(x), tf.float32)
+
+
 def build_model(config, vocab_size, name, *, max_length=None):
     """The training CLI's causal LM (`train.CausalLM`) with variant `name`'s position layer."""
-    model = CausalLM(encoder_config(config, vocab_size, name, max_length=max_length), name=f"lm_{name}")
+    model_class = CausalLM if config.causal else UnmaskedLM
+    model = model_class(encoder_config(config, vocab_size, name, max_length=max_length), name=f"lm_{name}")
     model.build_on_dummy()
     return model
 
@@ -313,9 +328,11 @@ def run_one(config, prepared, name, seed):
         if length > t:
             result["beyond_train_length"][key] = float(np.mean(losses[t:]))
         result["position_losses"][key] = [float(v) for v in losses]
-    per_layer = diagnostics.attention_by_distance(model.encoder, tf.constant(prepared.eval[:, :t]))
-    result["attention_by_distance_per_layer"] = [[float(v) for v in layer] for layer in per_layer]
-    result["attention_by_distance"] = result["attention_by_distance_per_layer"][-1]
+    result["attention_by_distance"] = None  # the statistic assumes the causal mask
+    if config.causal:
+        per_layer = diagnostics.attention_by_distance(model.encoder, tf.constant(prepared.eval[:, :t]))
+        result["attention_by_distance_per_layer"] = [[float(v) for v in layer] for layer in per_layer]
+        result["attention_by_distance"] = result["attention_by_distance_per_layer"][-1]
     return result
 
 
@@ -334,7 +351,8 @@ def summarize(runs, config):
             values = [r[section][key] for r in runs]
             summary[section][key] = (CANNOT_EXTRAPOLATE if values[0] == CANNOT_EXTRAPOLATE
                                      else _mean_std(values))
-    summary["attention_by_distance"] = np.mean([r["attention_by_distance"] for r in runs], 0).tolist()
+    summary["attention_by_distance"] = (None if runs[0]["attention_by_distance"] is None else
+                                        np.mean([r["attention_by_distance"] for r in runs], 0).tolist())
     return summary
 
 
@@ -412,7 +430,8 @@ def write_report(results, out_dir, command=None):
         "",
         f"Command: `{results.get('command', 'keras-posenc ablate')}`",
         "",
-        (f"Causal next-token LM, {config['num_layers']} layers, d_model {config['d_model']}, "
+        (("Causal" if config.get("causal", True) else "UNMASKED (no causal mask, as in article 000)")
+         + f" next-token LM, {config['num_layers']} layers, d_model {config['d_model']}, "
         f"{config['num_heads']} heads, dff {config['dff']}, dropout {config['dropout']}, "
         f"vocab {results['vocab_size']} (SentencePiece), T = {config['max_length']}, "
         f"{config['steps']} steps of batch {config['batch_size']}, Adam with the Transformer schedule "
@@ -504,8 +523,12 @@ def _plot_extrapolation(results, path):
 def _plot_attention(results, path):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    if not results["config"].get("causal", True):
+        ax.text(0.5, 0.5, "not computed: attention focus by distance i - j\nassumes the causal mask",
+                ha="center", va="center", transform=ax.transAxes)
     for name, entry in results["variants"].items():
-        ax.plot(entry["summary"]["attention_by_distance"], marker=".", label=name)
+        if entry["summary"]["attention_by_distance"] is not None:
+            ax.plot(entry["summary"]["attention_by_distance"], marker=".", label=name)
     ax.plot(results["uniform_attention_by_distance"], color="black", linestyle=":",
             label="uniform causal attention")
     ax.set_yscale("log")

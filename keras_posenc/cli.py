@@ -214,6 +214,9 @@ def _add_ablate_parser(subparsers):
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="subset of the variants")
     parser.add_argument("--out", default=ABLATE_OUT, help=f"output folder (default {ABLATE_OUT})")
     parser.add_argument("--quick", action="store_true", help="tiny model, 4 steps, 2 seeds")
+    parser.add_argument("--no-causal-mask", action="store_true",
+                        help="train the unmasked encoder of article 000 on next-token targets "
+                             "(the target is visible in the input: a copy task that needs positions)")
 
 
 def _run_ablate(args):
@@ -229,6 +232,8 @@ def _run_ablate(args):
         overrides["seeds"] = tuple(range(args.seeds))
     if args.variants:
         overrides["variants"] = tuple(args.variants)
+    if args.no_causal_mask:
+        overrides["causal"] = False
     config = dataclasses.replace(config, **overrides)
     command = " ".join(["keras-posenc ablate"]
                        + (["--quick"] if args.quick else [])
@@ -236,6 +241,7 @@ def _run_ablate(args):
                        + ([f"--steps {args.steps}"] if args.steps else [])
                        + ([f"--seeds {args.seeds}"] if args.seeds else [])
                        + ([f"--variants {' '.join(args.variants)}"] if args.variants else [])
+                       + (["--no-causal-mask"] if args.no_causal_mask else [])
                        + [f"--out {args.out}"])
     print(f"Ablation: {len(config.variants)} variants x {len(config.seeds)} seeds, {config.steps} steps "
           f"each; writing to {args.out}")
@@ -356,7 +362,7 @@ _SUBCOMMANDS = {
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-posenc", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add_parser, run in _SUBCOMMANDS.values():
+    for add_parser, _ in _SUBCOMMANDS.values():
         add_parser(subparsers)
     return parser
 

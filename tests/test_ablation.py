@@ -160,3 +160,15 @@ def test_cli_rejects_an_unknown_variant(capsys):
         cli.main(["ablate", "--quick", "--variants", "rope"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'rope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_unmasked_model_sees_the_future_token_and_the_causal_one_does_not(causal):
+    config = dataclasses.replace(ablation.QUICK, causal=causal, dropout=0.0)
+    model = ablation.build_model(config, 30, "sinusoidal")
+    assert isinstance(model, ablation.UnmaskedLM) is not causal
+    ids = np.array([[2, 7, 8, 9]], np.int32)
+    changed = ids.copy()
+    changed[0, 1] = 20  # the next-token target of position 0
+    delta = np.abs(model(ids).numpy()[0, 0] - model(changed).numpy()[0, 0]).max()
+    assert (delta == 0.0) if causal else (delta > 1e-4)
