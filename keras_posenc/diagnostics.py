@@ -1,8 +1,8 @@
 """Position-embedding diagnostics of a trained model (002 §5.3, 000 §4.2).
 
-- `pe_value_range`: min/max of the position table. Sinusoidal rows lie in
-  [-1, 1] (times a language scale); values outside point at a broken table
-  (002 §3.1's integer `tf.pow` yields a table of constants 0 and 1 instead).
+- `pe_value_range`: min/max of the position table (002 §5.3 step 1).
+  Sinusoidal rows lie in [-1, 1] (times a language scale); values outside
+  point at a broken table or at raw indices used as embeddings.
 - `plot_pe_heatmap`: the table as a `[position, dimension]` image.
 - `positional_contribution`: 002 §5.3's probe: the first attention
   sublayer run on `token + PE` and on `token` alone; the ratio

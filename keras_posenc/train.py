@@ -23,11 +23,14 @@ Example:
 
 >>> import tempfile
 >>> out = tempfile.mkdtemp()
->>> cfg = TrainConfig(corpus=None, out=out, steps=2, batch_size=4, num_layers=1, d_model=8,
-...                   num_heads=2, dff=16, max_length=16, vocab_size=200, verbose=0)
+>>> corpus = os.path.join(out, "corpus.txt")
+>>> with open(corpus, "w") as f:
+...     _ = f.write("the cat sat on the mat\\nthe dog sat on the log\\n" * 20)
+>>> cfg = TrainConfig(corpus=corpus, out=out, steps=2, batch_size=4, num_layers=1, d_model=8,
+...                   num_heads=2, dff=16, max_length=16, vocab_size=20, verbose=0)
 >>> report = train(cfg)
->>> report["steps"], len(report["losses"])
-(2, 2)
+>>> report["steps"], len(report["losses"]), sorted(os.listdir(out))[:3]
+(2, 2, ['checkpoints', 'corpus.txt', 'logs'])
 """
 
 import dataclasses

@@ -34,8 +34,8 @@ def _weights(out):
 
 
 def _subprocess_env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return env
+    path = REPO + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=path)
 
 
 @pytest.fixture(scope="module")
@@ -142,23 +142,6 @@ def test_resume_without_checkpoint_or_with_other_config_fails_clearly(corpus, tr
         train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, d_model=24, dff=48, dropout=0.0)))
 
 
-def test_tsv_training_uses_two_language_scales(tmp_path):
-    pairs = [("the house is small", "das Haus ist klein"), ("the cat sleeps", "die Katze schläft"),
-             ("I read a book", "ich lese ein Buch"), ("the water is cold", "das Wasser ist kalt"),
-             ("we eat bread", "wir essen Brot"), ("the dog runs fast", "der Hund läuft schnell"),
-             ("she drinks tea", "sie trinkt Tee"), ("the sun is warm", "die Sonne ist warm")] * 5
-    corpus = tmp_path / "en_de.tsv"
-    corpus.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
-    out = str(tmp_path / "run")
-    report = train(TrainConfig(corpus=str(corpus), corpus_format="tsv", out=out,
-                               **dict(TINY, vocab_size=60, dropout=0.0, lr_scale=4.0)))
-    assert report["model_config"]["num_languages"] == 2
-    model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
-    scale = model.encoder.embedding.position_embedding.language_scale.numpy()
-    assert scale.shape == (2,)
-    assert np.all(scale != 1.0)  # both languages' scales received gradients
-
-
 MIRRORED_SCRIPT = textwrap.dedent("""
     import json, sys
     import tensorflow as tf
@@ -178,7 +161,8 @@ def test_mirrored_strategy_on_two_devices_matches_single_device(corpus, tmp_path
     result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, corpus, str(tmp_path), json.dumps(tiny)],
                             env=_subprocess_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    single, mirrored, replicas, single_eval, mirrored_eval = json.loads(result.stdout.strip().splitlines()[-1])
+    last_line = result.stdout.strip().splitlines()[-1]
+    single, mirrored, replicas, single_eval, mirrored_eval = json.loads(last_line)
     assert replicas == 2
     np.testing.assert_allclose(mirrored, single, rtol=1e-5)
     assert single[0] != single[-1]  # the weights did change between steps
