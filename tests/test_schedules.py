@@ -124,6 +124,7 @@ def test_save_load_inside_adam_and_continue_training(tmp_path):
     assert int(restored.optimizer.iterations) == 8
     # The learning rate used by the last update (step 7) is the same, and is the formula's.
     assert float(restored.optimizer.learning_rate) == float(model.optimizer.learning_rate)
-    np.testing.assert_allclose(float(restored.optimizer.learning_rate), reference_lr(7, 16, 5, 2.0), rtol=1e-7)
+    last_lr = float(restored.optimizer.learning_rate)
+    np.testing.assert_allclose(last_lr, reference_lr(7, 16, 5, 2.0), rtol=1e-7)
     for a, b in zip(model.get_weights(), restored.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
