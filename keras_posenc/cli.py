@@ -16,9 +16,9 @@ import sys
 DEMO_OUT = os.path.join("runs", "demo")
 # Small enough to finish in well under 5 minutes on 2 CPU cores, big enough to beat a unigram model.
 DEMO_SETTINGS = {
-    "vocab_size": 1000, "max_length": 48, "steps": 1500, "batch_size": 32, "num_layers": 2, "d_model": 64,
+    "vocab_size": 1000, "max_length": 48, "steps": 1000, "batch_size": 32, "num_layers": 2, "d_model": 64,
     "num_heads": 4, "dff": 128, "dropout": 0.0, "warmup_steps": 150, "lr_scale": 1.0,
-    "checkpoint_every": 500, "log_every": 10,
+    "checkpoint_every": 250, "log_every": 10,
 }
 
 

@@ -349,9 +349,10 @@ def _prepare_data(cfg, resuming):
             sp_model = f.read()
     else:
         sp_model = data_lib.train_sentencepiece(data_lib.corpus_texts(train_examples), cfg.vocab_size)
-        with open(spm_path + ".tmp", "wb") as f:
+        handle, temp = tempfile.mkstemp(prefix=".spm-", dir=cfg.out)
+        with os.fdopen(handle, "wb") as f:
             f.write(sp_model)
-        os.replace(spm_path + ".tmp", spm_path)
+        os.replace(temp, spm_path)
     return corpus, train_examples, eval_examples, sp_model
 
 
@@ -367,7 +368,7 @@ def train(cfg):
     checkpoints = list_checkpoints(ckpt_dir)
     if cfg.resume and not checkpoints:
         raise ValueError(f"--resume was given but {ckpt_dir} holds no complete checkpoint to resume from.")
-    if not cfg.resume and os.path.isdir(ckpt_dir):
+    if not cfg.resume and os.path.isdir(ckpt_dir) and _is_chief(strategy):
         shutil.rmtree(ckpt_dir)  # a fresh run must never resume a stale checkpoint by accident
     corpus, train_examples, eval_examples, sp_model = _prepare_data(cfg, cfg.resume)
     vocab_size = data_lib.sentencepiece_vocab_size(sp_model)
