@@ -1,5 +1,7 @@
 """TFLite export: builtin ops only, GPU-delegate verdict, parity, quantization, errors."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -113,27 +115,44 @@ def test_gpu_incompatible_ops_reads_analyzer_warnings(fp32_flat, monkeypatch):
     assert export.gpu_incompatible_ops(fp32_flat) == ["FULLY_CONNECTED"]
 
 
-@pytest.mark.parametrize("kind", tables.TABLE_KINDS if hasattr(tables, "TABLE_KINDS") else ["full"])
-def test_every_table_kind_exports_with_its_own_values(kind):
+def embedding_model(num_languages=None, language_shape=(), **position_kwargs):
+    """TokenAndPositionEmbedding alone: every table kind, quickly."""
+    ids = keras.Input(shape=(None,), dtype="int32")
+    layer = TokenAndPositionEmbedding(40, 16, 16, dropout=0.0, num_languages=num_languages,
+                                      **position_kwargs)
+    if num_languages is None:
+        return keras.Model(ids, layer(ids))
+    languages = keras.Input(shape=language_shape, dtype="int32")
+    return keras.Model([ids, languages], layer(ids, language_ids=languages))
+
+
+@pytest.mark.parametrize("position_kwargs", [
+    {"table": "full"}, {"table": "factorized"}, {"table": "interpolated", "stored_dims": 4},
+    {"position": "learned"}, {"table": "full", "layout": "concat"}])
+def test_every_table_kind_exports_with_its_own_values(position_kwargs):
     tf.keras.utils.set_random_seed(3)
-    model = encoder_model(table=kind)
+    model = embedding_model(**position_kwargs)
     flat = export.to_tflite(model, sequence_length=LENGTH)
     assert_gpu_ready(flat)
-    assert export.check_parity(model, flat, BATCH) <= 1e-4
+    assert export.check_parity(model, flat, BATCH, ignore_padding=False) <= 1e-5
 
 
-def test_learned_positions_export():
-    tf.keras.utils.set_random_seed(4)
-    model = encoder_model(position="learned")
-    flat = export.to_tflite(model, sequence_length=LENGTH)
-    assert_gpu_ready(flat)
-    assert export.check_parity(model, flat, BATCH) <= 1e-4
+def test_interpolated_table_is_exported_with_its_interpolation_error():
+    # The export must carry the layer's own (lossy) rows, not an exact table.
+    lossy = embedding_model(table="interpolated", stored_dims=4)
+    exact = embedding_model(table="full")
+    exact.set_weights(lossy.get_weights())
+    flat = export.to_tflite(lossy, sequence_length=LENGTH)
+    ids = BATCH[3:]
+    got = export.run_interpreter(flat, [ids])
+    assert np.abs(got - lossy(ids).numpy()).max() <= 1e-5
+    assert np.abs(got - exact(ids).numpy()).max() > 1e-3
 
 
 @pytest.mark.parametrize("language_shape", [(), (LENGTH,)])
 def test_per_language_scaling_exports(language_shape):
     tf.keras.utils.set_random_seed(5)
-    model = encoder_model(num_languages=3, language_shape=language_shape)
+    model = embedding_model(num_languages=3, language_shape=language_shape)
     scales = [w for w in model.weights if "language_scale" in w.name][0]
     scales.assign([1.0, 0.25, 3.0])  # distinct scales, so a wrong language would show
     flat = export.to_tflite(model, sequence_length=LENGTH)
@@ -141,9 +160,18 @@ def test_per_language_scaling_exports(language_shape):
     languages = np.array([0, 1, 2, 1], np.int32)
     if language_shape:
         languages = np.repeat(languages[:, None], LENGTH, axis=1)
-    assert export.check_parity(model, flat, BATCH, languages) <= 1e-4
+    assert export.check_parity(model, flat, BATCH, languages) <= 1e-5
     swapped = export.run_interpreter(flat, [BATCH, languages[::-1].copy()])
     assert np.abs(swapped - model([BATCH, languages]).numpy()).max() > 1e-2
+
+
+def test_encoder_with_languages_exports():
+    tf.keras.utils.set_random_seed(5)
+    model = encoder_model(num_languages=2, language_shape=(LENGTH,))
+    flat = export.to_tflite(model, sequence_length=LENGTH)
+    assert_gpu_ready(flat)
+    languages = np.repeat(np.array([[0], [1], [1], [0]], np.int32), LENGTH, axis=1)
+    assert export.check_parity(model, flat, BATCH, languages) <= 1e-4
 
 
 def test_sinusoidal_layer_alone_exports_its_table():
@@ -254,3 +282,34 @@ def test_not_a_flatbuffer():
         export.op_counts(b"\x00" * 32)
     with pytest.raises(TypeError, match="`tflite_bytes` must be bytes"):
         export.gpu_incompatible_ops("model.tflite")
+
+
+# Command line -------------------------------------------------------------------------------
+def test_export_command_reports_and_fails_on_request(tmp_path, capsys):
+    from keras_posenc import cli
+    from keras_posenc.train import CausalLM
+
+    tf.keras.utils.set_random_seed(8)
+    model = CausalLM(dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=40, max_length=16,
+                          dropout=0.0), name="lm")
+    model.build_on_dummy()
+    model.save(str(tmp_path / "model.keras"), save_format="keras_v3")
+    out = str(tmp_path / "model.tflite")
+    argv = ["export", str(tmp_path / "model.keras"), "--out", out, "--sequence-length", "12"]
+    assert cli.main(argv + ["--require-gpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "GPU delegate: compatible" in printed and "FULLY_CONNECTED" in printed
+    parity = float(printed.split("max abs diff ")[1].split()[0])
+    assert parity <= 1e-4
+    flat = open(out, "rb").read()
+    batch = export.sample_token_batch(model, 12)[0]
+    assert export.check_parity(model, flat, batch) == pytest.approx(parity, rel=0.01)
+    assert json.load(open(out + ".json"))["vocab_size"] == 40
+    # GATHER ops with --require-gpu, and float16 parity over a 1e-6 tolerance: exit status 1.
+    argv += ["--quantize", "float16", "--no-gpu-friendly", "--require-gpu", "--tolerance", "1e-6"]
+    assert cli.main(argv) == 1
+    printed = capsys.readouterr().out
+    assert "FAILED: --require-gpu and the GPU delegate rejects" in printed and "GATHER" in printed
+    assert "FAILED: parity" in printed
+    assert cli.main(["export", str(tmp_path / "none.keras"), "--out", out, "--sequence-length", "4"]) == 2
+    assert "Model file not found" in capsys.readouterr().err
