@@ -10,7 +10,7 @@ With `gpu_friendly=True` the keras_posenc layers of the rebuilt model trace an
 export formulation that the TFLite GPU delegate accepts:
 
 - the token lookup `embeddings[ids]` becomes `one_hot(ids, vocab) @ embeddings`
-  (ONE_HOT + FULLY_CONNECTED) instead of GATHER, which the delegate rejects;
+  (EQUAL + CAST + FULLY_CONNECTED) instead of GATHER, which the delegate rejects;
 - per-sample position ids come from the mask with CUMSUM and MUL (no SELECT),
   and the position rows are `one_hot(ids, T) @ table[:T]`, so only the first
   T rows of the table are stored, whatever the table kind;
