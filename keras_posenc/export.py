@@ -33,7 +33,7 @@ Example:
 >>> gpu_incompatible_ops(flat)
 []
 >>> sorted(op_counts(flat))
-['ADD', 'CAST', 'CUMSUM', 'FULLY_CONNECTED', 'MUL', 'NOT_EQUAL', 'ONE_HOT', 'SUB']
+['ADD', 'CAST', 'CUMSUM', 'EQUAL', 'FULLY_CONNECTED', 'MUL', 'NOT_EQUAL', 'RESHAPE', 'SUB']
 >>> batch = np.array([[5, 6, 7, 0, 0, 0]], np.int32)
 >>> check_parity(model, flat, batch) < 1e-5
 True
