@@ -115,7 +115,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
         zero_padding = self.zero_padding and mask is not None
         if position_ids is not None:
             ids = self._validated_position_ids(position_ids, inputs)
-            pe = self._masked_rows(ids + 1, mask) if zero_padding else self._table_rows(ids)
+            pe = self._masked_rows(ids + 1, mask) if zero_padding else self._rows(ids)
         elif mask is not None:
             # Inclusive count of real tokens so far: a real token at position p (as
             # `position_ids(mask)` numbers it) holds p + 1, and each row ends on its length.
@@ -124,15 +124,29 @@ class PositionEmbeddingBase(keras.layers.Layer):
             if zero_padding:
                 pe = self._masked_rows(counts, mask)
             else:
-                pe = self._table_rows(tf.where(mask, counts - 1, 0))
+                pe = self._rows(tf.where(mask, counts - 1, 0))
         else:
-            pe = self._table_prefix(with_checks(length, self._length_checks(length)))[None]
+            length = with_checks(length, self._length_checks(length))
+            if self._lookup_table is not None and self.overflow == "error":
+                pe = self._lookup_table[1:length + 1][None]
+            else:
+                pe = self._table_prefix(length)[None]
         if language_ids is not None or self.num_languages is not None:
             pe = pe * self._language_scale(language_ids, batch, length)
         pe = tf.cast(pe, self.compute_dtype)
         if self.dropout > 0:
             pe = self._dropout_layer(pe, training=training)
         return inputs + pe
+
+    def _rows(self, ids):
+        """Table rows of `ids`, from the one constant that masked calls use too when possible.
+
+        Serving every path from `_lookup_table` keeps a traced or saved model
+        to a single copy of the table, whichever paths it was traced with.
+        """
+        if self._lookup_table is not None and self.overflow == "error":
+            return tf.gather(self._lookup_table, ids + 1)
+        return self._table_rows(ids)
 
     def _masked_rows(self, ids_plus_one, mask):
         """Table rows of positions `ids_plus_one - 1`, exactly zero where `mask` is False."""
