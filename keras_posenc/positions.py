@@ -58,7 +58,8 @@ def _as_offset(offset, batch):
     """The validated offset, broadcastable to [batch, length]; None for a known 0."""
     offset = tf.convert_to_tensor(offset)
     if offset.dtype.is_floating or offset.dtype == tf.bool:
-        raise TypeError(f"`offset` must be an integer scalar or [batch] tensor, got dtype {offset.dtype.name}.")
+        raise TypeError(
+            f"`offset` must be an integer scalar or [batch] tensor, got dtype {offset.dtype.name}.")
     offset = tf.cast(offset, tf.int32)
     if offset.shape.rank is not None and offset.shape.rank > 1:
         raise ValueError(f"`offset` must be a scalar or have shape [batch], got shape {offset.shape}.")

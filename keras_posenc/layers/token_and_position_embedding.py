@@ -77,7 +77,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         check_positive_int("max_length", max_length)
         check_choice("position", position, POSITION_LAYERS)
         if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
-            raise ValueError(f"`pad_id` must be an int in [0, vocab_size={vocab_size}), got pad_id={pad_id!r}.")
+            raise ValueError(
+                f"`pad_id` must be an int in [0, vocab_size={vocab_size}), got pad_id={pad_id!r}.")
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.max_length = max_length
