@@ -1,0 +1,169 @@
+# keras-posenc: developer entry points.
+#
+#   make demo        bootstrap .venv from the lock, then run `keras-posenc demo`
+#   make test        lint (ruff + hadolint), then pytest: what CI runs (.ci/run)
+#   make lint        ruff check . and hadolint docker/Dockerfile
+#   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
+#   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)
+#   make bench       run benchmarks/*.py in .venv-bench
+#   make docker      build the GPU training image (needs a Docker engine and network)
+#   make docker-demo run `keras-posenc demo` in that image, output in runs/docker-demo/
+#   make clean       remove the venvs, caches and build outputs
+#
+# requirements/tf212.txt is the one source of truth for the environment: .venv, .venv-bench and
+# docker/Dockerfile all install exactly that list, then the package with --no-deps.
+# Use another interpreter with e.g. `make PY=python3.11 test`.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+PY ?= python3
+VENV ?= .venv
+BENCH_VENV ?= .venv-bench
+LOCK := requirements/tf212.txt
+BENCH_LOCK := requirements/bench.txt
+# pip itself is bootstrapping tooling, not part of the resolved set; setuptools and wheel come
+# from the lock (they are dependencies of TF's stack and the build backend of this package).
+PIP_VERSION := 24.0
+BOOTSTRAP_PINS = pip==$(PIP_VERSION) $$(grep -E '^(setuptools|wheel)==' $(LOCK))
+
+IMAGE ?= keras-posenc:tf2.12-gpu
+# e.g. `make docker-demo DOCKER_GPUS=` on a host without the NVIDIA container toolkit.
+DOCKER_GPUS ?= --gpus all
+PYTEST_ARGS ?=
+BENCH_SCRIPTS ?= $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
+BENCH_ARGS ?=
+DEMO_ARGS ?=
+# The goal named in error messages (sub-makes get it passed down).
+GOAL ?= $(or $(MAKECMDGOALS),venv)
+
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
+        check-python clean
+
+help:
+	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
+
+# --- interpreter check -------------------------------------------------------------------
+# TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
+# inside the resolver, so say it plainly instead.
+check-python:
+	@if ! command -v "$(PY)" >/dev/null 2>&1; then \
+	  echo "error: '$(PY)' was not found."; \
+	  echo "keras-posenc needs Python 3.8-3.11 (TensorFlow 2.12 has no wheels for other versions)."; \
+	  echo "Install Python 3.11, e.g. 'sudo apt-get install python3.11 python3.11-venv'"; \
+	  echo "or 'pyenv install 3.11', then run: make PY=python3.11 $(GOAL)"; \
+	  exit 1; \
+	fi
+	@if ! found=$$("$(PY)" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null); then \
+	  echo "error: '$(PY)' exists but does not run as Python (e.g. a pyenv shim of a version not selected)."; \
+	  echo "keras-posenc needs Python 3.8-3.11 (TensorFlow 2.12 has no wheels for other versions)."; \
+	  echo "Install Python 3.11, e.g. 'sudo apt-get install python3.11 python3.11-venv'"; \
+	  echo "or 'pyenv install 3.11', then run: make PY=python3.11 $(GOAL)"; \
+	  exit 1; \
+	fi; \
+	if ! "$(PY)" -c 'import sys; sys.exit(0 if (3, 8) <= sys.version_info[:2] <= (3, 11) else 1)' 2>/dev/null; then \
+	  echo "error: $(PY) is Python $$found; keras-posenc needs Python 3.8-3.11"; \
+	  echo "(TensorFlow 2.12, pinned in $(LOCK), publishes no wheels for Python $$found)."; \
+	  echo "Install Python 3.11, e.g. 'sudo apt-get install python3.11 python3.11-venv'"; \
+	  echo "or 'pyenv install 3.11', then run: make PY=python3.11 $(GOAL)"; \
+	  exit 1; \
+	fi; \
+	if ! "$(PY)" -c 'import venv, ensurepip' >/dev/null 2>&1; then \
+	  echo "error: $(PY) (Python $$found) cannot create virtual environments: venv/ensurepip missing."; \
+	  echo "On Debian/Ubuntu: sudo apt-get install python$${found%.*}-venv"; \
+	  exit 1; \
+	fi
+
+# --- .venv -------------------------------------------------------------------------------
+# Two stamps: a new lock rebuilds the venv from scratch (so removed pins really go away); a new
+# setup.cfg/pyproject.toml only reinstalls the package (entry points, package data).
+venv: $(VENV)/.stamp
+
+$(VENV)/.lock-stamp: $(LOCK)
+	@$(MAKE) check-python GOAL="$(GOAL)"
+	rm -rf $(VENV)
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet $(BOOTSTRAP_PINS)
+	$(VENV)/bin/python -m pip install --quiet -r $(LOCK)
+	touch $@
+
+$(VENV)/.stamp: $(VENV)/.lock-stamp setup.cfg pyproject.toml
+	$(VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(VENV)/bin/python -m pip check
+	touch $@
+
+demo: venv
+	$(VENV)/bin/keras-posenc demo $(DEMO_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/hadolint docker/Dockerfile
+
+# pytest exits 5 when it collects no test: make treats that as a failure, on purpose.
+test: lint
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# Into the interpreter $(PY) itself: meant for a virtualenv/conda env of yours, e.g.
+# `make install PY=~/envs/posenc/bin/python`. Refuses a system interpreter unless SYSTEM=1.
+install: check-python
+	@if [ "$(SYSTEM)" != 1 ] && "$(PY)" -c 'import sys, os; sys.exit(0 if sys.prefix == sys.base_prefix and not os.environ.get("CONDA_PREFIX") else 1)'; then \
+	  echo "error: $(PY) is not a virtual environment; 'make install' would change the system Python."; \
+	  echo "Use 'make venv' (.venv), activate a venv of yours, or force it with 'make install SYSTEM=1'."; \
+	  exit 1; \
+	fi
+	$(PY) -m pip install -r $(LOCK)
+	$(PY) -m pip install --no-deps --no-build-isolation .
+
+# --- benchmarks --------------------------------------------------------------------------
+bench-env: $(BENCH_VENV)/.stamp
+
+$(BENCH_VENV)/.stamp: $(LOCK) $(BENCH_LOCK) setup.cfg pyproject.toml
+	@$(MAKE) check-python GOAL="$(GOAL)"
+	rm -rf $(BENCH_VENV)
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet $(BOOTSTRAP_PINS)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r $(LOCK)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps -r $(BENCH_LOCK)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	@want=$$(grep -E '^tensorflow==' $(LOCK)); \
+	have=$$($(BENCH_VENV)/bin/python -m pip freeze | grep -E '^tensorflow=='); \
+	if [ "$$want" != "$$have" ]; then echo "error: $(BENCH_LOCK) moved $$want to $$have"; exit 1; fi
+	$(BENCH_VENV)/bin/python -W ignore::UserWarning -c 'import keras_nlp.layers as K, official.nlp.modeling.layers as M; K.TransformerEncoder; M.TransformerEncoderBlock; print("bench peers: keras_nlp", __import__("keras_nlp").__version__, "+ tf-models-official OK")'
+	touch $@
+
+# Every benchmarks/*.py script except helpers named _*.py, from the repo root; pick some with
+# e.g. `make bench BENCH_SCRIPTS=benchmarks/bench_encoder.py BENCH_ARGS="--reps 1"`.
+bench: bench-env
+	@if [ -z "$(strip $(BENCH_SCRIPTS))" ]; then echo "error: no benchmarks/*.py scripts to run"; exit 1; fi
+	@for s in $(BENCH_SCRIPTS); do echo "== $$s $(BENCH_ARGS)"; $(BENCH_VENV)/bin/python "$$s" $(BENCH_ARGS); done
+
+# --- docker ------------------------------------------------------------------------------
+docker-check:
+	@if ! command -v docker >/dev/null 2>&1; then \
+	  echo "error: the 'docker' command is not installed: 'make $(GOAL)' needs a Docker engine."; \
+	  echo "Install Docker Engine (and the NVIDIA Container Toolkit to train on GPUs); see docker/README.md."; \
+	  exit 1; \
+	fi
+	@if ! docker info >/dev/null 2>&1; then \
+	  echo "error: no Docker engine is reachable ('docker info' failed): the Docker engine is missing or not running,"; \
+	  echo "or this user may not talk to it. Start the daemon (e.g. 'sudo systemctl start docker') or join the 'docker' group."; \
+	  echo "Building also needs network access to Docker Hub (base image tensorflow/tensorflow:2.12.0-gpu) and PyPI."; \
+	  exit 1; \
+	fi
+
+docker: docker-check
+	docker build -f docker/Dockerfile -t $(IMAGE) .
+
+docker-demo: docker
+	mkdir -p runs/docker-demo
+	docker run --rm $(DOCKER_GPUS) --user "$$(id -u):$$(id -g)" \
+	  -v "$(CURDIR)/runs/docker-demo:/out" $(IMAGE) demo --out /out/demo $(DEMO_ARGS)
+
+clean:
+	rm -rf $(VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
