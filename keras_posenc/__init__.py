@@ -1,5 +1,9 @@
 """Positional embeddings for Transformers in TensorFlow/Keras."""
 
+# sentencepiece must be loaded before TensorFlow: sentencepiece <= 0.2.0 (the last release for
+# Python 3.8, the Python of the TF 2.12 GPU image) segfaults training a model otherwise.
+import sentencepiece  # noqa: F401, I001
+
 from keras_posenc import layers
 from keras_posenc.encoder import Encoder, EncoderLayer
 from keras_posenc.positions import position_ids

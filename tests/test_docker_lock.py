@@ -716,12 +716,6 @@ def test_keras_posenc_imports_sentencepiece_before_tensorflow():
     result = _python(_IMPORT_ORDER)
     assert result.returncode == 0, result.stderr[-2000:]
     order = json.loads(result.stdout.strip().splitlines()[-1])
-    if order[:1] != ["sentencepiece"] and _sentencepiece_fixed():
-        pytest.xfail(
-            f"import order {order}: harmless with this sentencepiece, but SentencePiece training "
-            "segfaults in the Python 3.8 Docker image; put `import sentencepiece` first in "
-            "keras_posenc/__init__.py"
-        )
     assert order[:1] == ["sentencepiece"], order
 
 
