@@ -421,6 +421,11 @@ def train(cfg):
     model_path = os.path.join(cfg.out, "model.keras")
     if _is_chief(strategy):
         model.save(model_path, save_format="keras_v3")
+    else:
+        # Saving under MultiWorkerMirroredStrategy runs collectives: every worker must save, and
+        # only the chief's copy is kept. A worker that skips it leaves the chief hanging.
+        with tempfile.TemporaryDirectory() as scratch:
+            model.save(os.path.join(scratch, "model.keras"), save_format="keras_v3")
     report = {
         "corpus": os.path.basename(corpus),
         "corpus_format": cfg.corpus_format if cfg.corpus else "text",

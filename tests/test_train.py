@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -177,3 +178,40 @@ def test_strategy_and_config_errors(corpus, tmp_path, monkeypatch):
         train_lib.make_strategy("tpu")
     with pytest.raises(ValueError, match="`steps` must be a positive int, got steps=0"):
         train(TrainConfig(corpus=corpus, out=str(tmp_path), **dict(TINY, steps=0)))
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_multiworker_on_localhost_matches_single_device(corpus, tmp_path):
+    tiny = dict(TINY, dropout=0.0, lr_scale=4.0)
+    single = train(TrainConfig(corpus=corpus, out=str(tmp_path / "single"), **tiny))
+    cluster = {"worker": [f"localhost:{port}" for port in _free_ports(2)]}
+    out = str(tmp_path / "multi")
+    flags = ["--corpus", corpus, "--out", out, "--strategy", "multiworker", "--quiet",
+             "--steps", str(tiny["steps"]), "--batch-size", str(tiny["batch_size"]),
+             "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32",
+             "--max-length", "16", "--vocab-size", "150", "--warmup-steps", "4", "--dropout", "0",
+             "--lr-scale", "4", "--checkpoint-every", "2"]
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "keras_posenc.cli", "train"] + flags,
+                         env=dict(_subprocess_env(), TF_CONFIG=json.dumps(
+                             {"cluster": cluster, "task": {"type": "worker", "index": index}})),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for index in range(2)]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=300)
+        assert worker.returncode == 0, stderr[-3000:]
+    with open(os.path.join(out, "report.json")) as f:
+        report = json.load(f)  # written by the chief (worker 0) only
+    assert report["num_replicas"] == 2
+    np.testing.assert_allclose(report["losses"], single["losses"], rtol=1e-5)
+    assert report["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-5)
+    assert [step for step, _ in list_checkpoints(os.path.join(out, "checkpoints"))] == [2, 4, 6]
