@@ -21,6 +21,13 @@ Example:
 ['position_ids', 'token_ids']
 >>> int(features["token_ids"][0, 0]) == BOS_ID
 True
+
+References:
+    - Kudo & Richardson, "SentencePiece: A simple and language independent
+      subword tokenizer and detokenizer for Neural Text Processing", EMNLP
+      2018 demo, https://arxiv.org/abs/1808.06226.
+    - Source article 002 "坑二" (moving `<s>` to the end of the sequence),
+      which this module deliberately does not follow.
 """
 
 import io
@@ -34,6 +41,13 @@ import tensorflow_text as tf_text
 
 from keras_posenc.positions import position_ids as derive_position_ids
 
+__all__ = [
+    "BOS_ID", "EOS_ID", "FORMATS", "NUM_RESERVED_IDS", "PAD_ID", "SEP_ID", "SEP_PIECE", "UNK_ID",
+    "CorpusError", "corpus_texts", "decode", "default_bucket_boundaries", "default_corpus_path",
+    "lm_dataset", "load_corpus", "read_text_corpus", "read_tsv_corpus", "sentencepiece_vocab_size",
+    "split_corpus", "train_sentencepiece", "unigram_cross_entropy",
+]
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
 SEP_PIECE = "<sep>"
 NUM_RESERVED_IDS = 5
@@ -41,11 +55,34 @@ FORMATS = ("text", "tsv")
 
 
 class CorpusError(ValueError):
-    """A corpus file is missing, empty or malformed."""
+    """A corpus file is missing, empty or malformed.
+
+    A `ValueError`, so callers that catch bad input generally (the CLI exits
+    with status 2) also catch it.
+
+    Example:
+
+    >>> issubclass(CorpusError, ValueError)
+    True
+    """
 
 
 def default_corpus_path():
-    """Path of the embedded English corpus (Python documentation prose, PSF licence)."""
+    """Path of the embedded English corpus (Python documentation prose, PSF licence).
+
+    The file is `keras_posenc/data/python_docs_en.txt`, one sentence per
+    line, rebuilt by `keras_posenc/data/make_corpus.py`.
+
+    Returns:
+        str, an absolute path.
+
+    Example:
+
+    >>> os.path.basename(default_corpus_path())
+    'python_docs_en.txt'
+    >>> len(read_text_corpus(default_corpus_path())) > 1000
+    True
+    """
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "python_docs_en.txt")
 
 
@@ -64,8 +101,25 @@ def _read_lines(path):
 def read_text_corpus(path):
     """Non-blank lines of a plain-text corpus, stripped.
 
+    Args:
+        path: str or `os.PathLike`, a UTF-8 text file, one document or
+            sentence per line.
+
+    Returns:
+        list of str, the stripped non-blank lines in file order.
+
     Raises:
-        CorpusError: the file is missing or has no non-blank line.
+        TypeError: `path` is not a path.
+        CorpusError: the file is missing, not UTF-8 or has no non-blank line.
+
+    Example:
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "corpus.txt")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("  the cat sat \\n\\n the dog ran\\n")
+    >>> read_text_corpus(path)
+    ['the cat sat', 'the dog ran']
     """
     lines = [line.strip() for line in _read_lines(path)]
     lines = [line for line in lines if line]
@@ -81,8 +135,29 @@ def read_tsv_corpus(path, *, skip_bad_lines=False):
     with an empty side is an error naming its line number, unless
     `skip_bad_lines` is true.
 
+    Args:
+        path: str or `os.PathLike`, a UTF-8 file of `source<TAB>target` lines.
+        skip_bad_lines: bool, skip malformed lines instead of raising.
+
+    Returns:
+        list of `(source, target)` tuples of stripped str.
+
     Raises:
+        TypeError: `path` is not a path.
         CorpusError: missing file, malformed line, or no valid pair.
+
+    Example:
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "pairs.tsv")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("hello\\thallo\\nno tab here\\ncat\\tKatze\\n")
+    >>> read_tsv_corpus(path, skip_bad_lines=True)
+    [('hello', 'hallo'), ('cat', 'Katze')]
+    >>> read_tsv_corpus(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    keras_posenc.data.CorpusError: TSV corpus '...pairs.tsv' line 2 has no tab; ...
     """
     pairs = []
     for number, line in enumerate(_read_lines(path), start=1):
@@ -103,7 +178,30 @@ def read_tsv_corpus(path, *, skip_bad_lines=False):
 
 
 def load_corpus(path, corpus_format="text", *, skip_bad_lines=False):
-    """Reads a corpus: a list of strings (`"text"`) or of pairs (`"tsv"`)."""
+    """Reads a corpus: a list of strings (`"text"`) or of pairs (`"tsv"`).
+
+    Args:
+        path: str or `os.PathLike`, the corpus file.
+        corpus_format: `"text"` (`read_text_corpus`) or `"tsv"`
+            (`read_tsv_corpus`).
+        skip_bad_lines: bool, for `"tsv"`: skip malformed lines.
+
+    Returns:
+        list of str (`"text"`) or of `(source, target)` tuples (`"tsv"`).
+
+    Raises:
+        ValueError: `corpus_format` is not one of `FORMATS`.
+        CorpusError: see `read_text_corpus` and `read_tsv_corpus`.
+
+    Example:
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "pairs.tsv")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("hello\\thallo\\n")
+    >>> load_corpus(path, "tsv"), load_corpus(path, "text")
+    ([('hello', 'hallo')], ['hello\\thallo'])
+    """
     if corpus_format not in FORMATS:
         raise ValueError(f"`corpus_format` must be one of {FORMATS}, got corpus_format={corpus_format!r}.")
     if corpus_format == "tsv":
@@ -112,7 +210,29 @@ def load_corpus(path, corpus_format="text", *, skip_bad_lines=False):
 
 
 def split_corpus(examples, eval_fraction=0.1, *, seed=0):
-    """Deterministic shuffled `(train, eval)` split; eval gets at least one example."""
+    """Deterministic shuffled `(train, eval)` split; eval gets at least one example.
+
+    Args:
+        examples: list of examples (strings or pairs), at least 2.
+        eval_fraction: float in (0, 1), share of examples held out (rounded,
+            at least one).
+        seed: int, seed of the shuffle; the same seed gives the same split.
+
+    Returns:
+        `(train, eval)`, two disjoint lists that together hold every example.
+
+    Raises:
+        ValueError: `eval_fraction` is outside (0, 1).
+        CorpusError: fewer than 2 examples.
+
+    Example:
+
+    >>> train, held_out = split_corpus(list("abcdefghij"), eval_fraction=0.2)
+    >>> len(train), len(held_out), sorted(train + held_out) == list("abcdefghij")
+    (8, 2, True)
+    >>> split_corpus(list("abcdefghij"), eval_fraction=0.2) == (train, held_out)
+    True
+    """
     if not 0 < eval_fraction < 1:
         raise ValueError(f"`eval_fraction` must be in (0, 1), got eval_fraction={eval_fraction!r}.")
     if len(examples) < 2:
@@ -125,7 +245,19 @@ def split_corpus(examples, eval_fraction=0.1, *, seed=0):
 
 
 def corpus_texts(examples):
-    """The sentences to train a tokenizer on: texts, or both sides of pairs."""
+    """The sentences to train a tokenizer on: texts, or both sides of pairs.
+
+    Args:
+        examples: list of str and/or `(source, target)` tuples.
+
+    Returns:
+        list of str, in order, both sides of every pair.
+
+    Example:
+
+    >>> corpus_texts(["a cat", ("hello", "hallo")])
+    ['a cat', 'hello', 'hallo']
+    """
     texts = []
     for example in examples:
         texts.extend(example if isinstance(example, tuple) else (example,))
@@ -139,9 +271,39 @@ def train_sentencepiece(texts, vocab_size, *, model_type="unigram", character_co
     single-threaded on the sentences in the given order, so it is
     deterministic. `vocab_size` is independent of any sequence length.
 
+    Args:
+        texts: iterable of str, the training sentences (blank ones ignored).
+        vocab_size: int > `NUM_RESERVED_IDS`, pieces in the model, reserved
+            ids included.
+        model_type: str, SentencePiece `model_type` (`"unigram"`, `"bpe"`,
+            `"char"` or `"word"`).
+        character_coverage: float, share of characters the model covers.
+
+    Returns:
+        bytes, the serialized model (what `spm.model` files hold), usable by
+        `sentencepiece.SentencePieceProcessor` and
+        `tensorflow_text.SentencepieceTokenizer`.
+
     Raises:
+        CorpusError: `texts` has no non-blank sentence.
         ValueError: `vocab_size` is not an int above the reserved ids, or
             exceeds what the corpus supports (the message gives the maximum).
+
+    Example:
+
+    >>> sp_model = train_sentencepiece(["the cat sat on the mat"] * 20, vocab_size=16)
+    >>> sentencepiece_vocab_size(sp_model)
+    16
+    >>> processor = spm.SentencePieceProcessor()
+    >>> processor.LoadFromSerializedProto(sp_model)
+    True
+    >>> [processor.IdToPiece(i) for i in range(NUM_RESERVED_IDS)]
+    ['<pad>', '<unk>', '<s>', '</s>', '<sep>']
+
+    References:
+        - Kudo & Richardson 2018, https://arxiv.org/abs/1808.06226.
+        - SentencePiece training options,
+          https://github.com/google/sentencepiece/blob/master/doc/options.md.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= NUM_RESERVED_IDS:
         raise ValueError(f"`vocab_size` must be an int > {NUM_RESERVED_IDS} (the reserved ids "
@@ -176,21 +338,66 @@ def train_sentencepiece(texts, vocab_size, *, model_type="unigram", character_co
 
 
 def sentencepiece_vocab_size(sp_model):
-    """Number of pieces in a serialized SentencePiece model."""
+    """Number of pieces in a serialized SentencePiece model.
+
+    Args:
+        sp_model: bytes, a serialized SentencePiece model.
+
+    Returns:
+        int, the vocabulary size, reserved ids included.
+
+    Example:
+
+    >>> sentencepiece_vocab_size(train_sentencepiece(["the cat sat on the mat"] * 20, vocab_size=16))
+    16
+    """
     processor = spm.SentencePieceProcessor()
     processor.LoadFromSerializedProto(sp_model)
     return processor.GetPieceSize()
 
 
 def decode(sp_model, ids):
-    """Decodes token ids (pads and specials dropped) back to text."""
+    """Decodes token ids (pads and specials dropped) back to text.
+
+    `<pad>`, `<s>`, `</s>` and `<sep>` are dropped; `<unk>` is kept.
+
+    Args:
+        sp_model: bytes, a serialized SentencePiece model.
+        ids: iterable of ints (a list, a numpy array or a 1-D tensor).
+
+    Returns:
+        str, the decoded text.
+
+    Example:
+
+    >>> sp_model = train_sentencepiece(["the cat sat on the mat"] * 20, vocab_size=16)
+    >>> processor = spm.SentencePieceProcessor()
+    >>> processor.LoadFromSerializedProto(sp_model)
+    True
+    >>> ids = processor.EncodeAsIds("the cat sat")
+    >>> decode(sp_model, [BOS_ID] + ids + [EOS_ID, PAD_ID, PAD_ID])
+    'the cat sat'
+    """
     processor = spm.SentencePieceProcessor()
     processor.LoadFromSerializedProto(sp_model)
     return processor.DecodeIds([int(i) for i in ids if int(i) >= NUM_RESERVED_IDS or int(i) == UNK_ID])
 
 
 def default_bucket_boundaries(max_length):
-    """Powers of two from 8 up to `max_length` (sequence-length bucket edges)."""
+    """Powers of two from 8 up to `max_length` (sequence-length bucket edges).
+
+    Args:
+        max_length: int, the longest sequence.
+
+    Returns:
+        list of int, the `bucket_boundaries` that `lm_dataset` uses for
+        `"auto"` (empty below 8: no bucketing).
+
+    Example:
+
+    >>> default_bucket_boundaries(64), default_bucket_boundaries(100), default_bucket_boundaries(4)
+    ([8, 16, 32, 64], [8, 16, 32, 64], [])
+    """
     boundaries, edge = [], 8
     while edge <= max_length:
         boundaries.append(edge)
@@ -227,6 +434,30 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
         A dataset of `({"token_ids", "position_ids"[, "language_ids"]}, labels)`,
         all int32 `[batch, length]`. `position_ids` come from the padding mask
         of each row; `language_ids` exist for pairs.
+
+    Raises:
+        ValueError: `max_length` or `batch_size` is not a positive int.
+        CorpusError: `examples` is empty.
+
+    Example:
+
+    >>> texts = ["the cat sat on the mat", "the dog sat on the log"] * 20
+    >>> sp_model = train_sentencepiece(texts, vocab_size=20)
+    >>> ds = lm_dataset(texts[:2], sp_model, max_length=6, batch_size=2, shuffle=False,
+    ...                 bucket_boundaries=None)
+    >>> features, labels = next(iter(ds))
+    >>> features["token_ids"].shape, labels.shape
+    (TensorShape([2, 6]), TensorShape([2, 6]))
+    >>> features["position_ids"][0].numpy().tolist()
+    [0, 1, 2, 3, 4, 5]
+    >>> bool(tf.reduce_all(features["token_ids"][:, 1:] == labels[:, :-1]))  # labels: inputs shifted
+    True
+
+    References:
+        - `tf.data.Dataset.bucket_by_sequence_length`,
+          https://www.tensorflow.org/api_docs/python/tf/data/Dataset#bucket_by_sequence_length.
+        - `tensorflow_text.SentencepieceTokenizer`,
+          https://www.tensorflow.org/text/api_docs/python/text/SentencepieceTokenizer.
     """
     for name, value in (("max_length", max_length), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -289,6 +520,27 @@ def unigram_cross_entropy(train_ds, eval_ds, vocab_size):
     Token counts come from the labels of `train_ds`; the loss is measured on
     the labels of `eval_ds`, padding excluded: the baseline a language model
     must beat on the same split. Both datasets must be finite.
+
+    Args:
+        train_ds: finite dataset of `(features, labels)` (`lm_dataset`);
+            only the labels are read.
+        eval_ds: finite dataset of `(features, labels)` to measure on.
+        vocab_size: int, number of token ids.
+
+    Returns:
+        float, nats per real eval token.
+
+    Raises:
+        CorpusError: `eval_ds` has no real token.
+
+    Example: one training row `[5, 5, 6, <pad>]` with vocabulary 7 gives
+    add-one counts 3 for id 5 out of 9 (ids 1-6, one each, plus the row), so
+    an eval label 5 costs `-log(3/9) = log 3`.
+
+    >>> train_ds = tf.data.Dataset.from_tensors((tf.zeros([1]), tf.constant([[5, 5, 6, PAD_ID]])))
+    >>> eval_ds = tf.data.Dataset.from_tensors((tf.zeros([1]), tf.constant([[5, PAD_ID]])))
+    >>> round(unigram_cross_entropy(train_ds, eval_ds, vocab_size=7), 6)
+    1.098612
     """
     import numpy as np
 
