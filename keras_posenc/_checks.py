@@ -9,8 +9,10 @@ there; shapes and ranges are then the caller's contract.
 
 import tensorflow as tf
 
+__all__ = ["check", "with_checks"]
 
-def in_xla_context():
+
+def _in_xla_context():
     """True while tracing a function that XLA will compile."""
     try:
         from tensorflow.python.ops import control_flow_util
@@ -31,12 +33,31 @@ def check(condition, template, *values):
     Returns:
         A list of control dependencies to attach to the result in graph mode
         (empty in eager mode and under XLA).
+
+    Raises:
+        ValueError: in eager mode, when `condition` is False.
+
+    Example:
+
+    >>> check(True, "`offset` must be >= 0, got offset={}.", 3)
+    []
+    >>> check(False, "`offset` must be >= 0, got offset={}.", -1)
+    Traceback (most recent call last):
+        ...
+    ValueError: `offset` must be >= 0, got offset=-1.
+    >>> @tf.function
+    ... def checked(x):
+    ...     return with_checks(x, check(x >= 0, "`x` must be >= 0, got x={}.", x))
+    >>> checked(tf.constant(-2))
+    Traceback (most recent call last):
+        ...
+    tensorflow.python.framework.errors_impl.InvalidArgumentError: ...`x` must be >= 0, got x=-2...
     """
     if tf.executing_eagerly():
         if not bool(condition):
             raise ValueError(_format(template, values))
         return []
-    if in_xla_context():
+    if _in_xla_context():
         return []
     message = tf.strings.format(template, values, summarize=6) if values else template
     return [tf.debugging.Assert(condition, [message])]
@@ -49,7 +70,24 @@ def _format(template, values):
 
 
 def with_checks(tensor, checks):
-    """Returns `tensor`, made to depend on `checks` when there are any."""
+    """Returns `tensor`, made to depend on `checks` when there are any.
+
+    In a graph, the checks then run whenever the returned tensor is computed;
+    with no checks (eager mode, XLA) `tensor` itself is returned.
+
+    Args:
+        tensor: any tensor.
+        checks: a list of ops from `check`.
+
+    Returns:
+        `tensor`, or an identity of it with control dependencies on `checks`.
+
+    Example:
+
+    >>> x = tf.constant(5)
+    >>> with_checks(x, check(x > 0, "`x` must be > 0, got x={}.", x)) is x  # eager: no ops
+    True
+    """
     if not checks:
         return tensor
     with tf.control_dependencies(checks):

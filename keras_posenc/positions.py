@@ -4,6 +4,8 @@ import tensorflow as tf
 
 from keras_posenc._checks import check, with_checks
 
+__all__ = ["position_ids"]
+
 
 def position_ids(mask, *, segment_ids=None, offset=0):
     """Numbers the real tokens of every row, whatever the padding.
@@ -29,6 +31,11 @@ def position_ids(mask, *, segment_ids=None, offset=0):
     Returns:
         An int32 tensor `[B, T]`.
 
+    Raises:
+        ValueError: `mask`, `segment_ids` or `offset` has the wrong shape, or
+            `offset` is negative (`InvalidArgumentError` in a graph).
+        TypeError: `segment_ids` or `offset` is not an integer tensor.
+
     Example:
 
     >>> mask = tf.constant([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
@@ -39,6 +46,15 @@ def position_ids(mask, *, segment_ids=None, offset=0):
     [[0, 1, 2, 0, 1]]
     >>> position_ids(tf.ones([1, 2]), offset=7).numpy().tolist()
     [[7, 8]]
+    >>> position_ids(tf.ones([1, 2]), offset=-1)
+    Traceback (most recent call last):
+        ...
+    ValueError: `offset` must be >= 0, got offset=-1.
+
+    References:
+        - [Krell et al., 2021](https://arxiv.org/abs/2107.02027), "Efficient
+          sequence packing without cross-contamination" (position ids that
+          restart per packed sequence).
     """
     mask = tf.convert_to_tensor(mask)
     if mask.shape.rank is not None and mask.shape.rank != 2:

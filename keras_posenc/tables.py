@@ -6,6 +6,27 @@ tables into constants.
 
 import numpy as np
 
+__all__ = [
+    "DEFAULT_STORED_DIMS",
+    "LAYOUTS",
+    "TABLE_KINDS",
+    "check_base",
+    "check_layout",
+    "check_stored_dims",
+    "check_table_kind",
+    "column_frequencies",
+    "compressed_table",
+    "factorization_block",
+    "interpolation_nodes",
+    "interpolation_weights",
+    "inverse_frequencies",
+    "resolve_stored_dims",
+    "sinusoidal_table",
+    "table_constants",
+    "table_error_report",
+    "table_nbytes",
+]
+
 LAYOUTS = ("interleave", "concat")
 
 
@@ -17,13 +38,37 @@ def _check_int(name, value, minimum):
 
 
 def check_layout(layout):
-    """Raises ValueError unless `layout` is one of `LAYOUTS`."""
+    """Raises ValueError unless `layout` is one of `LAYOUTS`.
+
+    Args:
+        layout: the value to check.
+
+    Example:
+
+    >>> check_layout("concat")
+    >>> check_layout("rows")
+    Traceback (most recent call last):
+        ...
+    ValueError: `layout` must be one of ('interleave', 'concat'), got layout='rows'.
+    """
     if layout not in LAYOUTS:
         raise ValueError(f"`layout` must be one of {LAYOUTS}, got layout={layout!r}.")
 
 
 def check_base(base):
-    """Raises ValueError unless `base` is a finite number > 1."""
+    """Raises TypeError unless `base` is a number, ValueError unless it is finite and > 1.
+
+    Args:
+        base: the value to check.
+
+    Example:
+
+    >>> check_base(10000.0)
+    >>> check_base(1)
+    Traceback (most recent call last):
+        ...
+    ValueError: `base` must be a finite number > 1, got base=1.
+    """
     if isinstance(base, bool) or not isinstance(base, (int, float, np.number)):
         raise TypeError(f"`base` must be a number, got base={base!r}.")
     if not np.isfinite(base) or base <= 1:
@@ -58,11 +103,27 @@ def inverse_frequencies(depth, base=10000.0):
 def column_frequencies(depth, base=10000.0, layout="interleave"):
     """Frequency and phase kind of every column.
 
+    Args:
+        depth: int >= 1, the embedding width.
+        base: float > 1, the wavelength scale.
+        layout: "interleave" or "concat" (see `sinusoidal_table`).
+
     Returns:
         `(freq, is_sin)`: float64 `[depth]` frequencies and a bool `[depth]`
         array that is True for sine columns and False for cosine columns.
         `PE[p, j] = sin(p * freq[j])` where `is_sin[j]`, else
         `cos(p * freq[j])`.
+
+    Example:
+
+    >>> freq, is_sin = column_frequencies(4)
+    >>> freq.tolist(), is_sin.tolist()
+    ([1.0, 1.0, 0.01, 0.01], [True, False, True, False])
+    >>> column_frequencies(4, layout="concat")[1].tolist()
+    [True, True, False, False]
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.5.
     """
     check_layout(layout)
     inv = inverse_frequencies(depth, base)
@@ -136,7 +197,20 @@ DEFAULT_STORED_DIMS = 64
 
 
 def check_table_kind(kind):
-    """Raises ValueError unless `kind` is one of `TABLE_KINDS`."""
+    """Raises ValueError unless `kind` is one of `TABLE_KINDS`.
+
+    Args:
+        kind: the value to check (the `table` argument of
+            `SinusoidalPositionEmbedding`, hence the name in the message).
+
+    Example:
+
+    >>> check_table_kind("factorized")
+    >>> check_table_kind("sparse")
+    Traceback (most recent call last):
+        ...
+    ValueError: `table` must be one of ('full', 'interpolated', 'factorized'), got table='sparse'.
+    """
     if kind not in TABLE_KINDS:
         raise ValueError(f"`table` must be one of {TABLE_KINDS}, got table={kind!r}.")
 
@@ -146,6 +220,23 @@ def check_stored_dims(stored_dims, depth=None):
 
     `None` is accepted (the default, see `resolve_stored_dims`). `depth` is
     checked only when given.
+
+    Args:
+        stored_dims: the value to check, or None.
+        depth: optional int, the table width `stored_dims` may not exceed.
+
+    Raises:
+        TypeError: `stored_dims` is not an int.
+        ValueError: it is odd, below 2 or above `depth`.
+
+    Example:
+
+    >>> check_stored_dims(None)
+    >>> check_stored_dims(8, depth=16)
+    >>> check_stored_dims(7)
+    Traceback (most recent call last):
+        ...
+    ValueError: `stored_dims` must be even (whole sin/cos pairs), got stored_dims=7.
     """
     if stored_dims is None:
         return
@@ -167,6 +258,18 @@ def resolve_stored_dims(stored_dims, depth):
     `depth` rounded up to even when the model is narrower: the table is then
     stored whole and is exact (no compression), instead of failing for small
     models that never asked for a particular value.
+
+    Args:
+        stored_dims: None or an even int, `2 <= stored_dims <= depth`.
+        depth: int >= 1, the table width.
+
+    Returns:
+        An int.
+
+    Example:
+
+    >>> resolve_stored_dims(None, 512), resolve_stored_dims(None, 15), resolve_stored_dims(16, 512)
+    (64, 16, 16)
     """
     _check_int("depth", depth, 1)
     if stored_dims is None:
@@ -185,6 +288,13 @@ def interpolation_nodes(pairs, stored_pairs):
     log-frequency. Pair `i` lies between nodes `k(i)` and `k(i) + 1` with
     `k(i) = min(((i + 1) * (stored_pairs - 1) - 1) // (pairs - 1), stored_pairs - 2)`.
     Layers evaluate both formulas in-graph, so no index array is stored.
+
+    Args:
+        pairs: int >= 1, the number of frequency pairs, `ceil(depth / 2)`.
+        stored_pairs: int, `1 <= stored_pairs <= pairs`.
+
+    Returns:
+        An int64 array `[stored_pairs]` of increasing pair indices.
 
     Example:
 
@@ -206,11 +316,21 @@ def interpolation_weights(pairs, stored_pairs):
     With a single stored pair every pair copies it (`lower = 0`, `alpha = 0`;
     the upper node is then node 0 too).
 
+    Args:
+        pairs: int >= 1, the number of frequency pairs.
+        stored_pairs: int, `1 <= stored_pairs <= pairs`.
+
     Returns:
         `lower`: int64 `[pairs]`, index into the nodes; `alpha`: float32
         `[pairs]` in [0, 1]: 0 at stored pairs, except 1 at the last one
         (the upper node of the last interval). Rows are rebuilt as
         `(1 - alpha) * lo + alpha * hi`, exact at every stored pair.
+
+    Example:
+
+    >>> lower, alpha = interpolation_weights(4, 2)  # nodes are pairs 0 and 3
+    >>> lower.tolist(), [round(float(a), 4) for a in alpha]
+    ([0, 0, 0, 0], [0.0, 0.3333, 0.6667, 1.0])
     """
     nodes = interpolation_nodes(pairs, stored_pairs)
     i = np.arange(pairs)
@@ -223,7 +343,20 @@ def interpolation_weights(pairs, stored_pairs):
 
 
 def factorization_block(length):
-    """Fine-table size `B = ceil(sqrt(length))` of a factorized table (>= 1)."""
+    """Fine-table size `B = ceil(sqrt(length))` of a factorized table (>= 1).
+
+    Args:
+        length: int >= 1, the number of table rows.
+
+    Returns:
+        An int: position `p` is rebuilt from coarse row `p // B` and fine
+        row `p % B`.
+
+    Example:
+
+    >>> factorization_block(512), factorization_block(16)
+    (23, 4)
+    """
     _check_int("length", length, 1)
     return max(1, int(np.ceil(np.sqrt(length))))
 
@@ -247,8 +380,23 @@ def table_constants(kind, length, depth, *, stored_dims=None, base=10000.0, layo
             `a * B * w` and `fine` `[B, 2P]` = sin|cos of `b * w`, for the
             `P = ceil(depth / 2)` frequencies `w`.
 
+    Args:
+        kind: one of `TABLE_KINDS`.
+        length: int >= 1, the number of table rows.
+        depth: int >= 1, the table width.
+        stored_dims: interpolated only; see `resolve_stored_dims`.
+        base: float > 1, wavelength scale.
+        layout: "interleave" or "concat".
+
     Returns:
         A dict name -> float32 numpy array.
+
+    Example:
+
+    >>> {name: a.shape for name, a in table_constants("factorized", 100, 16).items()}
+    {'coarse': (10, 16), 'fine': (10, 16)}
+    >>> {name: a.shape for name, a in table_constants("interpolated", 100, 16, stored_dims=4).items()}
+    {'stored': (100, 4)}
     """
     check_table_kind(kind)
     check_layout(layout)
@@ -270,7 +418,19 @@ def table_constants(kind, length, depth, *, stored_dims=None, base=10000.0, layo
 
 
 def table_nbytes(kind, length, depth, *, stored_dims=None, base=10000.0, layout="interleave"):
-    """Bytes of the constants a layer stores for this table kind."""
+    """Bytes of the constants a layer stores for this table kind.
+
+    Args:
+        kind, length, depth, stored_dims, base, layout: as in `table_constants`.
+
+    Returns:
+        An int.
+
+    Example:
+
+    >>> table_nbytes("full", 512, 512), table_nbytes("factorized", 512, 512)
+    (1048576, 94208)
+    """
     arrays = table_constants(kind, length, depth, stored_dims=stored_dims, base=base, layout=layout)
     return int(sum(a.nbytes for a in arrays.values()))
 
