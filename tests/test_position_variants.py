@@ -28,7 +28,7 @@ def test_integer_layer_contract(tmp_path):
                    {"inputs": x, "language_ids": tf.constant([0, 1])}, tmp_dir=tmp_path,
                    expected_output_shape=(2, 5, 6), expected_num_trainable_weights=1)
     run_layer_test(IntegerPositionEmbedding, {"max_length": 8, "scale": 1.0},
-                   {"inputs": x, "mask": LEFT_PADDED}, tmp_dir=tmp_path, run_fit=False,
+                   {"inputs": x, "mask": LEFT_PADDED}, tmp_dir=tmp_path,
                    expected_num_trainable_weights=0)
 
 
@@ -78,11 +78,11 @@ def test_integer_config_keeps_the_scale_as_given():
 
 def test_zero_layer_contract(tmp_path):
     x = tf.random.stateless_normal([2, 5, 6], seed=[3, 4])
-    out = run_layer_test(ZeroPositionEmbedding, {"max_length": 8}, x, tmp_dir=tmp_path, run_fit=False,
+    out = run_layer_test(ZeroPositionEmbedding, {"max_length": 8}, x, tmp_dir=tmp_path,
                          expected_num_trainable_weights=0)
     np.testing.assert_array_equal(out.numpy(), x.numpy())
     run_layer_test(ZeroPositionEmbedding, {"max_length": 8}, {"inputs": x, "mask": LEFT_PADDED},
-                   tmp_dir=tmp_path, run_fit=False)
+                   tmp_dir=tmp_path)
 
 
 def test_zero_output_is_the_input_and_mask_passes_through():
