@@ -45,7 +45,8 @@ class Encoder(keras.layers.Layer):
         activation: feed-forward activation.
         epsilon: float > 0, LayerNormalization epsilon.
         pad_id: int, the padding token id.
-        position: position embedding name ("sinusoidal", "learned").
+        position: position embedding name, a key of `POSITION_LAYERS`
+            ("sinusoidal", "learned", "integer", "none").
         **position_kwargs: forwarded to the position layer (for example
             `table`, `num_languages`, `overflow`).
 

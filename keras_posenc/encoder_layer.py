@@ -6,19 +6,63 @@ from tensorflow import keras
 from keras_posenc._checks import check, with_checks
 from keras_posenc.layers.position_embedding_base import check_positive_int
 
+__all__ = ["EncoderLayer", "check_epsilon", "check_rate", "merge_attention_masks", "static_or_dynamic_length"]
+
 
 def check_rate(name, value):
+    """Raises ValueError unless `value` is a number (not a bool) in [0, 1).
+
+    Args:
+        name: the argument name shown in the message (`"dropout"`).
+        value: the value to check.
+
+    Example:
+
+    >>> check_rate("dropout", 0.1)
+    >>> check_rate("dropout", 1.0)
+    Traceback (most recent call last):
+        ...
+    ValueError: `dropout` must be a float in [0, 1), got dropout=1.0.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"`{name}` must be a float in [0, 1), got {name}={value!r}.")
 
 
 def check_epsilon(value):
+    """Raises ValueError unless `value`, a LayerNormalization epsilon, is a number > 0.
+
+    Args:
+        value: the value to check.
+
+    Example:
+
+    >>> check_epsilon(1e-6)
+    >>> check_epsilon(0)
+    Traceback (most recent call last):
+        ...
+    ValueError: `epsilon` must be a float > 0, got epsilon=0.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"`epsilon` must be a float > 0, got epsilon={value!r}.")
 
 
 def static_or_dynamic_length(tensor):
-    """Axis 1 of `tensor`: a Python int when known while tracing, else a scalar tensor."""
+    """Axis 1 of `tensor`: a Python int when known while tracing, else a scalar tensor.
+
+    A static length lets `merge_attention_masks` check mask shapes while
+    tracing and keeps the causal mask a constant.
+
+    Args:
+        tensor: a tensor of rank >= 2, `[batch, length, ...]`.
+
+    Returns:
+        An int, or an int32 scalar tensor when the length is unknown.
+
+    Example:
+
+    >>> static_or_dynamic_length(tf.zeros([2, 5]))
+    5
+    """
     return tensor.shape[1] if tensor.shape[1] is not None else tf.shape(tensor)[1]
 
 
@@ -42,6 +86,21 @@ def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mas
 
     Returns:
         A bool tensor `[B or 1, T, T]`, or None when nothing is masked.
+
+    Example:
+
+    >>> mask = tf.constant([[True, True, False]])
+    >>> merge_attention_masks(3, mask=mask, use_causal_mask=True)[0].numpy().astype(int).tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 0, 0]]
+    >>> segments = tf.constant([[1, 1, 2]])
+    >>> merge_attention_masks(3, segment_ids=segments)[0].numpy().astype(int).tolist()
+    [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+    >>> merge_attention_masks(3) is None
+    True
+
+    References:
+        - [Krell et al., 2021](https://arxiv.org/abs/2107.02027) (block-diagonal
+          attention for packed sequences).
     """
     parts = []
     if mask is not None:

@@ -8,6 +8,8 @@ from tensorflow import keras
 
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 
+__all__ = ["IntegerPositionEmbedding"]
+
 
 def _resolve_scale(scale, max_length):
     if scale is None:

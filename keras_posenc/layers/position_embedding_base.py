@@ -11,15 +11,51 @@ from tensorflow import keras
 
 from keras_posenc._checks import check, with_checks
 
+__all__ = ["OVERFLOW_MODES", "PositionEmbeddingBase", "check_choice", "check_positive_int"]
+
 OVERFLOW_MODES = ("error", "extend")
 
 
 def check_choice(name, value, choices):
+    """Raises ValueError unless `value` is one of `choices`.
+
+    Args:
+        name: the argument name shown in the message.
+        value: the value to check.
+        choices: a collection of allowed values (a tuple, or a dict's keys).
+
+    Example:
+
+    >>> check_choice("overflow", "extend", OVERFLOW_MODES)
+    >>> check_choice("overflow", "wrap", OVERFLOW_MODES)
+    Traceback (most recent call last):
+        ...
+    ValueError: `overflow` must be one of ('error', 'extend'), got overflow='wrap'.
+    """
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {tuple(choices)}, got {name}={value!r}.")
 
 
 def check_positive_int(name, value, minimum=1):
+    """Raises TypeError unless `value` is an int (not a bool), ValueError unless it is >= `minimum`.
+
+    Args:
+        name: the argument name shown in the message.
+        value: the value to check.
+        minimum: int, the smallest allowed value.
+
+    Example:
+
+    >>> check_positive_int("max_length", 512)
+    >>> check_positive_int("max_length", 0)
+    Traceback (most recent call last):
+        ...
+    ValueError: `max_length` must be >= 1, got max_length=0.
+    >>> check_positive_int("max_length", 8.0)
+    Traceback (most recent call last):
+        ...
+    TypeError: `max_length` must be an int, got max_length=8.0.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"`{name}` must be an int, got {name}={value!r}.")
     if value < minimum:
@@ -29,8 +65,73 @@ def check_positive_int(name, value, minimum=1):
 class PositionEmbeddingBase(keras.layers.Layer):
     """Adds a position embedding to `[batch, length, depth]` inputs.
 
-    Not used directly: see `SinusoidalPositionEmbedding` and
-    `LearnedPositionEmbedding`.
+    The shared base of every position layer of the package; not used
+    directly (it has no table): use `SinusoidalPositionEmbedding`,
+    `LearnedPositionEmbedding`, `IntegerPositionEmbedding` or
+    `ZeroPositionEmbedding`. It handles everything but the table:
+
+    - position ids: `position_ids` if given; else each row's real tokens
+      (mask True) are numbered 0, 1, ... so left padding needs nothing
+      special; else 0..length-1;
+    - padding: with `zero_padding` and a mask, the embedding is exactly 0 at
+      padding positions; the Keras mask passes through to the next layer;
+    - an optional learned scale per language, dropout on the embedding, the
+      cast to the compute dtype at the add;
+    - argument checks (`ValueError`/`TypeError` in eager mode,
+      `InvalidArgumentError` with the same text inside a `tf.function`).
+
+    A subclass implements `_build_table(depth)`, `_table_rows(ids)` (float32
+    rows `[..., depth]` for int32 ids) and `_table_prefix(length)` (rows of
+    positions 0..length-1), optionally `_constant_table()`, and sets
+    `can_extend = True` when it can compute rows past `max_length`.
+
+    Args:
+        max_length: int >= 1, number of table rows (positions
+            0..max_length-1).
+        zero_padding: bool, zero the embedding where the mask is False.
+        num_languages: optional int >= 1; if set, a learnable scale per
+            language (initialised to 1.0) multiplies the embedding.
+        dropout: float in [0, 1), dropout applied to the embedding only.
+        overflow: one of `OVERFLOW_MODES`: "error" raises when a position
+            reaches `max_length`; "extend" (subclasses with
+            `can_extend = True` only) computes such rows.
+        **kwargs: standard layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[batch, length, depth]`.
+        position_ids: optional int tensor `[batch, length]` or `[length]`,
+            in `[0, max_length)` with `overflow="error"`.
+        language_ids: int tensor `[batch]` or `[batch, length]` in
+            `[0, num_languages)`; required exactly when `num_languages` is
+            set.
+        mask: optional bool tensor `[batch, length]`, True for real tokens.
+            Filled in by Keras from the previous layer's mask.
+        training: bool, enables dropout.
+
+    Example:
+
+    A minimal subclass whose row `p` is `p` in every column:
+
+    >>> class RampPositionEmbedding(PositionEmbeddingBase):
+    ...     def _build_table(self, depth):
+    ...         self._ramp = tf.range(self.max_length, dtype=tf.float32)[:, None] * tf.ones([depth])
+    ...     def _table_rows(self, ids):
+    ...         return tf.gather(self._ramp, ids)
+    ...     def _table_prefix(self, length):
+    ...         return self._ramp[:length]
+    >>> layer = RampPositionEmbedding(max_length=4)
+    >>> layer(tf.zeros([1, 3, 2]))[0].numpy().tolist()
+    [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+    >>> mask = tf.constant([[False, True, True]])  # left padding
+    >>> layer(tf.zeros([1, 3, 2]), mask=mask)[0].numpy().tolist()
+    [[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]
+    >>> layer(tf.zeros([1, 5, 2]))
+    Traceback (most recent call last):
+        ...
+    ValueError: ...Sequence length 5 exceeds max_length=4 of RampPositionEmbedding...
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.5.
     """
 
     can_extend = False

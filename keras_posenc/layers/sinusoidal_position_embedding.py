@@ -6,6 +6,8 @@ from tensorflow import keras
 from keras_posenc import tables
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 
+__all__ = ["SinusoidalPositionEmbedding"]
+
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
 class SinusoidalPositionEmbedding(PositionEmbeddingBase):

@@ -12,6 +12,8 @@ from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPosition
 from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
 from keras_posenc.positions import position_ids as derive_position_ids
 
+__all__ = ["POSITION_LAYERS", "TokenAndPositionEmbedding"]
+
 POSITION_LAYERS = {
     "sinusoidal": SinusoidalPositionEmbedding,
     "learned": LearnedPositionEmbedding,

@@ -5,6 +5,8 @@ from tensorflow import keras
 
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 
+__all__ = ["ZeroPositionEmbedding"]
+
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
 class ZeroPositionEmbedding(PositionEmbeddingBase):
