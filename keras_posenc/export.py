@@ -24,19 +24,7 @@ the one-hot product does `T * vocab * d_model` multiply-adds and holds a
 stored). On a GPU the matmul is cheap next to keeping the graph on the GPU;
 on a CPU-only target export with `gpu_friendly=False` (GATHER).
 
-Example:
-
->>> from keras_posenc.layers import TokenAndPositionEmbedding
->>> ids = keras.Input(shape=(None,), dtype="int32")
->>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
->>> flat = to_tflite(model, sequence_length=6)
->>> gpu_incompatible_ops(flat)
-[]
->>> sorted(op_counts(flat))
-['ADD', 'CAST', 'CUMSUM', 'EQUAL', 'FULLY_CONNECTED', 'MUL', 'NOT_EQUAL', 'RESHAPE', 'SUB']
->>> batch = np.array([[5, 6, 7, 0, 0, 0]], np.int32)
->>> check_parity(model, flat, batch) < 1e-5
-True
+See `to_tflite` for an example of the whole flow (export, op check, parity).
 """
 
 import contextlib
@@ -52,6 +40,23 @@ from tensorflow import keras
 from keras_posenc import encoder as _encoder  # noqa: F401  (registers Encoder for load_model)
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
+
+__all__ = [
+    "GPU_DELEGATE_OPS",
+    "QUANTIZE_MODES",
+    "analyzer_report",
+    "check_parity",
+    "export_report",
+    "format_report",
+    "gpu_incompatible_ops",
+    "load_model",
+    "op_counts",
+    "run_interpreter",
+    "runtime_metadata",
+    "sample_token_batch",
+    "to_tflite",
+    "weight_bytes",
+]
 
 QUANTIZE_MODES = (None, "float16", "dynamic_int8")
 
@@ -99,6 +104,39 @@ def to_tflite(model, *, sequence_length, batch_size=1, quantize=None, gpu_friend
 
     Returns:
         The `.tflite` flatbuffer as bytes.
+
+    Raises:
+        TypeError: `model` is not a Keras layer or model, or a size is not an
+            int.
+        ValueError: the model is not built, has no keras_posenc position layer
+            or layers of other packages, `sequence_length` exceeds its
+            `max_length`, `quantize` is unknown, or conversion with builtin
+            ops fails.
+
+    Example:
+
+    >>> from keras_posenc.layers import TokenAndPositionEmbedding
+    >>> ids = keras.Input(shape=(None,), dtype="int32")
+    >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
+    >>> flat = to_tflite(model, sequence_length=6)
+    >>> gpu_incompatible_ops(flat)  # no GATHER, no Flex: the GPU delegate runs every op
+    []
+    >>> sorted(op_counts(flat))
+    ['ADD', 'CAST', 'CUMSUM', 'EQUAL', 'FULLY_CONNECTED', 'MUL', 'NOT_EQUAL', 'RESHAPE', 'SUB']
+    >>> batch = np.array([[5, 6, 7, 0, 0, 0]], np.int32)
+    >>> check_parity(model, flat, batch) < 1e-5
+    True
+    >>> to_tflite(model, sequence_length=32)
+    Traceback (most recent call last):
+        ...
+    ValueError: `sequence_length`=32 exceeds the model's max_length=16.
+
+    References:
+        - [TensorFlow Lite GPU delegate](https://www.tensorflow.org/lite/performance/gpu).
+        - [Select TensorFlow operators (Flex)](https://www.tensorflow.org/lite/guide/ops_select):
+          why builtin ops only.
+        - [Post-training quantization](https://www.tensorflow.org/lite/performance/post_training_quantization):
+          the `quantize` modes.
     """
     spec = _ModelSpec.of(model, sequence_length, batch_size)
     if quantize not in QUANTIZE_MODES:
@@ -126,8 +164,22 @@ def op_counts(tflite_bytes):
     Builtin ops are named as in the TFLite schema (`FULLY_CONNECTED`); custom
     ops by their custom code (Flex ops are `FlexXxx`).
 
+    Args:
+        tflite_bytes: a TFLite flatbuffer (bytes).
+
     Returns:
         A dict `{op name: count}` sorted by name.
+
+    Example:
+
+    >>> add = tf.function(lambda x: tf.gather(x, [2, 0]) + 1.0,
+    ...                   input_signature=[tf.TensorSpec([3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> op_counts(flat)
+    {'ADD': 1, 'GATHER': 1}
+
+    References:
+        - [The TFLite flatbuffer schema](https://github.com/tensorflow/tensorflow/blob/v2.12.0/tensorflow/lite/schema/schema.fbs).
     """
     counts = {}
     for name in _op_sequence(tflite_bytes):
@@ -145,8 +197,25 @@ def gpu_incompatible_ops(tflite_bytes):
     Flex ops are always incompatible), which does not depend on the
     analyzer's wording.
 
+    Args:
+        tflite_bytes: a TFLite flatbuffer (bytes).
+
     Returns:
         Sorted list of distinct op names.
+
+    Example:
+
+    >>> add = tf.function(lambda x: tf.gather(x, [2, 0]) + 1.0,
+    ...                   input_signature=[tf.TensorSpec([3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> gpu_incompatible_ops(flat)
+    ['GATHER']
+
+    References:
+        - [TFLite Model Analyzer](https://www.tensorflow.org/lite/guide/model_analyzer),
+          GPU delegate compatibility.
+        - TFLite 2.12 `tensorflow/lite/tools/versioning/gpu_compatibility.cc`
+          (the source of `GPU_DELEGATE_OPS`).
     """
     flagged = {name for name in _op_sequence(tflite_bytes) if name not in GPU_DELEGATE_OPS}
     report = analyzer_report(tflite_bytes)
@@ -161,7 +230,25 @@ def gpu_incompatible_ops(tflite_bytes):
 
 
 def analyzer_report(tflite_bytes):
-    """The text TFLite's analyzer prints for the model, with GPU-compatibility warnings."""
+    """The text TFLite's analyzer prints for the model, with GPU-compatibility warnings.
+
+    Args:
+        tflite_bytes: a TFLite flatbuffer (bytes).
+
+    Returns:
+        The report as a string.
+
+    Example:
+
+    >>> add = tf.function(lambda x: tf.gather(x, [2, 0]) + 1.0,
+    ...                   input_signature=[tf.TensorSpec([3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> "GPU COMPATIBILITY WARNING: Not supported op GATHER" in analyzer_report(flat)
+    True
+
+    References:
+        - [TFLite Model Analyzer](https://www.tensorflow.org/lite/guide/model_analyzer).
+    """
     _check_flatbuffer(tflite_bytes)
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
@@ -192,6 +279,16 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, ignore_pa
 
     Returns:
         The max abs difference as a Python float.
+
+    Example:
+
+    >>> from keras_posenc.layers import TokenAndPositionEmbedding
+    >>> ids = keras.Input(shape=(None,), dtype="int32")
+    >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
+    >>> flat = to_tflite(model, sequence_length=4, batch_size=2)
+    >>> batch = np.array([[5, 6, 7, 0], [0, 0, 8, 9], [3, 0, 0, 0], [1, 2, 3, 4]], np.int32)
+    >>> check_parity(model, flat, batch) < 1e-5  # 4 rows: two interpreter calls of 2
+    True
     """
     _check_flatbuffer(tflite_bytes)
     token_ids = np.asarray(token_ids)
@@ -213,7 +310,24 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, ignore_pa
 
 
 def run_interpreter(tflite_bytes, feeds):
-    """Runs the TFLite model on `feeds` (one array per input), in chunks of its batch size."""
+    """Runs the TFLite model on `feeds` (one array per input), in chunks of its batch size.
+
+    Args:
+        tflite_bytes: a TFLite flatbuffer (bytes).
+        feeds: a list of numpy arrays, token ids first and language ids
+            second; each of the exported shape except the first axis, which
+            is a multiple of the exported batch size.
+
+    Returns:
+        A numpy array: the model's first output for all rows, concatenated.
+
+    Example:
+
+    >>> double = tf.function(lambda x: x * 2.0, input_signature=[tf.TensorSpec([1, 3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([double.get_concrete_function()]).convert()
+    >>> run_interpreter(flat, [np.arange(6, dtype=np.float32).reshape(2, 3)]).tolist()
+    [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
+    """
     interpreter = tf.lite.Interpreter(model_content=bytes(tflite_bytes))
     interpreter.allocate_tensors()
     # Token ids first, language ids second, whatever order the converter gave the inputs.
@@ -236,7 +350,19 @@ def run_interpreter(tflite_bytes, feeds):
 
 
 def weight_bytes(model):
-    """Bytes of all trainable and non-trainable weights of `model`, at their stored dtype."""
+    """Bytes of all trainable and non-trainable weights of `model`, at their stored dtype.
+
+    Args:
+        model: a built Keras model or layer.
+
+    Returns:
+        An int.
+
+    Example:
+
+    >>> weight_bytes(keras.Sequential([keras.layers.Dense(3, input_shape=(4,))]))  # (4 * 3 + 3) * 4
+    60
+    """
     return int(sum(np.asarray(w).nbytes for w in model.get_weights()))
 
 
@@ -246,8 +372,23 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
     Ids are drawn from `[0, vocab_size)` without the pad id; language ids (if
     the model needs them) cycle through the languages.
 
+    Args:
+        model: a built Keras model with keras_posenc layers.
+        sequence_length: int >= 1, the row length.
+        rows: int, number of rows.
+        seed: int, seed of the random ids.
+
     Returns:
         `(token_ids, language_ids or None)` as int32 numpy arrays.
+
+    Example:
+
+    >>> from keras_posenc.layers import TokenAndPositionEmbedding
+    >>> ids = keras.Input(shape=(None,), dtype="int32")
+    >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
+    >>> tokens, languages = sample_token_batch(model, 6)
+    >>> (tokens != 0).astype(int).tolist(), languages
+    ([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1]], None)
     """
     spec = _ModelSpec.of(model, sequence_length, 1)
     rng = np.random.default_rng(seed)
@@ -276,9 +417,22 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
 def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, gpu_friendly=True):
     """What a runtime-only runner needs to feed the exported model (`export/run_tflite.py` reads it).
 
+    Args:
+        model, sequence_length, batch_size, quantize, gpu_friendly: as in
+            `to_tflite`.
+
     Returns:
         A JSON-ready dict: fixed shapes, vocab size, pad id, number of
         languages and the export options.
+
+    Example:
+
+    >>> from keras_posenc.layers import TokenAndPositionEmbedding
+    >>> ids = keras.Input(shape=(None,), dtype="int32")
+    >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
+    >>> runtime_metadata(model, 6)  # doctest: +NORMALIZE_WHITESPACE
+    {'sequence_length': 6, 'batch_size': 1, 'vocab_size': 50, 'pad_id': 0, 'num_languages': None,
+     'inputs': ['token_ids'], 'quantize': None, 'gpu_friendly': True}
     """
     spec = _ModelSpec.of(model, sequence_length, batch_size)
     languages = [layer.num_languages for layer in spec.position_layers if layer.num_languages]
@@ -297,10 +451,23 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, gpu
 def load_model(path):
     """Loads a `.keras`/`.h5` file or SavedModel directory with the keras_posenc layers registered.
 
+    Args:
+        path: path of the file or SavedModel directory.
+
+    Returns:
+        The `keras.Model`, not compiled.
+
     Raises:
         FileNotFoundError: nothing at `path`.
         ValueError: the file is not a loadable Keras model (corrupt, or it
             uses a custom layer that is not registered).
+
+    Example:
+
+    >>> load_model("no_such_model.keras")
+    Traceback (most recent call last):
+        ...
+    FileNotFoundError: Model file not found: 'no_such_model.keras'.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"Model file not found: {path!r}.")
@@ -315,9 +482,26 @@ def load_model(path):
 def export_report(model, tflite_bytes, token_ids, language_ids=None):
     """Everything the `keras-posenc export` command prints, as a dict.
 
-    Keys: `ops` (histogram), `gpu_incompatible` (list), `transpose_ops`,
-    `flex_ops` (list), `parity` (max abs diff on real tokens), `parity_all`
-    (padding included), `file_bytes`, `weight_bytes`, `size_ratio`.
+    Args:
+        model: the Keras model that was exported.
+        tflite_bytes: the flatbuffer from `to_tflite`.
+        token_ids, language_ids: a batch for `check_parity`.
+
+    Returns:
+        A dict with keys `ops` (histogram), `gpu_incompatible` (list),
+        `transpose_ops`, `flex_ops` (list), `parity` (max abs diff on real
+        tokens), `parity_all` (padding included), `file_bytes`,
+        `weight_bytes`, `size_ratio`.
+
+    Example:
+
+    >>> from keras_posenc.layers import TokenAndPositionEmbedding
+    >>> ids = keras.Input(shape=(None,), dtype="int32")
+    >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
+    >>> flat = to_tflite(model, sequence_length=4)
+    >>> report = export_report(model, flat, np.array([[5, 6, 0, 0]], np.int32))
+    >>> report["gpu_incompatible"], report["flex_ops"], report["parity"] < 1e-5, report["weight_bytes"]
+    ([], [], True, 1600)
     """
     ops = op_counts(tflite_bytes)
     return {
@@ -334,7 +518,26 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None):
 
 
 def format_report(report):
-    """Human-readable lines of an `export_report` dict."""
+    """Human-readable lines of an `export_report` dict.
+
+    Args:
+        report: a dict from `export_report`.
+
+    Returns:
+        A list of strings, one per line.
+
+    Example:
+
+    >>> report = {"ops": {"ADD": 1, "FULLY_CONNECTED": 2}, "gpu_incompatible": [], "transpose_ops": 0,
+    ...           "parity": 0.0, "parity_all": 0.0, "file_bytes": 6328, "weight_bytes": 1600,
+    ...           "size_ratio": 3.955}
+    >>> for line in format_report(report)[:4]:
+    ...     print(line)
+    Op histogram:
+      ADD                     1
+      FULLY_CONNECTED         2
+    GPU delegate: compatible (TFLite analyzer and op-level check found no rejected op)
+    """
     lines = ["Op histogram:"]
     lines += [f"  {name:<24}{count}" for name, count in report["ops"].items()]
     if report["gpu_incompatible"]:
