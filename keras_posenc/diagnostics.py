@@ -21,6 +21,11 @@ Example:
 >>> r = pe_value_range(position_table(layer, depth=8))
 >>> r["min"] >= -1.0, r["max"] <= 1.0, r["ok"]
 (True, True, True)
+
+References:
+    - Source article 002 §5.3 (PE value-range check, positional-contribution
+      probe) and source article 000 §4.2 (attention by distance); where
+      their code is wrong see `docs/source-article-faults.md`.
 """
 
 import json
@@ -32,9 +37,36 @@ import tensorflow as tf
 from keras_posenc import data as data_lib
 from keras_posenc.encoder_layer import merge_attention_masks
 
+__all__ = [
+    "attention_by_distance", "inspect_model", "pe_value_range", "plot_attention_by_distance",
+    "plot_pe_heatmap", "position_table", "positional_contribution", "probe_batch",
+]
+
 
 def position_table(position_layer, depth=None, length=None):
-    """The `[length, depth]` rows a position layer adds at positions 0..length-1 (float64)."""
+    """The `[length, depth]` rows a position layer adds at positions 0..length-1 (float64).
+
+    The layer is called on zeros, so the result is exactly what it adds to
+    token embeddings (language 0 for layers with `num_languages`).
+
+    Args:
+        position_layer: a built or unbuilt position layer of
+            `keras_posenc.layers`.
+        depth: int, embedding width (default: the layer's `depth`).
+        length: int, number of positions (default: the layer's
+            `max_length`).
+
+    Returns:
+        float64 numpy array `[length, depth]`.
+
+    Example:
+
+    >>> from keras_posenc import sinusoidal_table
+    >>> from keras_posenc.layers import SinusoidalPositionEmbedding
+    >>> table = position_table(SinusoidalPositionEmbedding(max_length=10), depth=4)
+    >>> table.shape, np.allclose(table, sinusoidal_table(10, 4, dtype="float64"), atol=1e-6)
+    ((10, 4), True)
+    """
     length = length or position_layer.max_length
     depth = depth or position_layer.depth
     zeros = tf.zeros([1, length, depth])
@@ -46,7 +78,26 @@ def position_table(position_layer, depth=None, length=None):
 
 
 def pe_value_range(table, *, bound=1.0, tolerance=1e-5):
-    """Min, max, mean |value| of a PE table; `ok` when every value is within `±bound`."""
+    """Min, max, mean |value| of a PE table; `ok` when every value is within `±bound`.
+
+    Args:
+        table: array-like `[length, depth]`, e.g. from `position_table`.
+        bound: float, largest allowed magnitude (1 for sin/cos; the largest
+            language scale when the layer scales per language).
+        tolerance: float, slack on `bound` for rounding.
+
+    Returns:
+        dict with float `min`, `max`, `mean_abs`, `bound` and bool `ok`.
+
+    Example: a raw position index used as the embedding (`p` on every
+    dimension) is flagged.
+
+    >>> pe_value_range(np.arange(4.0)[:, None] * np.ones([1, 2]))
+    {'min': 0.0, 'max': 3.0, 'mean_abs': 1.5, 'bound': 1.0, 'ok': False}
+
+    References:
+        - Source article 002 §5.3, step 1.
+    """
     table = np.asarray(table, np.float64)
     low, high = float(table.min()), float(table.max())
     return {"min": low, "max": high, "mean_abs": float(np.abs(table).mean()), "bound": bound,
@@ -54,7 +105,24 @@ def pe_value_range(table, *, bound=1.0, tolerance=1e-5):
 
 
 def plot_pe_heatmap(table, path, title="position embedding"):
-    """Saves the table as a heatmap PNG (rows: positions, columns: dimensions); returns the path."""
+    """Saves the table as a heatmap PNG (rows: positions, columns: dimensions); returns the path.
+
+    Args:
+        table: array `[length, depth]`.
+        path: str, the PNG file to write.
+        title: str, the plot title.
+
+    Returns:
+        str, `path`.
+
+    Example:
+
+    >>> import tempfile
+    >>> from keras_posenc import sinusoidal_table
+    >>> path = plot_pe_heatmap(sinusoidal_table(16, 8), os.path.join(tempfile.mkdtemp(), "pe.png"))
+    >>> open(path, "rb").read(4)
+    b'\\x89PNG'
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,6 +151,29 @@ def positional_contribution(encoder, token_ids, language_ids=None):
     Returns the mean over real query tokens of
     `||att(tok + PE) - att(tok)|| / ||att(tok + PE)||`, where `tok` is the
     scaled token embedding and the mask is causal plus padding.
+
+    Args:
+        encoder: a built `keras_posenc.Encoder`.
+        token_ids: int tensor `[batch, length]`, padding = `encoder.pad_id`.
+        language_ids: optional int tensor, for a position layer with
+            `num_languages`.
+
+    Returns:
+        float, the mean ratio (0 when the position layer adds nothing). The
+        article calls 0.3-0.7 healthy; that band is its claim, not a rule.
+
+    Example:
+
+    >>> from keras_posenc import Encoder
+    >>> tokens = tf.constant([[2, 5, 6, 7], [2, 8, 0, 0]])
+    >>> kwargs = dict(num_layers=1, d_model=8, num_heads=2, dff=16, vocab_size=20, max_length=8)
+    >>> positional_contribution(Encoder(position="none", **kwargs), tokens)
+    0.0
+    >>> positional_contribution(Encoder(position="sinusoidal", **kwargs), tokens) > 0
+    True
+
+    References:
+        - Source article 002 §5.3.
     """
     embedding = encoder.embedding
     mask = tf.not_equal(token_ids, encoder.pad_id)
@@ -107,6 +198,28 @@ def attention_by_distance(encoder, token_ids, language_ids=None):
     Entry `d` of a layer's array averages, over heads and over every real
     query that has a real key at distance `d`, the weight on that key. With
     a causal mask only keys `j <= i` exist.
+
+    Args:
+        encoder: a built `keras_posenc.Encoder`.
+        token_ids: int tensor `[batch, length]`, padding = `encoder.pad_id`.
+        language_ids: optional int tensor, for a position layer with
+            `num_languages`.
+
+    Returns:
+        list (one per encoder layer) of float64 arrays `[length]`; NaN at
+        distances no real query-key pair has.
+
+    Example: every query's weights sum to 1 and `T - d` causal pairs have
+    distance `d`, so the count-weighted sum over distances is `T`.
+
+    >>> from keras_posenc import Encoder
+    >>> encoder = Encoder(num_layers=2, d_model=8, num_heads=2, dff=16, vocab_size=20, max_length=8)
+    >>> per_layer = attention_by_distance(encoder, tf.constant([[2, 5, 6, 7, 8]]))
+    >>> len(per_layer), per_layer[0].shape, round(float(np.sum(per_layer[0] * np.arange(5, 0, -1))), 4)
+    (2, (5,), 5.0)
+
+    References:
+        - Source article 000 §4.2.
     """
     mask = tf.not_equal(token_ids, encoder.pad_id)
     length = int(token_ids.shape[1])
@@ -131,7 +244,24 @@ def attention_by_distance(encoder, token_ids, language_ids=None):
 
 
 def plot_attention_by_distance(per_layer, path, max_distance=32):
-    """Saves the mean attention weight against distance, one line per layer; returns the path."""
+    """Saves the mean attention weight against distance, one line per layer; returns the path.
+
+    Args:
+        per_layer: list of arrays `[length]`, from `attention_by_distance`.
+        path: str, the PNG file to write.
+        max_distance: int, largest distance shown.
+
+    Returns:
+        str, `path`.
+
+    Example:
+
+    >>> import tempfile
+    >>> weights = [np.array([0.5, 0.3, 0.2]), np.array([0.6, 0.25, 0.15])]
+    >>> path = plot_attention_by_distance(weights, os.path.join(tempfile.mkdtemp(), "att.png"))
+    >>> os.path.getsize(path) > 0
+    True
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,7 +282,26 @@ def plot_attention_by_distance(per_layer, path, max_distance=32):
 
 
 def probe_batch(sp_model, texts, max_length, num_languages=None):
-    """Token ids (and zero language ids when needed) of probe sentences, framed as in training."""
+    """Token ids (and zero language ids when needed) of probe sentences, framed as in training.
+
+    Args:
+        sp_model: bytes, the serialized SentencePiece model of the run.
+        texts: list of str, the probe sentences (one batch).
+        max_length: int, longest sequence (the model's `max_length`).
+        num_languages: int or None; when set, language ids (all 0) are
+            returned too.
+
+    Returns:
+        `(token_ids, language_ids)`: int32 `[len(texts), length]` padded with
+        `PAD_ID` to the longest row, and zeros of that shape or None.
+
+    Example:
+
+    >>> sp_model = data_lib.train_sentencepiece(["the cat sat on the mat"] * 20, vocab_size=16)
+    >>> token_ids, language_ids = probe_batch(sp_model, ["the cat", "the cat sat on the mat"], 6)
+    >>> token_ids.shape, language_ids, int(token_ids[0, 0]) == data_lib.BOS_ID
+    (TensorShape([2, 6]), None, True)
+    """
     ds = data_lib.lm_dataset(list(texts), sp_model, max_length=max_length, batch_size=len(texts),
                              shuffle=False, bucket_boundaries=None)
     features, _ = next(iter(ds))
@@ -162,7 +311,34 @@ def probe_batch(sp_model, texts, max_length, num_languages=None):
 
 
 def inspect_model(model_path, out, texts=None, num_texts=32):
-    """Runs every diagnostic on a `model.keras` saved by `train`; writes PNGs and `inspect.json`."""
+    """Runs every diagnostic on a `model.keras` saved by `train`; writes PNGs and `inspect.json`.
+
+    Args:
+        model_path: str, a `model.keras` written by `keras_posenc.train.train`
+            (the `spm.model` beside it tokenizes the probe sentences).
+        out: str, output folder for `pe_heatmap.png`,
+            `attention_by_distance.png` and `inspect.json`.
+        texts: list of str, probe sentences (default: the first
+            `num_texts` lines of the embedded corpus).
+        num_texts: int, number of default probe sentences.
+
+    Returns:
+        dict: `summary` (what `inspect.json` holds: `pe_range`,
+        `positional_contribution_ratio`, `attention_by_distance` for
+        distances 0-16, ...) and `artifacts` (the written paths).
+
+    Raises:
+        ValueError: the model file or the `spm.model` beside it is missing.
+
+    Example: loading a trained model takes seconds, so this is exercised by
+    `tests/test_cli.py::test_inspect_prints_diagnostics_and_writes_plots`.
+    From the command line::
+
+        keras-posenc inspect runs/demo/model.keras --out runs/demo/inspect
+
+    References:
+        - Source article 002 §5.3 and source article 000 §4.2.
+    """
     from tensorflow import keras
 
     from keras_posenc import train  # noqa: F401  registers CausalLM for loading

@@ -19,18 +19,21 @@ are ignored. The folder also holds `config.json`, compared on `--resume`.
 A resumed run skips the batches already trained (the seeded data order is
 fixed) and continues at the same step and learning rate.
 
-Example:
+Example: training runs for seconds to minutes, so it is exercised by
+`tests/test_train.py` (artifacts, determinism, resume after a killed
+process, atomic checkpoints, mirrored and multi-worker strategies) rather
+than by a doctest. From the command line (`keras_posenc.cli`)::
 
->>> import tempfile
->>> out = tempfile.mkdtemp()
->>> corpus = os.path.join(out, "corpus.txt")
->>> with open(corpus, "w") as f:
-...     _ = f.write("the cat sat on the mat\\nthe dog sat on the log\\n" * 20)
->>> cfg = TrainConfig(corpus=corpus, out=out, steps=2, batch_size=4, num_layers=1, d_model=8,
-...                   num_heads=2, dff=16, max_length=16, vocab_size=20, verbose=0)
->>> report = train(cfg)
->>> report["steps"], len(report["losses"]), sorted(os.listdir(out))[:3]
-(2, 2, ['checkpoints', 'corpus.txt', 'logs'])
+    keras-posenc train --corpus corpus.txt --out runs/lm --steps 200 --num-layers 1 --d-model 32
+    keras-posenc train --corpus corpus.txt --out runs/lm --steps 400 --resume  # continue to step 400
+
+References:
+    - Vaswani et al., "Attention Is All You Need", 2017, section 5.3
+      (Adam and the warmup schedule), https://arxiv.org/abs/1706.03762.
+    - TensorFlow, "Custom training with tf.distribute.Strategy", loss
+      scaling by the global batch,
+      https://www.tensorflow.org/tutorials/distribute/custom_training.
+    - TensorFlow, "Training checkpoints", https://www.tensorflow.org/guide/checkpoint.
 """
 
 import dataclasses
@@ -49,6 +52,9 @@ from tensorflow import keras
 from keras_posenc import data as data_lib
 from keras_posenc.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
+
+__all__ = ["STRATEGIES", "CausalLM", "StepLog", "TrainConfig", "list_checkpoints", "make_strategy", "train",
+           "write_checkpoint"]
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 _CHECKPOINT_DIR = re.compile(r"^step-(\d{9})$")
@@ -73,6 +79,24 @@ class CausalLM(keras.Model):
 
     Returns:
         float32 logits `[batch, length, vocab_size]`.
+
+    Training (`fit`) minimizes the mean cross-entropy over the non-padding
+    labels of the global batch (see the module docstring); `evaluate`
+    reports the token-weighted mean loss.
+
+    Example:
+
+    >>> config = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
+    ...           "max_length": 16}
+    >>> model = CausalLM(config)
+    >>> model(tf.constant([[2, 7, 9, 0]])).shape
+    TensorShape([1, 4, 20])
+    >>> CausalLM.from_config(model.get_config()).encoder_config == config
+    True
+
+    References:
+        - Vaswani et al., "Attention Is All You Need", 2017,
+          https://arxiv.org/abs/1706.03762.
     """
 
     def __init__(self, encoder_config, **kwargs):
@@ -137,7 +161,50 @@ class CausalLM(keras.Model):
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Everything a training run needs. `corpus=None` is the embedded corpus."""
+    """Everything a training run needs. `corpus=None` is the embedded corpus.
+
+    The fields are the flags of `keras-posenc train` (`--vocab-size` is
+    `vocab_size`, `--format` is `corpus_format`, `--no-bos` is
+    `add_bos=False`, `--quiet` is `verbose=0`).
+
+    Args:
+        corpus: str or None, the corpus file (None: `data.default_corpus_path()`).
+        out: str, output folder.
+        corpus_format: `"text"` or `"tsv"` (pairs, trained with
+            `num_languages=2`).
+        skip_bad_lines: bool, skip malformed TSV lines.
+        vocab_size: int, SentencePiece vocabulary size.
+        max_length: int, longest model input in tokens.
+        add_bos: bool, start every sequence with `<s>`.
+        add_eos: bool, end every sequence with `</s>`.
+        eval_fraction: float, share of examples held out for evaluation.
+        steps: int, total optimizer steps (a resumed run continues to it).
+        batch_size: int, global batch size (split across replicas).
+        num_layers: int, encoder layers.
+        d_model: int, model width.
+        num_heads: int, attention heads.
+        dff: int, feed-forward width.
+        dropout: float, dropout rate.
+        norm_first: bool, pre-LN blocks.
+        position: str, position layer name (`"sinusoidal"`, `"learned"`,
+            ...).
+        table: str, sinusoidal table storage (only for `"sinusoidal"`).
+        warmup_steps: int, `WarmupSchedule` warmup.
+        lr_scale: float, factor on the schedule.
+        seed: int, seed of the split, data order, initialization and dropout.
+        checkpoint_every: int, steps between checkpoints.
+        keep_checkpoints: int, how many checkpoints to keep.
+        log_every: int, TensorBoard logging interval in steps.
+        resume: bool, continue from the latest checkpoint in `out`.
+        strategy: one of `STRATEGIES`.
+        verbose: int, Keras `fit` verbosity.
+
+    Example:
+
+    >>> config = TrainConfig(corpus_format="tsv", d_model=32).model_config(vocab_size=100)
+    >>> config["d_model"], config["vocab_size"], config["num_languages"], config["table"]
+    (32, 100, 2, 'full')
+    """
 
     corpus: str = None
     out: str = "runs/train"
@@ -169,7 +236,14 @@ class TrainConfig:
     verbose: int = 1
 
     def model_config(self, vocab_size):
-        """The keyword arguments of `Encoder`; a checkpoint only fits this exact config."""
+        """The keyword arguments of `Encoder`; a checkpoint only fits this exact config.
+
+        Args:
+            vocab_size: int, the trained tokenizer's vocabulary size.
+
+        Returns:
+            dict, the `encoder_config` of `CausalLM`.
+        """
         config = {
             "num_layers": self.num_layers, "d_model": self.d_model, "num_heads": self.num_heads,
             "dff": self.dff, "vocab_size": vocab_size, "max_length": self.max_length, "dropout": self.dropout,
@@ -183,12 +257,33 @@ class TrainConfig:
 
 
 # Checkpoints -------------------------------------------------------------------------------
-def checkpoint_dir(out):
+def _checkpoint_dir(out):
     return os.path.join(out, "checkpoints")
 
 
 def list_checkpoints(directory):
-    """`[(step, path)]` of complete checkpoints, oldest first; temp or partial folders are ignored."""
+    """`[(step, path)]` of complete checkpoints, oldest first; temp or partial folders are ignored.
+
+    A complete checkpoint is a folder `step-NNNNNNNNN` holding both the
+    `tf.train.Checkpoint` index and `config.json` (`write_checkpoint`).
+
+    Args:
+        directory: str, a checkpoint folder (`<out>/checkpoints`); it need
+            not exist.
+
+    Returns:
+        list of `(int step, str path)` sorted by step.
+
+    Example:
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> list_checkpoints(directory), list_checkpoints(os.path.join(directory, "missing"))
+    ([], [])
+    >>> os.makedirs(os.path.join(directory, "step-000000007"))  # partial: no files
+    >>> list_checkpoints(directory)
+    []
+    """
     if not os.path.isdir(directory):
         return []
     found = []
@@ -202,7 +297,36 @@ def list_checkpoints(directory):
 
 
 def write_checkpoint(checkpoint, directory, step, config, *, keep=3):
-    """Writes `checkpoint` as `directory/step-NNNNNNNNN` atomically; returns its path."""
+    """Writes `checkpoint` as `directory/step-NNNNNNNNN` atomically; returns its path.
+
+    The checkpoint and `config.json` are written into a temporary folder
+    that is renamed into place only when complete; then all but the newest
+    `keep` checkpoints are deleted.
+
+    Args:
+        checkpoint: a `tf.train.Checkpoint`.
+        directory: str, the checkpoint folder (created if needed).
+        step: int, the optimizer step (the folder name).
+        config: JSON-serializable dict written as `config.json` (the model
+            config, compared on resume).
+        keep: int, how many checkpoints to keep.
+
+    Returns:
+        str, the path of the written checkpoint folder.
+
+    Example:
+
+    >>> import tempfile
+    >>> directory = tempfile.mkdtemp()
+    >>> checkpoint = tf.train.Checkpoint(w=tf.Variable(1.0))
+    >>> for step in (1, 2, 3):
+    ...     path = write_checkpoint(checkpoint, directory, step, {"d_model": 8}, keep=2)
+    >>> [step for step, _ in list_checkpoints(directory)], os.path.basename(path)
+    ([2, 3], 'step-000000003')
+
+    References:
+        - TensorFlow, "Training checkpoints", https://www.tensorflow.org/guide/checkpoint.
+    """
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, f"step-{step:09d}")
     temp = tempfile.mkdtemp(prefix=f".tmp-step-{step:09d}-", dir=directory)
@@ -221,14 +345,14 @@ def write_checkpoint(checkpoint, directory, step, config, *, keep=3):
     return final
 
 
-def read_checkpoint_config(path):
+def _read_checkpoint_config(path):
     with open(os.path.join(path, _CONFIG_FILE)) as f:
         return json.load(f)
 
 
-def check_checkpoint_config(path, expected):
+def _check_checkpoint_config(path, expected):
     """Raises ValueError naming every setting where the checkpoint differs from `expected`."""
-    stored = read_checkpoint_config(path)
+    stored = _read_checkpoint_config(path)
     keys = sorted(set(stored) | set(expected))
     diffs = [f"{k}: checkpoint {stored.get(k)!r} vs now {expected.get(k)!r}"
              for k in keys if stored.get(k) != expected.get(k)]
@@ -237,7 +361,7 @@ def check_checkpoint_config(path, expected):
                          + "; ".join(diffs) + "). Use the same flags, or a new --out without --resume.")
 
 
-class CheckpointCallback(keras.callbacks.Callback):
+class _CheckpointCallback(keras.callbacks.Callback):
     """Writes a checkpoint every `every` optimizer steps and at the end."""
 
     def __init__(self, checkpoint, directory, config, every, keep, optimizer, is_chief=True):
@@ -265,7 +389,23 @@ class CheckpointCallback(keras.callbacks.Callback):
 
 
 class StepLog(keras.callbacks.Callback):
-    """Records the loss and the token count of every step, and the training time."""
+    """Records the loss and the token count of every step, and the training time.
+
+    A Keras callback for a model whose `train_step` returns `loss` and
+    `tokens` (`CausalLM`). After `fit`, `losses` is the list of per-step
+    losses, `tokens` the number of real tokens trained on and `seconds` the
+    wall time of `fit`.
+
+    Example:
+
+    >>> log = StepLog()
+    >>> log.on_train_begin()
+    >>> log.on_train_batch_end(0, {"loss": 2.5, "tokens": 12})
+    >>> log.on_train_batch_end(1, {"loss": 2.25, "tokens": 10})
+    >>> log.on_train_end()
+    >>> log.losses, log.tokens, log.seconds >= 0
+    ([2.5, 2.25], 22, True)
+    """
 
     def __init__(self):
         super().__init__()
@@ -282,7 +422,7 @@ class StepLog(keras.callbacks.Callback):
         self.seconds = time.perf_counter() - self._start
 
 
-def dropout_generators(model):
+def _dropout_generators(model):
     """The `tf.random.Generator` of every random layer of `model`, created now.
 
     Keras does not checkpoint them, so a resumed run would replay the dropout
@@ -304,7 +444,33 @@ def dropout_generators(model):
 
 # Strategy ----------------------------------------------------------------------------------
 def make_strategy(name):
-    """`default`, `mirrored` (all local devices) or `multiworker` (reads TF_CONFIG)."""
+    """`default`, `mirrored` (all local devices) or `multiworker` (reads TF_CONFIG).
+
+    Args:
+        name: one of `STRATEGIES`.
+
+    Returns:
+        a `tf.distribute.Strategy`: the default (current) strategy,
+        `MirroredStrategy` or `MultiWorkerMirroredStrategy`.
+
+    Raises:
+        ValueError: unknown `name`, or `"multiworker"` without `TF_CONFIG`.
+
+    Example:
+
+    >>> make_strategy("default").num_replicas_in_sync
+    1
+    >>> make_strategy("tpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: `strategy` must be one of ('default', 'mirrored', 'multiworker'), got strategy='tpu'.
+
+    References:
+        - TensorFlow, "Distributed training with TensorFlow",
+          https://www.tensorflow.org/guide/distributed_training.
+        - TensorFlow, "Multi-worker training with Keras" (`TF_CONFIG`),
+          https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras.
+    """
     if name not in STRATEGIES:
         raise ValueError(f"`strategy` must be one of {STRATEGIES}, got strategy={name!r}.")
     if name == "mirrored":
@@ -357,14 +523,46 @@ def _prepare_data(cfg, resuming):
 
 
 def train(cfg):
-    """Trains per `cfg` and returns the report (also written to `out/report.json`)."""
+    """Trains per `cfg` and returns the report (also written to `out/report.json`).
+
+    Reads and splits the corpus, trains SentencePiece on the training split
+    (or reuses `out/spm.model` on resume), trains `CausalLM` with Keras
+    `fit` under the strategy, evaluates on the held-out split against an
+    add-one unigram baseline, and writes `model.keras`, `spm.model`,
+    `report.json`, `loss.png`, `logs/` and `checkpoints/` to `cfg.out`
+    (workers other than the chief write no artifacts). Runs are
+    deterministic for a given seed.
+
+    Args:
+        cfg: a `TrainConfig`.
+
+    Returns:
+        dict, the report: `steps`, `start_step`, per-step `losses`,
+        `final_train_loss`, `eval_loss` / `eval_perplexity`,
+        `unigram_eval_loss` / `unigram_eval_perplexity`, `vocab_size`,
+        `train_examples`, `eval_examples`, `train_seconds`,
+        `tokens_per_second`, `num_replicas`, `model_config`, `train_config`
+        and (on the chief) `loss_plot`.
+
+    Raises:
+        ValueError: a bad setting, `resume` without a checkpoint, or a
+            checkpoint trained with a different model config.
+        CorpusError: a missing, empty or malformed corpus.
+
+    Example: see `tests/test_train.py` (a 90-step run that beats the
+    unigram baseline, bit-identical reruns, resume after a killed process).
+    From the command line::
+
+        keras-posenc train --corpus corpus.txt --out runs/lm --steps 200 --quiet
+        python -c "import json; print(json.load(open('runs/lm/report.json'))['eval_loss'])"
+    """
     _check_config(cfg)
     strategy = make_strategy(cfg.strategy)
     keras.utils.set_random_seed(cfg.seed)
     keras.backend.experimental.enable_tf_random_generator()
     tf.config.experimental.enable_op_determinism()
     os.makedirs(cfg.out, exist_ok=True)
-    ckpt_dir = checkpoint_dir(cfg.out)
+    ckpt_dir = _checkpoint_dir(cfg.out)
     checkpoints = list_checkpoints(ckpt_dir)
     if cfg.resume and not checkpoints:
         raise ValueError(f"--resume was given but {ckpt_dir} holds no complete checkpoint to resume from.")
@@ -374,7 +572,7 @@ def train(cfg):
     vocab_size = data_lib.sentencepiece_vocab_size(sp_model)
     model_config = cfg.model_config(vocab_size)
     if cfg.resume:
-        check_checkpoint_config(checkpoints[-1][1], model_config)
+        _check_checkpoint_config(checkpoints[-1][1], model_config)
 
     with strategy.scope():
         model = CausalLM(model_config, name="causal_lm")
@@ -385,7 +583,7 @@ def train(cfg):
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                         dropout_rng=dropout_generators(model))
+                                         dropout_rng=_dropout_generators(model))
     start_step = 0
     if cfg.resume:
         step, path = checkpoints[-1]
@@ -402,8 +600,8 @@ def train(cfg):
     step_log = StepLog()
     callbacks = [
         step_log,
-        CheckpointCallback(checkpoint, ckpt_dir, model_config, cfg.checkpoint_every, cfg.keep_checkpoints,
-                           optimizer, is_chief=_is_chief(strategy)),
+        _CheckpointCallback(checkpoint, ckpt_dir, model_config, cfg.checkpoint_every, cfg.keep_checkpoints,
+                            optimizer, is_chief=_is_chief(strategy)),
         keras.callbacks.TensorBoard(os.path.join(cfg.out, "logs"), update_freq=cfg.log_every),
     ]
     remaining = cfg.steps - start_step
@@ -447,14 +645,14 @@ def train(cfg):
         "train_config": dataclasses.asdict(cfg),
     }
     if _is_chief(strategy):
-        report["loss_plot"] = plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
-                                          eval_loss=eval_loss, unigram_loss=unigram_loss)
+        report["loss_plot"] = _plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
+                                           eval_loss=eval_loss, unigram_loss=unigram_loss)
         with open(os.path.join(cfg.out, "report.json"), "w") as f:
             json.dump(report, f, indent=1)
     return report
 
 
-def plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):
+def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):
     """Saves the per-step training loss (and its moving average) as a PNG; returns the path."""
     import matplotlib
 
