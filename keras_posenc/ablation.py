@@ -38,6 +38,22 @@ Example:
 {'position': 'integer', 'scale': 0.03125}
 >>> uniform_attention_by_distance(2).tolist()  # row 0: [1], row 1: [1/2, 1/2]
 [0.75, 0.5]
+
+A whole ablation trains models for seconds (`--quick`) to minutes, so it
+is exercised by `tests/test_ablation.py` rather than by a doctest::
+
+    keras-posenc ablate --quick --out runs/ablation-quick   # tiny model, seconds
+    keras-posenc ablate --out runs/ablation                 # about 10 minutes on 2 CPU cores
+
+References:
+    - Source article 000 §4.2 (the four-encoding comparison and the
+      attention-by-distance analysis) and source article 002 §2.2 (the
+      extrapolation claim); `docs/source-article-faults.md` lists where they
+      are wrong.
+    - Press et al., "Train Short, Test Long: Attention with Linear Biases
+      Enables Input Length Extrapolation", ICLR 2022,
+      https://arxiv.org/abs/2108.12409 (evaluating past the training
+      length).
 """
 
 import dataclasses
@@ -54,6 +70,12 @@ from tensorflow import keras
 from keras_posenc import data, diagnostics
 from keras_posenc.schedules import WarmupSchedule
 from keras_posenc.train import CausalLM, StepLog
+
+__all__ = [
+    "CANNOT_EXTRAPOLATE", "QUICK", "VARIANTS", "AblationConfig", "AblationData", "UnmaskedLM", "build_model",
+    "joined_windows", "markdown_table", "position_losses", "prepare_data", "run_ablation", "run_one",
+    "uniform_attention_by_distance", "variant_kwargs", "write_report",
+]
 
 CANNOT_EXTRAPOLATE = "cannot extrapolate"
 
@@ -99,6 +121,19 @@ class AblationConfig:
             the article's unmasked encoder on the same next-token targets: the
             answer at position i is the input at position i+1, so the task
             becomes "find your right neighbour", which needs positions.
+
+    Raises:
+        ValueError: a size is not a positive int, or `variants`, `seeds` or
+            `eval_multiples` is empty or invalid.
+
+    Example:
+
+    >>> AblationConfig(max_length=16).eval_lengths
+    [16, 32, 64]
+    >>> AblationConfig(variants=("rotary",))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: `variants` must be a non-empty subset of (...), got variants=('rotary',).
     """
 
     max_length: int = 32
@@ -139,6 +174,7 @@ class AblationConfig:
 
     @property
     def eval_lengths(self):
+        """The evaluated lengths in tokens: `max_length` times each of `eval_multiples`."""
         return [self.max_length * m for m in self.eval_multiples]
 
 
@@ -148,11 +184,25 @@ QUICK = AblationConfig(max_length=8, steps=4, batch_size=4, seeds=(0, 1), num_la
 
 
 def variant_kwargs(name, config):
-    """Encoder position kwargs of variant `name` under `config`."""
+    """Encoder position kwargs of variant `name` under `config`.
+
+    Args:
+        name: str, a key of `VARIANTS`.
+        config: an `AblationConfig` (some variants depend on `max_length`
+            or `d_model`).
+
+    Returns:
+        dict, the position keyword arguments of `keras_posenc.Encoder`.
+
+    Example:
+
+    >>> variant_kwargs("sinusoidal-interpolated", AblationConfig(d_model=64))
+    {'position': 'sinusoidal', 'table': 'interpolated', 'stored_dims': 16}
+    """
     return VARIANTS[name][1](config)
 
 
-def extrapolates(name, config):
+def _extrapolates(name, config):
     return variant_kwargs(name, config)["position"] != "learned"
 
 
@@ -169,6 +219,22 @@ def joined_windows(lines, counts, min_tokens, max_windows=None):
     Lines are joined with a space (SentencePiece tokenizes each word with its
     leading space either way). Starts whose chain runs out of lines are
     dropped. At most `max_windows` texts, from evenly spaced starts.
+
+    Args:
+        lines: list of str, consecutive corpus lines.
+        counts: list of int, the SentencePiece piece count of each line.
+        min_tokens: int, the least number of pieces in a window.
+        max_windows: int or None, the most windows returned.
+
+    Returns:
+        list of str, one window per usable start line.
+
+    Example:
+
+    >>> joined_windows(["a b", "c", "d e f"], [2, 1, 3], min_tokens=3)
+    ['a b c', 'c d e f', 'd e f']
+    >>> joined_windows(["a b", "c", "d e f"], [2, 1, 3], min_tokens=3, max_windows=2)
+    ['a b c', 'd e f']
     """
     texts = []
     for start in range(len(lines)):
@@ -186,7 +252,21 @@ def joined_windows(lines, counts, min_tokens, max_windows=None):
 
 @dataclasses.dataclass
 class AblationData:
-    """Tokenized windows: `train` `[N, T + 1]` and `eval` `[M, max eval length + 1]` int32."""
+    """Tokenized windows: `train` `[N, T + 1]` and `eval` `[M, max eval length + 1]` int32.
+
+    Returned by `prepare_data`; every row starts with `<s>` and has no
+    padding.
+
+    Attributes:
+        sp_model: bytes, the SentencePiece model trained on the training
+            lines.
+        train: int32 array `[N, T + 1]`, training windows.
+        eval: int32 array `[M, max(eval_lengths) + 1]`, held-out windows.
+        vocab_size: int, the SentencePiece vocabulary size.
+        corpus_lines: int, non-blank lines in the corpus.
+        train_lines: int, lines used for training.
+        eval_lines: int, held-out lines.
+    """
 
     sp_model: bytes
     train: np.ndarray
@@ -208,7 +288,25 @@ def _tokenized(texts, sp_model, length):
 
 
 def prepare_data(corpus, config):
-    """Reads the corpus, trains SentencePiece on the training lines, tokenizes the windows."""
+    """Reads the corpus, trains SentencePiece on the training lines, tokenizes the windows.
+
+    The last `eval_fraction` of the lines is held out (a contiguous block);
+    training and held-out windows are built with `joined_windows`.
+
+    Args:
+        corpus: str, a plain-text corpus file.
+        config: an `AblationConfig`.
+
+    Returns:
+        an `AblationData`.
+
+    Raises:
+        CorpusError: the corpus is missing or empty, or too small for
+            windows of the configured lengths.
+
+    Example: see `tests/test_ablation.py::test_too_small_corpus_is_a_clear_error`
+    and `run_ablation`, which calls it on the whole corpus.
+    """
     lines = data.read_text_corpus(corpus)
     n_eval = max(1, round(len(lines) * config.eval_fraction))
     train_lines, eval_lines = lines[:-n_eval], lines[-n_eval:]
@@ -237,7 +335,7 @@ def _train_dataset(tokens, batch_size, seed):
 
 
 # Model ------------------------------------------------------------------------------------------
-def encoder_config(config, vocab_size, name, *, max_length=None):
+def _encoder_config(config, vocab_size, name, *, max_length=None):
     """`Encoder` kwargs of variant `name`; formula variants get `overflow="extend"`."""
     kwargs = variant_kwargs(name, config)
     if kwargs["position"] != "learned":
@@ -248,7 +346,23 @@ def encoder_config(config, vocab_size, name, *, max_length=None):
 
 
 class UnmaskedLM(CausalLM):
-    """`CausalLM` without the causal mask: every position sees the whole input (000's setup)."""
+    """`CausalLM` without the causal mask: every position sees the whole input (000's setup).
+
+    Trained on next-token targets, it can read the answer at position
+    `i + 1`; used when `AblationConfig.causal` is False. Arguments, call
+    arguments and outputs are those of `keras_posenc.train.CausalLM`, except
+    that `inputs` must be a token-id tensor (not a dict).
+
+    Example:
+
+    >>> config = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
+    ...           "max_length": 16}
+    >>> UnmaskedLM(config)(tf.constant([[2, 7, 9]])).shape
+    TensorShape([1, 3, 20])
+
+    References:
+        - Source article 000 §4.2 (its encoder has no causal mask).
+    """
 
     def call(self, inputs, position_ids=None, language_ids=None, training=None):
         x = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids,
@@ -257,9 +371,29 @@ class UnmaskedLM(CausalLM):
 
 
 def build_model(config, vocab_size, name, *, max_length=None):
-    """The training CLI's causal LM (`train.CausalLM`) with variant `name`'s position layer."""
+    """The training CLI's causal LM (`train.CausalLM`) with variant `name`'s position layer.
+
+    Formula variants get `overflow="extend"`, so the trained model accepts
+    inputs longer than `config.max_length`.
+
+    Args:
+        config: an `AblationConfig` (`UnmaskedLM` when `causal` is False).
+        vocab_size: int, the tokenizer's vocabulary size.
+        name: str, a key of `VARIANTS`.
+        max_length: int, the encoder's `max_length` (default
+            `config.max_length`).
+
+    Returns:
+        a built `CausalLM` (or `UnmaskedLM`) named `lm_<name>`.
+
+    Example:
+
+    >>> model = build_model(QUICK, vocab_size=100, name="sinusoidal")
+    >>> model.name, model.encoder_config["overflow"], model(tf.constant([[2] * 20])).shape
+    ('lm_sinusoidal', 'extend', TensorShape([1, 20, 100]))
+    """
     model_class = CausalLM if config.causal else UnmaskedLM
-    model = model_class(encoder_config(config, vocab_size, name, max_length=max_length), name=f"lm_{name}")
+    model = model_class(_encoder_config(config, vocab_size, name, max_length=max_length), name=f"lm_{name}")
     model.build_on_dummy()
     return model
 
@@ -286,7 +420,26 @@ def _train(model, dataset, config):
 
 
 def position_losses(model, tokens, batch_size):
-    """Mean next-token cross-entropy at every position `[length]` (nats) over windows `tokens`."""
+    """Mean next-token cross-entropy at every position `[length]` (nats) over windows `tokens`.
+
+    Args:
+        model: a `CausalLM`-like model returning logits.
+        tokens: int array `[n, length + 1]`, windows without padding; the
+            model reads `[:, :-1]` and predicts `[:, 1:]`.
+        batch_size: int, windows per forward pass.
+
+    Returns:
+        float64 numpy array `[length]`.
+
+    Example: an untrained model with zero weights predicts uniformly, so
+    every position costs `log(vocab_size)`.
+
+    >>> model = build_model(QUICK, vocab_size=100, name="none")
+    >>> model.set_weights([np.zeros_like(w) for w in model.get_weights()])
+    >>> losses = position_losses(model, np.full([3, 5], 7, np.int32), batch_size=2)
+    >>> losses.shape, bool(np.allclose(losses, np.log(100)))
+    ((4,), True)
+    """
     total = 0.0
     for start in range(0, len(tokens), batch_size):
         batch = tokens[start:start + batch_size]
@@ -297,13 +450,45 @@ def position_losses(model, tokens, batch_size):
 
 
 def uniform_attention_by_distance(length):
-    """The same statistic for uniform causal attention (row i puts 1/(i+1) on each key)."""
+    """The same statistic for uniform causal attention (row i puts 1/(i+1) on each key).
+
+    The baseline of `diagnostics.attention_by_distance`: entry `d` is the
+    mean of `1 / (i + 1)` over the queries `i >= d`.
+
+    Args:
+        length: int, the sequence length T.
+
+    Returns:
+        float64 numpy array `[length]`.
+
+    Example:
+
+    >>> np.round(uniform_attention_by_distance(3), 4).tolist()  # [(1 + 1/2 + 1/3)/3, (1/2 + 1/3)/2, 1/3]
+    [0.6111, 0.4167, 0.3333]
+    """
     return np.array([np.mean(1.0 / (np.arange(d, length) + 1.0)) for d in range(length)])
 
 
 # Runs -------------------------------------------------------------------------------------------
 def run_one(config, prepared, name, seed):
-    """Trains variant `name` with `seed` and evaluates it; returns a JSON-ready dict."""
+    """Trains variant `name` with `seed` and evaluates it; returns a JSON-ready dict.
+
+    Args:
+        config: an `AblationConfig`.
+        prepared: the `AblationData` of the corpus.
+        name: str, a key of `VARIANTS`.
+        seed: int, seeds initialization, dropout and the data order.
+
+    Returns:
+        dict with `seed`, per-step `losses`, the training `curve`,
+        `train_loss`, `train_seconds`, held-out loss per evaluated length in
+        `eval` (`CANNOT_EXTRAPOLATE` past T for a learned table), the loss
+        past T in `beyond_train_length`, per-position `position_losses`, and
+        `attention_by_distance` (last layer; None without the causal mask).
+
+    Example: training takes seconds, so this is exercised through
+    `run_ablation` by `tests/test_ablation.py` (the `quick_run` fixture).
+    """
     tf.keras.utils.set_random_seed(seed)
     model = build_model(config, prepared.vocab_size, name)
     start = time.perf_counter()
@@ -319,7 +504,7 @@ def run_one(config, prepared, name, seed):
     t = config.max_length
     for length in config.eval_lengths:
         key = str(length)
-        if length > t and not extrapolates(name, config):
+        if length > t and not _extrapolates(name, config):
             result["eval"][key] = result["beyond_train_length"][key] = CANNOT_EXTRAPOLATE
             continue
         evaluated = _eval_model(model, config, prepared.vocab_size, name, length)
@@ -342,7 +527,7 @@ def _mean_std(values):
     return [float(np.mean(values)), std]
 
 
-def summarize(runs, config):
+def _summarize(runs, config):
     """Mean and sample std (ddof=1) over seeds of every reported number."""
     summary = {"train_loss": _mean_std([r["train_loss"] for r in runs]), "eval": {},
                "beyond_train_length": {}}
@@ -357,7 +542,29 @@ def summarize(runs, config):
 
 
 def run_ablation(corpus=None, config=AblationConfig(), *, log=print):
-    """Runs every variant with every seed; returns the JSON-ready results dict."""
+    """Runs every variant with every seed; returns the JSON-ready results dict.
+
+    Args:
+        corpus: str or None, a plain-text corpus (None: the embedded one).
+        config: an `AblationConfig` (`QUICK` for a tiny run).
+        log: callable taking one str, called after every run.
+
+    Returns:
+        dict with `config`, `corpus` (name, sha256, line and window counts),
+        `vocab_size`, `variants` (per variant: `description`, `kwargs`, the
+        `runs` of `run_one` and their `summary`: mean and sample std over
+        seeds), `uniform_attention_by_distance` and `elapsed_seconds`.
+
+    Raises:
+        CorpusError: the corpus is missing, empty or too small.
+
+    Example: see `tests/test_ablation.py`, or from the command line::
+
+        keras-posenc ablate --quick --out runs/ablation-quick
+
+    References:
+        - Source article 000 §4.2 and source article 002 §2.2.
+    """
     corpus = corpus or data.default_corpus_path()
     started = time.perf_counter()
     keras.backend.experimental.enable_tf_random_generator()
@@ -384,7 +591,7 @@ def run_ablation(corpus=None, config=AblationConfig(), *, log=print):
             runs.append(run)
         results["variants"][name] = {"description": VARIANTS[name][0],
                                      "kwargs": variant_kwargs(name, config),
-                                     "runs": runs, "summary": summarize(runs, config)}
+                                     "runs": runs, "summary": _summarize(runs, config)}
     results["uniform_attention_by_distance"] = uniform_attention_by_distance(config.max_length).tolist()
     results["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     return results
@@ -399,7 +606,31 @@ def _fmt(value, digits=3):
 
 
 def markdown_table(results):
-    """The mean ± std table of `ablation.md`."""
+    """The mean ± std table of `ablation.md`.
+
+    Args:
+        results: dict from `run_ablation` (only `config` and each variant's
+            `summary` are read).
+
+    Returns:
+        str, a Markdown table: one row per variant; train loss, held-out
+        loss at every evaluated length, and the loss of the positions past
+        the training length.
+
+    Example:
+
+    >>> sinusoidal = {"train_loss": [2.0, 0.1], "eval": {"4": [2.5, 0.2], "8": [2.75, 0.25]},
+    ...               "beyond_train_length": {"8": [3.0, 0.3]}}
+    >>> learned = {"train_loss": [1.9, 0.1], "eval": {"4": [2.4, 0.2], "8": CANNOT_EXTRAPOLATE},
+    ...            "beyond_train_length": {"8": CANNOT_EXTRAPOLATE}}
+    >>> results = {"config": {"max_length": 4, "eval_multiples": [1, 2]},
+    ...            "variants": {"sinusoidal": {"summary": sinusoidal}, "learned": {"summary": learned}}}
+    >>> print(markdown_table(results))
+    | variant | train loss | held-out @4 | held-out @8 | @8, positions ≥ 4 |
+    |---|---|---|---|---|
+    | `sinusoidal` | 2.000 ± 0.100 | 2.500 ± 0.200 | 2.750 ± 0.250 | 3.000 ± 0.300 |
+    | `learned` | 1.900 ± 0.100 | 2.400 ± 0.200 | cannot extrapolate | cannot extrapolate |
+    """
     config = results["config"]
     t = config["max_length"]
     lengths = [t * m for m in config["eval_multiples"]]
@@ -415,7 +646,23 @@ def markdown_table(results):
 
 
 def write_report(results, out_dir, command=None):
-    """Writes ablation.json, ablation.md and the three PNGs to `out_dir`; returns their paths."""
+    """Writes ablation.json, ablation.md and the three PNGs to `out_dir`; returns their paths.
+
+    Args:
+        results: dict from `run_ablation`.
+        out_dir: str, output folder (created if needed).
+        command: str or None, the command line recorded in both reports.
+
+    Returns:
+        dict from file name (`"ablation.json"`, `"ablation.md"`,
+        `"loss_curves.png"`, `"extrapolation.png"`, `"attention_focus.png"`)
+        to its path.
+
+    Example: see `tests/test_ablation.py::test_quick_cli_writes_every_file`,
+    or from the command line::
+
+        keras-posenc ablate --quick --out runs/ablation-quick
+    """
     os.makedirs(out_dir, exist_ok=True)
     if command is not None:
         results = {**results, "command": command}

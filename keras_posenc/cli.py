@@ -3,15 +3,31 @@
 Each subcommand is a pair `_add_<name>_parser(subparsers)` (its flags) and
 `_run_<name>(args) -> int` (its work), registered in `_SUBCOMMANDS`.
 
+Exit status: 0 on success, 1 when `export` fails its parity or GPU check,
+2 on a usage or input error (the message goes to stderr, no traceback).
+
 Example:
 
 >>> main(["train", "--corpus", "missing.txt"])  # prints the error to stderr
 2
+
+From a shell (each subcommand has `--help`)::
+
+    keras-posenc demo                                    # train + export a small LM, runs/demo/
+    keras-posenc train --corpus corpus.txt --out runs/lm --steps 500
+    keras-posenc inspect runs/lm/model.keras
+    keras-posenc export runs/lm/model.keras --out runs/lm/model.tflite --sequence-length 64
+    keras-posenc ablate --quick
+
+The subcommands that train or convert models are exercised by
+`tests/test_cli.py`, `tests/test_ablation.py` and `tests/test_export.py`.
 """
 
 import argparse
 import os
 import sys
+
+__all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "EXPORT_TOLERANCE", "build_parser", "main"]
 
 DEMO_OUT = os.path.join("runs", "demo")
 # Small enough to finish in well under 5 minutes on 2 CPU cores, big enough to beat a unigram model.
@@ -360,6 +376,18 @@ _SUBCOMMANDS = {
 
 
 def build_parser():
+    """The `argparse` parser of `keras-posenc` with every subcommand.
+
+    Returns:
+        an `argparse.ArgumentParser`; `parse_args` gives a namespace whose
+        `command` names the subcommand.
+
+    Example:
+
+    >>> args = build_parser().parse_args(["train", "--steps", "5", "--position", "learned"])
+    >>> args.command, args.steps, args.position, args.format
+    ('train', 5, 'learned', 'text')
+    """
     parser = argparse.ArgumentParser(prog="keras-posenc", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add_parser, _ in _SUBCOMMANDS.values():
@@ -368,7 +396,24 @@ def build_parser():
 
 
 def main(argv=None):
-    """Runs `keras-posenc` with `argv` (default: the process arguments); returns the exit code."""
+    """Runs `keras-posenc` with `argv` (default: the process arguments); returns the exit code.
+
+    User errors (`ValueError`, `OSError`, a bad flag combination) are
+    printed to stderr as `keras-posenc: error: ...` and give status 2;
+    argparse errors exit with status 2 through `SystemExit`.
+
+    Args:
+        argv: list of str, the arguments after the program name (None:
+            `sys.argv[1:]`).
+
+    Returns:
+        int, the exit status: 0 success, 1 failed export check, 2 error.
+
+    Example:
+
+    >>> main(["train", "--format", "tsv"])  # the embedded corpus is not TSV; message on stderr
+    2
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
