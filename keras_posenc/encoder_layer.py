@@ -68,30 +68,38 @@ def static_or_dynamic_length(tensor):
 
 def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mask=False,
                           segment_ids=None):
-    """Combines every kind of mask into one boolean `[B or 1, T, T]` mask.
+    """Combines every kind of mask into one boolean attention mask.
 
-    Entry `[b, i, j]` is True when query `i` may attend to key `j`: both are
-    real tokens (`mask`), `attention_mask` allows it, `j <= i` when causal,
-    and both lie in the same segment when `segment_ids` are given (packed
-    rows attend block-diagonally). A padding query gets an all-False row;
-    attention then stays finite (Keras adds a large negative number, not
-    -inf, before the softmax) and the row's output is ignored downstream.
+    Entry `[b, i, j]` is True when query `i` may attend to key `j`: key `j`
+    is a real token (`mask`), `attention_mask` allows it, `j <= i` when
+    causal, and both lie in the same segment when `segment_ids` are given
+    (packed rows attend block-diagonally). Padding masks keys only, as in
+    keras-hub: no real token ever attends to padding, and the rows of
+    padding queries (whose outputs are ignored downstream) need no masking.
+    With padding as the only mask the result is then `[B, 1, T]`, which
+    broadcasts inside the attention instead of materialising `[B, T, T]`
+    (about 1.5% of a CPU train step at B32 T128). An all-padding row masks
+    every key; attention stays finite (Keras adds a large negative number,
+    not -inf, before the softmax).
 
     Args:
         length: int scalar (tensor), the sequence length T.
         mask: optional bool `[B, T]`, True for real tokens.
-        attention_mask: optional bool/int `[B, T, T]` or `[T, T]`.
+        attention_mask: optional bool/int `[B, T, T]`, `[B, 1, T]` or `[T, T]`.
         use_causal_mask: bool, forbid attending to later positions.
         segment_ids: optional int `[B, T]`.
 
     Returns:
-        A bool tensor `[B or 1, T, T]`, or None when nothing is masked.
+        A bool tensor `[B or 1, T, T]` (`[B, 1, T]` for padding alone), or
+        None when nothing is masked.
 
     Example:
 
     >>> mask = tf.constant([[True, True, False]])
     >>> merge_attention_masks(3, mask=mask, use_causal_mask=True)[0].numpy().astype(int).tolist()
-    [[1, 0, 0], [1, 1, 0], [0, 0, 0]]
+    [[1, 0, 0], [1, 1, 0], [1, 1, 0]]
+    >>> merge_attention_masks(3, mask=mask).shape
+    TensorShape([1, 1, 3])
     >>> segments = tf.constant([[1, 1, 2]])
     >>> merge_attention_masks(3, segment_ids=segments)[0].numpy().astype(int).tolist()
     [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
@@ -105,7 +113,7 @@ def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mas
     parts = []
     if mask is not None:
         mask = tf.cast(mask, tf.bool)
-        parts.append(tf.logical_and(mask[:, :, None], mask[:, None, :]))
+        parts.append(mask[:, None, :])  # keys only: see the docstring
     if attention_mask is not None:
         attention_mask = tf.convert_to_tensor(attention_mask)
         if attention_mask.shape.rank not in (None, 2, 3):
@@ -114,14 +122,18 @@ def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mas
         attention_mask = tf.cast(attention_mask, tf.bool)
         if attention_mask.shape.rank == 2:
             attention_mask = attention_mask[None]
+        # [batch, 1, length] (keys only, what padding alone merges to) is accepted too.
         static_length = tf.get_static_value(length)
-        if static_length is not None and any(
-                dim not in (None, static_length) for dim in attention_mask.shape[1:]):
+        queries, keys = attention_mask.shape[1:]
+        if static_length is not None and (queries not in (None, 1, static_length)
+                                          or keys not in (None, static_length)):
             raise ValueError(f"`attention_mask` must have shape [batch, length, length] with length "
                              f"{static_length}, got shape {attention_mask.shape}.")
-        checks = check(tf.reduce_all(tf.equal(tf.shape(attention_mask)[1:], tf.stack([length, length]))),
-                       "`attention_mask` must have shape [batch, length, length] with length {}, "
-                       "got shape {}.", length, tf.shape(attention_mask))
+        dynamic = tf.shape(attention_mask)
+        fits = tf.logical_and(tf.equal(dynamic[2], length),
+                              tf.logical_or(tf.equal(dynamic[1], length), tf.equal(dynamic[1], 1)))
+        checks = check(fits, "`attention_mask` must have shape [batch, length, length] with length {}, "
+                       "got shape {}.", length, dynamic)
         parts.append(with_checks(attention_mask, checks))
     if use_causal_mask:
         positions = tf.range(length)
@@ -174,7 +186,8 @@ class EncoderLayer(keras.layers.Layer):
             by Keras from the previous layer (for example
             `TokenAndPositionEmbedding`).
         attention_mask: optional bool `[batch, length, length]` (or
-            `[length, length]`), True where query `i` may attend to key `j`.
+            `[batch, 1, length]` for keys only, or `[length, length]`), True
+            where query `i` may attend to key `j`.
         use_causal_mask: bool, forbid attention to later positions.
         training: bool, enables dropout.
 

@@ -81,9 +81,11 @@ def test_merge_attention_masks_matches_numpy():
     got = merge_attention_masks(4, mask=mask, attention_mask=explicit, use_causal_mask=True,
                                 segment_ids=segments).numpy()
     causal = np.tril(np.ones([4, 4], bool))
-    expected = (mask[:, :, None] & mask[:, None, :] & explicit & causal
+    # Padding masks keys only: a real query never sees padding; padding queries are ignored.
+    expected = (mask[:, None, :] & explicit & causal
                 & (segments[:, :, None] == segments[:, None, :]))
     np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(merge_attention_masks(4, mask=mask).numpy(), mask[:, None, :])
     assert merge_attention_masks(4) is None
     eye = merge_attention_masks(3, attention_mask=np.eye(3)).numpy()
     np.testing.assert_array_equal(eye, np.eye(3)[None] > 0)
