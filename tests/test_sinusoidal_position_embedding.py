@@ -383,3 +383,25 @@ def test_extend_computes_rows_past_the_table_in_graph_mode():
     assert np.all(out.numpy()[0, :2] == 0)
     short = fn(tf.zeros([1, 3, DEPTH]), tf.constant([[False, True, True]]))
     np.testing.assert_allclose(short[0], expected_pe([0, 0, 1]) * [[0], [1], [1]], atol=1e-6)
+
+
+def test_large_batches_take_the_fused_path_with_the_same_values(tmp_path):
+    # 8 x 512 tokens reach the XLA-fused gather + add; 1 x 512 tokens do not. Both must give
+    # x + PE(position) at real tokens and exactly x at padding, also after a SavedModel round trip.
+    layer = SinusoidalPositionEmbedding(max_length=1024)
+    lengths = np.array([512, 300, 1, 0, 512, 17, 256, 511])
+    mask = np.arange(512)[None, :] >= 512 - lengths[:, None]  # left padded
+    x = random_x(8, 512, seed=3)
+    ids = position_ids(mask).numpy()
+    reference = x.numpy() + np.where(mask[..., None], expected_pe(ids), 0.0).astype(np.float32)
+    spec = [tf.TensorSpec([None, None, DEPTH]), tf.TensorSpec([None, None], tf.bool)]
+    graph = tf.function(lambda x, m: layer(x, mask=m), input_signature=spec)
+    for call in (lambda x, m: layer(x, mask=m), graph):
+        np.testing.assert_allclose(call(x, mask).numpy(), reference, rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(call(x, mask).numpy()[~mask], x.numpy()[~mask])
+        np.testing.assert_array_equal(call(x[:1], mask[:1]).numpy(), call(x, mask).numpy()[:1])
+    module = tf.Module()
+    module.layer, module.call = layer, graph
+    tf.saved_model.save(module, str(tmp_path / "fused"))
+    restored = tf.saved_model.load(str(tmp_path / "fused"))
+    np.testing.assert_array_equal(restored.call(x, mask).numpy(), graph(x, mask).numpy())

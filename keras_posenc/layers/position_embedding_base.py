@@ -16,6 +16,29 @@ __all__ = ["OVERFLOW_MODES", "PositionEmbeddingBase", "check_choice", "check_pos
 OVERFLOW_MODES = ("error", "extend")
 
 
+# Below this many tokens the XLA launch costs more than the memory pass it saves.
+_FUSE_MIN_TOKENS = 4096
+
+
+@tf.function(jit_compile=True)
+def _add_rows_fused(inputs, table, ids):
+    return inputs + tf.gather(table, ids)
+
+
+def _add_rows(inputs, table, ids):
+    """`inputs + table[ids]`, as one XLA kernel for large batches.
+
+    Unfused, the gather writes the `[batch, length, depth]` rows to memory and
+    the add reads them back: about 1.2x the time of a bare broadcast add of
+    a `[length, depth]` table on CPU at B32 T512. Fused, the rows go straight
+    into the sum (about 1.07x). The values are the same either way: one
+    gather and one add.
+    """
+    return tf.cond(tf.size(ids) >= _FUSE_MIN_TOKENS,
+                   lambda: _add_rows_fused(inputs, table, ids),
+                   lambda: inputs + tf.gather(table, ids))
+
+
 def check_choice(name, value, choices):
     """Raises ValueError unless `value` is one of `choices`.
 
@@ -214,14 +237,19 @@ class PositionEmbeddingBase(keras.layers.Layer):
         if mask is not None:
             mask = self._validated_mask(mask, inputs)
         zero_padding = self.zero_padding and mask is not None
+        fused = zero_padding and self._fusable(language_ids, training)
         if position_ids is not None:
             ids = self._validated_position_ids(position_ids, inputs)
+            if fused:
+                return _add_rows(inputs, self._lookup_table, tf.where(mask, ids + 1, 0))
             pe = self._masked_rows(ids + 1, mask) if zero_padding else self._rows(ids)
         elif mask is not None:
             # Inclusive count of real tokens so far: a real token at position p (as
             # `position_ids(mask)` numbers it) holds p + 1, and each row ends on its length.
             counts = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
             counts = with_checks(counts, self._length_checks(tf.reduce_max(counts)))
+            if fused:
+                return _add_rows(inputs, self._lookup_table, tf.where(mask, counts, 0))
             if zero_padding:
                 pe = self._masked_rows(counts, mask)
             else:
@@ -238,6 +266,13 @@ class PositionEmbeddingBase(keras.layers.Layer):
         if self.dropout > 0:
             pe = self._dropout_layer(pe, training=training)
         return inputs + pe
+
+    def _fusable(self, language_ids, training):
+        """True when the output is just `inputs + lookup_table[ids]` (see `_add_rows`)."""
+        no_dropout = self.dropout == 0 or training is None or training is False
+        return (self._lookup_table is not None and self.overflow == "error"
+                and self.num_languages is None and language_ids is None and no_dropout
+                and self._lookup_table.dtype == self.compute_dtype)
 
     def _rows(self, ids):
         """Table rows of `ids`, from the one constant that masked calls use too when possible.
