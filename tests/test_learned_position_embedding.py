@@ -90,3 +90,14 @@ def test_mixed_float16_keeps_a_float32_table():
     assert out.dtype == tf.float16 and layer.position_table.dtype == tf.float32
     expected = np.concatenate([np.zeros([1, DEPTH]), layer.position_table.numpy()[:2]])
     np.testing.assert_allclose(out.numpy()[0], expected, atol=1e-3)
+
+
+def test_base_class_without_hooks_fails_clearly():
+    from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
+
+    class Incomplete(PositionEmbeddingBase):
+        pass
+
+    message = "Incomplete subclasses PositionEmbeddingBase without defining `_build_table`"
+    with pytest.raises(TypeError, match=message):
+        Incomplete(max_length=4)(tf.zeros([1, 2, 3]))

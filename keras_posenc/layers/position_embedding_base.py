@@ -16,6 +16,11 @@ __all__ = ["OVERFLOW_MODES", "PositionEmbeddingBase", "check_choice", "check_pos
 OVERFLOW_MODES = ("error", "extend")
 
 
+def _missing_hook(layer, hook):
+    return (f"{type(layer).__name__} subclasses PositionEmbeddingBase without defining `{hook}`; "
+            "use SinusoidalPositionEmbedding or LearnedPositionEmbedding, or define the three hooks.")
+
+
 # Below this many tokens the XLA launch costs more than the memory pass it saves.
 _FUSE_MIN_TOKENS = 4096
 
@@ -183,15 +188,15 @@ class PositionEmbeddingBase(keras.layers.Layer):
     # Subclass hooks ---------------------------------------------------------
     def _build_table(self, depth):
         """Creates the table for inputs of width `depth`."""
-        raise NotImplementedError  # pragma: no cover - abstract hook
+        raise TypeError(_missing_hook(self, "_build_table"))
 
     def _table_rows(self, ids):
         """float32 rows `[..., depth]` for int32 position ids."""
-        raise NotImplementedError  # pragma: no cover - abstract hook
+        raise TypeError(_missing_hook(self, "_table_rows"))
 
     def _table_prefix(self, length):
         """float32 rows `[length, depth]` for positions 0..length-1."""
-        raise NotImplementedError  # pragma: no cover - abstract hook
+        raise TypeError(_missing_hook(self, "_table_prefix"))
 
     def _constant_table(self):
         """The float32 `[max_length, depth]` table if rows are plain lookups in a constant, else None.
