@@ -68,6 +68,7 @@ import tensorflow as tf
 from tensorflow import keras
 
 from keras_posenc import data, diagnostics
+from keras_posenc._plotting import pyplot, save_figure
 from keras_posenc.schedules import WarmupSchedule
 from keras_posenc.train import CausalLM, StepLog
 
@@ -705,17 +706,8 @@ def write_report(results, out_dir, command=None):
     return paths
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _plot_curves(results, path):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, entry in results["variants"].items():
         curves = np.array([[point[1] for point in run["curve"]] for run in entry["runs"]])
@@ -729,13 +721,11 @@ def _plot_curves(results, path):
     ax.set_ylabel("training loss (nats/token)")
     ax.set_title("Training loss, mean ± std over seeds")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _plot_extrapolation(results, path):
-    plt = _pyplot()
+    plt = pyplot()
     config = results["config"]
     t = config["max_length"]
     longest = str(t * max(config["eval_multiples"]))
@@ -762,13 +752,11 @@ def _plot_extrapolation(results, path):
     right.set_ylabel("held-out loss at the position")
     right.set_title(f"Loss by position in {longest}-token windows")
     right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _plot_attention(results, path):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if not results["config"].get("causal", True):
         ax.text(0.5, 0.5, "not computed: attention focus by distance i - j\nassumes the causal mask",
@@ -783,6 +771,4 @@ def _plot_attention(results, path):
     ax.set_ylabel("mean attention weight (last layer)")
     ax.set_title("Attention focus by distance, mean over heads, held-out windows and seeds")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

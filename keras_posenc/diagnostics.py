@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import data as data_lib
+from keras_posenc._plotting import pyplot, save_figure
 from keras_posenc.encoder_layer import merge_attention_masks
 
 __all__ = [
@@ -123,10 +124,7 @@ def plot_pe_heatmap(table, path, title="position embedding"):
     >>> open(path, "rb").read(4)
     b'\\x89PNG'
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     image = ax.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-np.abs(table).max(),
@@ -135,10 +133,7 @@ def plot_pe_heatmap(table, path, title="position embedding"):
     ax.set_ylabel("position")
     ax.set_title(title)
     fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _attention_input(encoder_layer, x):
@@ -262,10 +257,7 @@ def plot_attention_by_distance(per_layer, path, max_distance=32):
     >>> os.path.getsize(path) > 0
     True
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, values in enumerate(per_layer):
@@ -275,10 +267,7 @@ def plot_attention_by_distance(per_layer, path, max_distance=32):
     ax.set_ylabel("mean attention weight")
     ax.set_yscale("log")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def probe_batch(sp_model, texts, max_length, num_languages=None):

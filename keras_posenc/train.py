@@ -50,6 +50,7 @@ import tensorflow as tf
 from tensorflow import keras
 
 from keras_posenc import data as data_lib
+from keras_posenc._plotting import pyplot, save_figure
 from keras_posenc.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
 
@@ -654,10 +655,7 @@ def train(cfg):
 
 def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):
     """Saves the per-step training loss (and its moving average) as a PNG; returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = np.arange(start_step + 1, start_step + len(losses) + 1)
@@ -673,7 +671,4 @@ def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=Non
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
