@@ -1,0 +1,302 @@
+"""The one place that knows whether this is Keras 2 (TF 2.12) or Keras 3.
+
+Import Keras and its ops from here, never from `tensorflow` or `keras`
+directly::
+
+    from keras_posenc.backend import keras, ops
+
+- `keras` is `tf.keras` on Keras 2 and the `keras` package on Keras 3;
+- `ops` is `keras.ops` on Keras 3 (whatever `KERAS_BACKEND` says), and on
+  Keras 2 a small TensorFlow implementation of the same names and
+  signatures, for the subset this package uses (add a name when you need
+  it: same signature and semantics as `keras.ops`).
+
+Code that only works on the TensorFlow backend (tf.data, tf.distribute,
+TFLite, XLA fusion) checks `is_tensorflow()` first; `backend_name()` is
+"tensorflow" on Keras 2. The version is detected once, at import.
+
+Example:
+
+>>> from keras_posenc.backend import ops
+>>> ops.convert_to_numpy(ops.cumsum(ops.convert_to_tensor([1, 2, 3]))).tolist()
+[1, 3, 6]
+>>> backend_name() in ("tensorflow", "jax", "torch")
+True
+"""
+
+import builtins
+import types
+
+__all__ = ["backend_name", "is_keras3", "is_tensorflow", "is_symbolic", "keras", "ops",
+           "keras_version"]
+
+
+def _keras_major():
+    try:
+        import keras as _keras_package
+    except ImportError:  # pragma: no cover - TF without a keras package
+        return 2
+    version = getattr(_keras_package, "__version__", "2")
+    return int(version.split(".")[0])
+
+
+_KERAS3 = _keras_major() >= 3
+
+if _KERAS3:
+    import keras  # noqa: I001
+    from keras import ops
+else:
+    from tensorflow import keras
+
+
+def is_keras3():
+    """True when the Keras in use is Keras 3 (any backend)."""
+    return _KERAS3
+
+
+def keras_version():
+    """The version string of the Keras in use, e.g. "2.12.0" or "3.15.1"."""
+    return keras.__version__
+
+
+def backend_name():
+    """"tensorflow", "jax" or "torch": the Keras backend (always "tensorflow" on Keras 2)."""
+    return keras.backend.backend() if _KERAS3 else "tensorflow"
+
+
+def is_tensorflow():
+    """True when tensors are TensorFlow tensors (Keras 2, or Keras 3 with the TF backend)."""
+    return backend_name() == "tensorflow"
+
+
+def is_symbolic(x):
+    """True for a Keras 3 `KerasTensor` (a functional-API placeholder with no values)."""
+    return _KERAS3 and isinstance(x, keras.KerasTensor)
+
+
+if not _KERAS3:
+    import numpy as _np
+    import tensorflow as tf
+
+    def _axis_list(axis):
+        return axis if axis is None or isinstance(axis, int) else list(axis)
+
+    def _dtype(x):
+        return tf.as_dtype(x) if x is not None else None
+
+    def convert_to_tensor(x, dtype=None, sparse=None, ragged=None):
+        return tf.convert_to_tensor(x, dtype=_dtype(dtype))
+
+    def convert_to_numpy(x):
+        return _np.asarray(x.numpy() if tf.is_tensor(x) else x)
+
+    def cast(x, dtype):
+        return tf.cast(x, _dtype(dtype))
+
+    def shape(x):
+        """Static dims as ints, unknown dims as scalar tensors (like keras.ops.shape on TF)."""
+        x = tf.convert_to_tensor(x)
+        static = x.shape.as_list() if x.shape.rank is not None else None
+        if static is None:
+            return tf.shape(x)
+        if builtins.all(d is not None for d in static):
+            return tuple(static)
+        dynamic = tf.shape(x)
+        return tuple(d if d is not None else dynamic[i] for i, d in enumerate(static))
+
+    def size(x):
+        return tf.size(x)
+
+    def ndim(x):
+        return tf.convert_to_tensor(x).shape.rank
+
+    def cumsum(x, axis=None, dtype=None):
+        x = tf.convert_to_tensor(x)
+        if dtype is not None:
+            x = tf.cast(x, _dtype(dtype))
+        if axis is None:
+            return tf.cumsum(tf.reshape(x, [-1]))
+        return tf.cumsum(x, axis=axis)
+
+    def where(condition, x1=None, x2=None):
+        return tf.where(condition, x1, x2)
+
+    def take(x, indices, axis=None):
+        if axis is None:
+            return tf.gather(tf.reshape(x, [-1]), indices)
+        return tf.gather(x, indices, axis=axis)
+
+    def take_along_axis(x, indices, axis=None):
+        if axis is None:
+            raise ValueError("take_along_axis in keras_posenc needs an explicit axis.")
+        x = tf.convert_to_tensor(x)
+        rank = x.shape.rank
+        axis = axis % rank
+        return tf.gather(x, indices, axis=axis, batch_dims=axis)
+
+    def concatenate(xs, axis=0):
+        return tf.concat(list(xs), axis=axis)
+
+    def stack(x, axis=0):
+        return tf.stack(list(x), axis=axis)
+
+    def zeros(shape, dtype=None):
+        return tf.zeros(shape, _dtype(dtype) or tf.float32)
+
+    def ones(shape, dtype=None):
+        return tf.ones(shape, _dtype(dtype) or tf.float32)
+
+    def zeros_like(x, dtype=None):
+        return tf.zeros_like(x, dtype=_dtype(dtype))
+
+    def ones_like(x, dtype=None):
+        return tf.ones_like(x, dtype=_dtype(dtype))
+
+    def arange(start, stop=None, step=1, dtype=None):
+        if stop is None:
+            start, stop = 0, start
+        return tf.range(start, stop, step, dtype=_dtype(dtype) or tf.int32)
+
+    def reshape(x, newshape):
+        return tf.reshape(x, newshape)
+
+    def expand_dims(x, axis):
+        return tf.expand_dims(x, axis)
+
+    def squeeze(x, axis=None):
+        return tf.squeeze(x, axis)
+
+    def broadcast_to(x, shape):
+        return tf.broadcast_to(x, shape)
+
+    def tile(x, repeats):
+        return tf.tile(x, repeats)
+
+    def transpose(x, axes=None):
+        return tf.transpose(x, axes)
+
+    def max(x, axis=None, keepdims=False, initial=None):  # noqa: A001 - keras.ops name
+        return tf.reduce_max(x, axis=_axis_list(axis), keepdims=keepdims)
+
+    def min(x, axis=None, keepdims=False, initial=None):  # noqa: A001 - keras.ops name
+        return tf.reduce_min(x, axis=_axis_list(axis), keepdims=keepdims)
+
+    def sum(x, axis=None, keepdims=False):  # noqa: A001 - keras.ops name
+        return tf.reduce_sum(x, axis=_axis_list(axis), keepdims=keepdims)
+
+    def mean(x, axis=None, keepdims=False):
+        return tf.reduce_mean(x, axis=_axis_list(axis), keepdims=keepdims)
+
+    def all(x, axis=None, keepdims=False):  # noqa: A001 - keras.ops name
+        return tf.reduce_all(tf.cast(x, tf.bool), axis=_axis_list(axis), keepdims=keepdims)
+
+    def any(x, axis=None, keepdims=False):  # noqa: A001 - keras.ops name
+        return tf.reduce_any(tf.cast(x, tf.bool), axis=_axis_list(axis), keepdims=keepdims)
+
+    def segment_sum(data, segment_ids, num_segments=None, sorted=False):  # noqa: A002
+        if num_segments is None:
+            num_segments = tf.reduce_max(segment_ids) + 1
+        return tf.math.unsorted_segment_sum(data, segment_ids, num_segments)
+
+    def cond(pred, true_fn, false_fn):
+        return tf.cond(pred, true_fn, false_fn)
+
+    def slice(inputs, start_indices, shape):  # noqa: A001 - keras.ops name
+        return tf.slice(inputs, start_indices, shape)
+
+    def einsum(subscripts, *operands):
+        return tf.einsum(subscripts, *operands)
+
+    def matmul(x1, x2):
+        return tf.linalg.matmul(x1, x2)
+
+    def softmax(x, axis=-1):
+        return tf.nn.softmax(x, axis=axis)
+
+    def is_tensor(x):
+        return tf.is_tensor(x)
+
+    def logical_and(x1, x2):
+        return tf.logical_and(x1, x2)
+
+    def logical_or(x1, x2):
+        return tf.logical_or(x1, x2)
+
+    def logical_not(x):
+        return tf.logical_not(x)
+
+    def _binary(fn):
+        def op(x1, x2):
+            x1, x2 = _common(x1, x2)
+            return fn(x1, x2)
+        op.__name__ = fn.__name__
+        return op
+
+    def _common(x1, x2):
+        """Converts Python numbers to the other operand's dtype, as keras.ops does."""
+        if tf.is_tensor(x1) and not tf.is_tensor(x2):
+            x2 = tf.convert_to_tensor(x2, x1.dtype)
+        elif tf.is_tensor(x2) and not tf.is_tensor(x1):
+            x1 = tf.convert_to_tensor(x1, x2.dtype)
+        return x1, x2
+
+    add = _binary(tf.add)
+    subtract = _binary(tf.subtract)
+    multiply = _binary(tf.multiply)
+    divide = _binary(tf.divide)
+    power = _binary(tf.pow)
+    equal = _binary(tf.equal)
+    not_equal = _binary(tf.not_equal)
+    less = _binary(tf.less)
+    less_equal = _binary(tf.less_equal)
+    greater = _binary(tf.greater)
+    greater_equal = _binary(tf.greater_equal)
+    minimum = _binary(tf.minimum)
+    maximum = _binary(tf.maximum)
+    floor_divide = _binary(tf.math.floordiv)
+    mod = _binary(tf.math.floormod)
+
+    def sin(x):
+        return tf.sin(x)
+
+    def cos(x):
+        return tf.cos(x)
+
+    def exp(x):
+        return tf.exp(x)
+
+    def log(x):
+        return tf.math.log(x)
+
+    def sqrt(x):
+        return tf.sqrt(x)
+
+    def rsqrt(x):
+        return tf.math.rsqrt(x)
+
+    def abs(x):  # noqa: A001 - keras.ops name
+        return tf.abs(x)
+
+    def square(x):
+        return tf.square(x)
+
+    def tanh(x):
+        return tf.tanh(x)
+
+    def floor(x):
+        return tf.floor(x)
+
+    def round(x, decimals=0):  # noqa: A001 - keras.ops name
+        return tf.round(x)
+
+    def clip(x, x_min, x_max):
+        return tf.clip_by_value(x, x_min, x_max)
+
+    def stop_gradient(variable):
+        return tf.stop_gradient(variable)
+
+    ops = types.SimpleNamespace(**{
+        name: value for name, value in dict(globals()).items()
+        if callable(value) and not name.startswith("_") and name not in __all__
+        and name not in ("tf", "types", "builtins")
+    })
