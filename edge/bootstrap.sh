@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Bootstraps the CPU-emulated GPU runtimes of `make test-edge` into a git-ignored cache folder:
+#
+#   $CACHE/mesa/            Mesa 25 lavapipe (Vulkan on the CPU) + the Vulkan loader, from Debian
+#                           packages extracted with dpkg -x (the system's apt setup is left as it is)
+#   $CACHE/venv-litert/     ai-edge-litert 2.3.0: the LiteRT GPU accelerator (WebGPU over Vulkan)
+#   $CACHE/venv-mediapipe/  mediapipe 0.10.21: the classic TFLite GPU delegate, OpenGL ES backend
+#   $CACHE/onnx-site/       tf2onnx + onnx + onnxruntime, put on the path of .venv (TF 2.12)
+#
+# EGL/GLES for the GL delegate (llvmpipe) come from Debian: libegl1 libgles2 libegl-mesa0
+# libgl1-mesa-dri, installed with apt-get when missing. Every step is skipped when its stamp
+# exists; a registry that cannot be reached fails with a message that says which one.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+CACHE=${EDGE_CACHE:-.edge-cache}
+PY=${PY:-python3.11}
+LITERT=ai-edge-litert==2.3.0
+MEDIAPIPE=mediapipe==0.10.21
+ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.19.2 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
+MESA_PACKAGES="mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports libdrm-amdgpu1/bookworm-backports libvulkan1/bookworm"
+GL_PACKAGES="libegl1 libgles2 libegl-mesa0 libgl1-mesa-dri"
+mkdir -p "$CACHE"
+CACHE=$(cd "$CACHE" && pwd)
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+fail() { echo "error: $*" >&2; exit 1; }
+pypi() {  # pip install with a clear message when PyPI is unreachable
+  if ! "$@"; then
+    fail "pip could not install '${*: -3}' (is PyPI reachable from here?). make test-edge needs PyPI and Debian (deb.debian.org, bookworm and bookworm-backports)."
+  fi
+}
+
+# --- Mesa 25 lavapipe from bookworm-backports, with a private apt state ---------------------
+if [ ! -f "$CACHE/mesa/.stamp" ]; then
+  echo "edge bootstrap: Mesa lavapipe (bookworm-backports) -> $CACHE/mesa"
+  apt_dir="$CACHE/apt"
+  mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
+  cat > "$apt_dir/sources.list" <<SOURCES
+deb http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian bookworm-backports main
+SOURCES
+  APT_OPTS=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o "Dir::Etc::sourceparts=-"
+            -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache::archives=$apt_dir/archives"
+            -o "APT::Get::List-Cleanup=0" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+  if ! apt-get "${APT_OPTS[@]}" -qq update; then
+    fail "apt-get update of bookworm + bookworm-backports failed: is deb.debian.org reachable from here?"
+  fi
+  rm -f "$apt_dir"/debs/*.deb
+  # shellcheck disable=SC2086
+  if ! (cd "$apt_dir/debs" && apt-get "${APT_OPTS[@]}" -qq download $MESA_PACKAGES); then
+    fail "apt-get download of $MESA_PACKAGES failed: is deb.debian.org reachable from here?"
+  fi
+  rm -rf "$CACHE/mesa"
+  mkdir -p "$CACHE/mesa"
+  for deb in "$apt_dir"/debs/*.deb; do dpkg -x "$deb" "$CACHE/mesa"; done
+  icd=$(ls "$CACHE"/mesa/usr/share/vulkan/icd.d/lvp_icd*.json | head -1)
+  lib=$(ls "$CACHE"/mesa/usr/lib/x86_64-linux-gnu/libvulkan_lvp.so)
+  sed -i "s#\"library_path\": *\"[^\"]*\"#\"library_path\": \"$lib\"#" "$icd"
+  cp "$icd" "$CACHE/mesa/lvp_icd.json"
+  touch "$CACHE/mesa/.stamp"
+fi
+
+# --- EGL + GLES on llvmpipe for the GL delegate (system packages) ---------------------------
+if ! ldconfig -p | grep -q libGLESv2.so.2 || ! ldconfig -p | grep -q libEGL_mesa.so.0; then
+  echo "edge bootstrap: apt-get install $GL_PACKAGES"
+  # shellcheck disable=SC2086
+  if ! { apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y $GL_PACKAGES; }; then
+    fail "apt-get install $GL_PACKAGES failed: is deb.debian.org reachable, and are you root?"
+  fi
+fi
+
+# --- ai-edge-litert 2.3.0 -----------------------------------------------------------------
+if [ ! -f "$CACHE/venv-litert/.stamp" ]; then
+  echo "edge bootstrap: $LITERT -> $CACHE/venv-litert"
+  rm -rf "$CACHE/venv-litert"
+  "$PY" -m venv "$CACHE/venv-litert"
+  pypi "$CACHE/venv-litert/bin/python" -m pip install --quiet "numpy<2" "$LITERT"
+  touch "$CACHE/venv-litert/.stamp"
+fi
+
+# --- mediapipe 0.10.21 (the GL delegate), without its GUI dependencies ---------------------
+if [ ! -f "$CACHE/venv-mediapipe/.stamp" ]; then
+  echo "edge bootstrap: $MEDIAPIPE -> $CACHE/venv-mediapipe"
+  rm -rf "$CACHE/venv-mediapipe"
+  "$PY" -m venv "$CACHE/venv-mediapipe"
+  pypi "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet --no-deps "$MEDIAPIPE"
+  pypi "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet "numpy<2" "protobuf<5" absl-py attrs flatbuffers
+  touch "$CACHE/venv-mediapipe/.stamp"
+fi
+
+# --- tf2onnx + onnxruntime beside .venv's TensorFlow (tf2onnx pins protobuf~=3.20: --no-deps) -
+if [ ! -f "$CACHE/onnx-site/.stamp" ]; then
+  echo "edge bootstrap: $ONNX_PINS -> $CACHE/onnx-site"
+  rm -rf "$CACHE/onnx-site"
+  # shellcheck disable=SC2086
+  pypi "$PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site" $ONNX_PINS
+  touch "$CACHE/onnx-site/.stamp"
+fi
+echo "edge bootstrap: ready in $CACHE"

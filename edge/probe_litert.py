@@ -1,0 +1,56 @@
+"""Runs a .tflite file with ai-edge-litert's CompiledModel on one accelerator; prints one JSON line.
+
+Run inside the litert venv of the edge cache (see edge/bootstrap.sh), with Mesa lavapipe as the
+Vulkan driver for `--accelerator gpu` (edge/runtimes.py sets the environment). The runtime's own
+log lines go to stderr, where the caller reads them.
+
+    python probe_litert.py MODEL.tflite INPUTS.npz OUTPUT.npy --accelerator gpu|cpu
+"""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+from ai_edge_litert.compiled_model import CompiledModel
+from ai_edge_litert.gpu_options import GpuOptions
+from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+from ai_edge_litert.options import Options
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("inputs", help=".npz whose arrays are matched to the inputs by name")
+    parser.add_argument("output", help=".npy written with the first output")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), required=True)
+    parser.add_argument("--allow-cpu", action="store_true", help="gpu: let the CPU run the ops the GPU rejects")
+    args = parser.parse_args()
+    if args.accelerator == "gpu":
+        options = Options(hardware_accelerators=HardwareAccelerator.GPU | (HardwareAccelerator.CPU if args.allow_cpu else 0),
+                          gpu_options=GpuOptions(enforce_f32=True))
+    else:
+        options = Options(hardware_accelerators=HardwareAccelerator.CPU)
+    model = CompiledModel.from_file(args.model, options=options)
+    signature = model.get_signature_list()
+    key = next(iter(signature))
+    feeds = np.load(args.inputs)
+    inputs = model.create_input_buffers(0)
+    for name, buffer in zip(signature[key]["inputs"], inputs):
+        chosen = "language_ids" if "language_ids" in name else "token_ids"
+        array = feeds[chosen]
+        buffer.write(np.ascontiguousarray(array))
+    outputs = model.create_output_buffers(0)
+    model.run_by_index(0, inputs, outputs)
+    details = model.get_output_tensor_details(key)
+    first = details[signature[key]["outputs"][0]]
+    shape = [int(n) for n in first["shape"]]
+    result = outputs[0].read(int(np.prod(shape)), np.float32).reshape(shape)
+    np.save(args.output, result)
+    print(json.dumps({"fully_accelerated": model.is_fully_accelerated(), "shape": shape,
+                      "inputs": list(signature[key]["inputs"])}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
