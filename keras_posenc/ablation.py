@@ -71,6 +71,7 @@ from keras_posenc import data, diagnostics
 from keras_posenc._plotting import pyplot, save_figure
 from keras_posenc.schedules import WarmupSchedule
 from keras_posenc.train import CausalLM, StepLog
+from keras_posenc.validation import check_positive_ints
 
 __all__ = [
     "CANNOT_EXTRAPOLATE", "QUICK", "VARIANTS", "AblationConfig", "AblationData", "UnmaskedLM", "build_model",
@@ -159,11 +160,9 @@ class AblationConfig:
     causal: bool = True
 
     def __post_init__(self):
-        for name in ("max_length", "steps", "batch_size", "num_layers", "d_model", "num_heads", "dff",
-                     "max_eval_windows", "curve_every", "warmup_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {name}={value!r}.")
+        check_positive_ints((name, getattr(self, name)) for name in (
+            "max_length", "steps", "batch_size", "num_layers", "d_model", "num_heads", "dff",
+            "max_eval_windows", "curve_every", "warmup_steps"))
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown or not self.variants:
             raise ValueError(f"`variants` must be a non-empty subset of {tuple(VARIANTS)}, "

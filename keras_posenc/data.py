@@ -40,6 +40,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_posenc.positions import position_ids as derive_position_ids
+from keras_posenc.validation import check_choice, check_positive_ints
 
 __all__ = [
     "BOS_ID", "EOS_ID", "FORMATS", "NUM_RESERVED_IDS", "PAD_ID", "SEP_ID", "SEP_PIECE", "UNK_ID",
@@ -202,8 +203,7 @@ def load_corpus(path, corpus_format="text", *, skip_bad_lines=False):
     >>> load_corpus(path, "tsv"), load_corpus(path, "text")
     ([('hello', 'hallo')], ['hello\\thallo'])
     """
-    if corpus_format not in FORMATS:
-        raise ValueError(f"`corpus_format` must be one of {FORMATS}, got corpus_format={corpus_format!r}.")
+    check_choice("corpus_format", corpus_format, FORMATS)
     if corpus_format == "tsv":
         return read_tsv_corpus(path, skip_bad_lines=skip_bad_lines)
     return read_text_corpus(path)
@@ -459,9 +459,7 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
         - `tensorflow_text.SentencepieceTokenizer`,
           https://www.tensorflow.org/text/api_docs/python/text/SentencepieceTokenizer.
     """
-    for name, value in (("max_length", max_length), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive int, got {name}={value!r}.")
+    check_positive_ints([("max_length", max_length), ("batch_size", batch_size)])
     if not examples:
         raise CorpusError("Cannot build a dataset from an empty list of examples.")
     paired = isinstance(examples[0], tuple)

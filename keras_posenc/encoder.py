@@ -3,15 +3,9 @@
 import tensorflow as tf
 from tensorflow import keras
 
-from keras_posenc.encoder_layer import (
-    EncoderLayer,
-    check_epsilon,
-    check_rate,
-    merge_attention_masks,
-    static_or_dynamic_length,
-)
-from keras_posenc.layers.position_embedding_base import check_positive_int
+from keras_posenc.encoder_layer import EncoderLayer, merge_attention_masks, static_or_dynamic_length
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_posenc.validation import check_epsilon, check_positive_int, check_rate
 
 __all__ = ["Encoder", "EncoderLayer"]
 

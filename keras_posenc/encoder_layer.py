@@ -3,47 +3,9 @@
 import tensorflow as tf
 from tensorflow import keras
 
-from keras_posenc._checks import check, with_checks
-from keras_posenc.layers.position_embedding_base import check_positive_int
+from keras_posenc.validation import check, check_epsilon, check_positive_int, check_rate, with_checks
 
-__all__ = ["EncoderLayer", "check_epsilon", "check_rate", "merge_attention_masks", "static_or_dynamic_length"]
-
-
-def check_rate(name, value):
-    """Raises ValueError unless `value` is a number (not a bool) in [0, 1).
-
-    Args:
-        name: the argument name shown in the message (`"dropout"`).
-        value: the value to check.
-
-    Example:
-
-    >>> check_rate("dropout", 0.1)
-    >>> check_rate("dropout", 1.0)
-    Traceback (most recent call last):
-        ...
-    ValueError: `dropout` must be a float in [0, 1), got dropout=1.0.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"`{name}` must be a float in [0, 1), got {name}={value!r}.")
-
-
-def check_epsilon(value):
-    """Raises ValueError unless `value`, a LayerNormalization epsilon, is a number > 0.
-
-    Args:
-        value: the value to check.
-
-    Example:
-
-    >>> check_epsilon(1e-6)
-    >>> check_epsilon(0)
-    Traceback (most recent call last):
-        ...
-    ValueError: `epsilon` must be a float > 0, got epsilon=0.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"`epsilon` must be a float > 0, got epsilon={value!r}.")
+__all__ = ["EncoderLayer", "merge_attention_masks", "static_or_dynamic_length"]
 
 
 def static_or_dynamic_length(tensor):

@@ -40,6 +40,7 @@ from tensorflow import keras
 from keras_posenc import encoder as _encoder  # noqa: F401  (registers Encoder for load_model)
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_posenc.validation import check_positive_int
 
 __all__ = [
     "GPU_DELEGATE_OPS",
@@ -571,8 +572,8 @@ class _ModelSpec:
     def of(cls, model, sequence_length, batch_size):
         if not isinstance(model, keras.layers.Layer):
             raise TypeError(f"`model` must be a keras Model or Layer, got {type(model).__name__}.")
-        _check_int("sequence_length", sequence_length)
-        _check_int("batch_size", batch_size)
+        check_positive_int("sequence_length", sequence_length)
+        check_positive_int("batch_size", batch_size)
         if not model.built:
             raise ValueError(f"Model '{model.name}' is not built: call it on a batch or load a trained "
                              "model.")
@@ -622,13 +623,6 @@ class _ModelSpec:
             return model(token_ids, language_ids=language_ids, training=False)
 
         return call
-
-
-def _check_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int, got {name}={value!r}.")
-    if value < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {name}={value}.")
 
 
 def _all_layers(model):

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from keras_posenc._checks import check, with_checks
+from keras_posenc.validation import check, with_checks
 
 __all__ = ["position_ids"]
 

@@ -5,8 +5,7 @@ import math
 import tensorflow as tf
 from tensorflow import keras
 
-from keras_posenc._checks import check, with_checks
-from keras_posenc.layers.position_embedding_base import check_positive_int
+from keras_posenc.validation import check, check_positive_int, with_checks
 
 __all__ = ["WarmupSchedule"]
 

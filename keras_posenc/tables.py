@@ -6,14 +6,12 @@ tables into constants.
 
 import numpy as np
 
+from keras_posenc.validation import check_base, check_choice, check_positive_int, check_stored_dims
+
 __all__ = [
     "DEFAULT_STORED_DIMS",
     "LAYOUTS",
     "TABLE_KINDS",
-    "check_base",
-    "check_layout",
-    "check_stored_dims",
-    "check_table_kind",
     "column_frequencies",
     "compressed_table",
     "factorization_block",
@@ -28,51 +26,6 @@ __all__ = [
 ]
 
 LAYOUTS = ("interleave", "concat")
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int, got {value!r} of type {type(value).__name__}.")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {name}={value}.")
-
-
-def check_layout(layout):
-    """Raises ValueError unless `layout` is one of `LAYOUTS`.
-
-    Args:
-        layout: the value to check.
-
-    Example:
-
-    >>> check_layout("concat")
-    >>> check_layout("rows")
-    Traceback (most recent call last):
-        ...
-    ValueError: `layout` must be one of ('interleave', 'concat'), got layout='rows'.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"`layout` must be one of {LAYOUTS}, got layout={layout!r}.")
-
-
-def check_base(base):
-    """Raises TypeError unless `base` is a number, ValueError unless it is finite and > 1.
-
-    Args:
-        base: the value to check.
-
-    Example:
-
-    >>> check_base(10000.0)
-    >>> check_base(1)
-    Traceback (most recent call last):
-        ...
-    ValueError: `base` must be a finite number > 1, got base=1.
-    """
-    if isinstance(base, bool) or not isinstance(base, (int, float, np.number)):
-        raise TypeError(f"`base` must be a number, got base={base!r}.")
-    if not np.isfinite(base) or base <= 1:
-        raise ValueError(f"`base` must be a finite number > 1, got base={base!r}.")
 
 
 def inverse_frequencies(depth, base=10000.0):
@@ -94,7 +47,7 @@ def inverse_frequencies(depth, base=10000.0):
     >>> inverse_frequencies(4).tolist()
     [1.0, 0.01]
     """
-    _check_int("depth", depth, 1)
+    check_positive_int("depth", depth)
     check_base(base)
     pairs = np.arange((depth + 1) // 2, dtype=np.float64)
     return np.power(np.float64(base), -2.0 * pairs / depth)
@@ -125,7 +78,7 @@ def column_frequencies(depth, base=10000.0, layout="interleave"):
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.5.
     """
-    check_layout(layout)
+    check_choice("layout", layout, LAYOUTS)
     inv = inverse_frequencies(depth, base)
     if layout == "interleave":
         cols = np.arange(depth)
@@ -176,9 +129,9 @@ def sinusoidal_table(length, depth, *, base=10000.0, layout="interleave", start=
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.5.
     """
-    _check_int("length", length, 0)
-    _check_int("depth", depth, 1)
-    _check_int("start", start, 0)
+    check_positive_int("length", length, minimum=0)
+    check_positive_int("depth", depth)
+    check_positive_int("start", start, minimum=0)
     freq, is_sin = column_frequencies(depth, base, layout)
     positions = np.arange(start, start + length, dtype=np.float64)[:, None]
     angles = positions * freq[None, :]
@@ -194,60 +147,6 @@ def sinusoidal_table(length, depth, *, base=10000.0, layout="interleave", start=
 
 TABLE_KINDS = ("full", "interpolated", "factorized")
 DEFAULT_STORED_DIMS = 64
-
-
-def check_table_kind(kind):
-    """Raises ValueError unless `kind` is one of `TABLE_KINDS`.
-
-    Args:
-        kind: the value to check (the `table` argument of
-            `SinusoidalPositionEmbedding`, hence the name in the message).
-
-    Example:
-
-    >>> check_table_kind("factorized")
-    >>> check_table_kind("sparse")
-    Traceback (most recent call last):
-        ...
-    ValueError: `table` must be one of ('full', 'interpolated', 'factorized'), got table='sparse'.
-    """
-    if kind not in TABLE_KINDS:
-        raise ValueError(f"`table` must be one of {TABLE_KINDS}, got table={kind!r}.")
-
-
-def check_stored_dims(stored_dims, depth=None):
-    """Validates `stored_dims` of an interpolated table: an even int, 2 <= stored_dims <= depth.
-
-    `None` is accepted (the default, see `resolve_stored_dims`). `depth` is
-    checked only when given.
-
-    Args:
-        stored_dims: the value to check, or None.
-        depth: optional int, the table width `stored_dims` may not exceed.
-
-    Raises:
-        TypeError: `stored_dims` is not an int.
-        ValueError: it is odd, below 2 or above `depth`.
-
-    Example:
-
-    >>> check_stored_dims(None)
-    >>> check_stored_dims(8, depth=16)
-    >>> check_stored_dims(7)
-    Traceback (most recent call last):
-        ...
-    ValueError: `stored_dims` must be even (whole sin/cos pairs), got stored_dims=7.
-    """
-    if stored_dims is None:
-        return
-    if isinstance(stored_dims, bool) or not isinstance(stored_dims, (int, np.integer)):
-        raise TypeError(f"`stored_dims` must be an int, got stored_dims={stored_dims!r}.")
-    if stored_dims < 2:
-        raise ValueError(f"`stored_dims` must be >= 2, got stored_dims={stored_dims}.")
-    if stored_dims % 2:
-        raise ValueError(f"`stored_dims` must be even (whole sin/cos pairs), got stored_dims={stored_dims}.")
-    if depth is not None and stored_dims > depth:
-        raise ValueError(f"`stored_dims` must be <= depth={depth}, got stored_dims={stored_dims}.")
 
 
 def resolve_stored_dims(stored_dims, depth):
@@ -271,7 +170,7 @@ def resolve_stored_dims(stored_dims, depth):
     >>> resolve_stored_dims(None, 512), resolve_stored_dims(None, 15), resolve_stored_dims(16, 512)
     (64, 16, 16)
     """
-    _check_int("depth", depth, 1)
+    check_positive_int("depth", depth)
     if stored_dims is None:
         return min(DEFAULT_STORED_DIMS, depth + depth % 2)
     check_stored_dims(stored_dims, depth)
@@ -301,8 +200,8 @@ def interpolation_nodes(pairs, stored_pairs):
     >>> interpolation_nodes(10, 4).tolist()
     [0, 3, 6, 9]
     """
-    _check_int("pairs", pairs, 1)
-    _check_int("stored_pairs", stored_pairs, 1)
+    check_positive_int("pairs", pairs)
+    check_positive_int("stored_pairs", stored_pairs)
     if stored_pairs > pairs:
         raise ValueError(f"`stored_pairs` must be <= pairs={pairs}, got stored_pairs={stored_pairs}.")
     if stored_pairs == 1:
@@ -357,7 +256,7 @@ def factorization_block(length):
     >>> factorization_block(512), factorization_block(16)
     (23, 4)
     """
-    _check_int("length", length, 1)
+    check_positive_int("length", length)
     return max(1, int(np.ceil(np.sqrt(length))))
 
 
@@ -398,10 +297,10 @@ def table_constants(kind, length, depth, *, stored_dims=None, base=10000.0, layo
     >>> {name: a.shape for name, a in table_constants("interpolated", 100, 16, stored_dims=4).items()}
     {'stored': (100, 4)}
     """
-    check_table_kind(kind)
-    check_layout(layout)
-    _check_int("length", length, 1)
-    _check_int("depth", depth, 1)
+    check_choice("table", kind, TABLE_KINDS)
+    check_choice("layout", layout, LAYOUTS)
+    check_positive_int("length", length)
+    check_positive_int("depth", depth)
     if kind == "full":
         return {"table": sinusoidal_table(length, depth, base=base, layout=layout, dtype=np.float32)}
     pairs = (depth + 1) // 2
@@ -540,7 +439,7 @@ def table_error_report(kind, length, depth, *, stored_dims=None, base=10000.0, l
     >>> report["fraction"] < 1 / 8, report["max_abs_error"] < 1e-6
     (True, True)
     """
-    _check_int("num_bands", num_bands, 1)
+    check_positive_int("num_bands", num_bands)
     approx = compressed_table(kind, length, depth, stored_dims=stored_dims, base=base, layout=layout)
     exact = sinusoidal_table(length, depth, base=base, layout=layout, dtype=np.float64)
     error = approx.astype(np.float64) - exact

@@ -53,6 +53,7 @@ from keras_posenc import data as data_lib
 from keras_posenc._plotting import pyplot, save_figure
 from keras_posenc.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
+from keras_posenc.validation import check_choice, check_positive_ints
 
 __all__ = ["STRATEGIES", "CausalLM", "StepLog", "TrainConfig", "list_checkpoints", "make_strategy", "train",
            "write_checkpoint"]
@@ -472,8 +473,7 @@ def make_strategy(name):
         - TensorFlow, "Multi-worker training with Keras" (`TF_CONFIG`),
           https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras.
     """
-    if name not in STRATEGIES:
-        raise ValueError(f"`strategy` must be one of {STRATEGIES}, got strategy={name!r}.")
+    check_choice("strategy", name, STRATEGIES)
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
     if name == "multiworker":
@@ -496,13 +496,10 @@ def _is_chief(strategy):
 
 # Training ----------------------------------------------------------------------------------
 def _check_config(cfg):
-    for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length",
-                 "warmup_steps"):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive int, got {name}={value!r}.")
-    if cfg.corpus_format not in data_lib.FORMATS:
-        raise ValueError(f"`format` must be one of {data_lib.FORMATS}, got format={cfg.corpus_format!r}.")
+    check_positive_ints((name, getattr(cfg, name)) for name in (
+        "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length",
+        "warmup_steps"))
+    check_choice("format", cfg.corpus_format, data_lib.FORMATS)
 
 
 def _prepare_data(cfg, resuming):

@@ -9,9 +9,9 @@ and the cast to the compute dtype.
 import tensorflow as tf
 from tensorflow import keras
 
-from keras_posenc._checks import check, with_checks
+from keras_posenc.validation import check, check_choice, check_positive_int, with_checks
 
-__all__ = ["OVERFLOW_MODES", "PositionEmbeddingBase", "check_choice", "check_positive_int"]
+__all__ = ["OVERFLOW_MODES", "PositionEmbeddingBase"]
 
 OVERFLOW_MODES = ("error", "extend")
 
@@ -42,52 +42,6 @@ def _add_rows(inputs, table, ids):
     return tf.cond(tf.size(ids) >= _FUSE_MIN_TOKENS,
                    lambda: _add_rows_fused(inputs, table, ids),
                    lambda: inputs + tf.gather(table, ids))
-
-
-def check_choice(name, value, choices):
-    """Raises ValueError unless `value` is one of `choices`.
-
-    Args:
-        name: the argument name shown in the message.
-        value: the value to check.
-        choices: a collection of allowed values (a tuple, or a dict's keys).
-
-    Example:
-
-    >>> check_choice("overflow", "extend", OVERFLOW_MODES)
-    >>> check_choice("overflow", "wrap", OVERFLOW_MODES)
-    Traceback (most recent call last):
-        ...
-    ValueError: `overflow` must be one of ('error', 'extend'), got overflow='wrap'.
-    """
-    if value not in choices:
-        raise ValueError(f"`{name}` must be one of {tuple(choices)}, got {name}={value!r}.")
-
-
-def check_positive_int(name, value, minimum=1):
-    """Raises TypeError unless `value` is an int (not a bool), ValueError unless it is >= `minimum`.
-
-    Args:
-        name: the argument name shown in the message.
-        value: the value to check.
-        minimum: int, the smallest allowed value.
-
-    Example:
-
-    >>> check_positive_int("max_length", 512)
-    >>> check_positive_int("max_length", 0)
-    Traceback (most recent call last):
-        ...
-    ValueError: `max_length` must be >= 1, got max_length=0.
-    >>> check_positive_int("max_length", 8.0)
-    Traceback (most recent call last):
-        ...
-    TypeError: `max_length` must be an int, got max_length=8.0.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {name}={value!r}.")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {name}={value}.")
 
 
 class PositionEmbeddingBase(keras.layers.Layer):

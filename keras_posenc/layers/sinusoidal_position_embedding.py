@@ -5,6 +5,7 @@ from tensorflow import keras
 
 from keras_posenc import tables
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
+from keras_posenc.validation import check_base, check_choice, check_stored_dims
 
 __all__ = ["SinusoidalPositionEmbedding"]
 
@@ -95,10 +96,10 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
                  overflow="error", **kwargs):
         super().__init__(max_length, zero_padding=zero_padding, num_languages=num_languages,
                          dropout=dropout, overflow=overflow, **kwargs)
-        tables.check_base(base)
-        tables.check_layout(layout)
-        tables.check_table_kind(table)
-        tables.check_stored_dims(stored_dims)
+        check_base(base)
+        check_choice("layout", layout, tables.LAYOUTS)
+        check_choice("table", table, tables.TABLE_KINDS)
+        check_stored_dims(stored_dims)
         self.base = float(base)
         self.layout = layout
         self.table = table

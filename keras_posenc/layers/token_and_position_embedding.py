@@ -7,10 +7,10 @@ from tensorflow import keras
 
 from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedding
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
-from keras_posenc.layers.position_embedding_base import check_choice, check_positive_int
 from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPositionEmbedding
 from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
 from keras_posenc.positions import position_ids as derive_position_ids
+from keras_posenc.validation import check_choice, check_positive_int
 
 __all__ = ["POSITION_LAYERS", "TokenAndPositionEmbedding"]
 
