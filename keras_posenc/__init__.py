@@ -5,11 +5,13 @@
 import sentencepiece  # noqa: F401, I001
 
 from keras_posenc import layers
+from keras_posenc.alibi import alibi_slopes
 from keras_posenc.encoder import Encoder, EncoderLayer
 from keras_posenc.positions import position_ids
 from keras_posenc.schedules import WarmupSchedule
-from keras_posenc.tables import sinusoidal_table
+from keras_posenc.tables import resize_table_2d, sinusoidal_table, sinusoidal_table_2d
 
 __version__ = "0.1.0"
 
-__all__ = ["Encoder", "EncoderLayer", "WarmupSchedule", "layers", "position_ids", "sinusoidal_table"]
+__all__ = ["Encoder", "EncoderLayer", "WarmupSchedule", "alibi_slopes", "layers", "position_ids",
+           "resize_table_2d", "sinusoidal_table", "sinusoidal_table_2d"]

@@ -18,8 +18,10 @@ __all__ = [
     "interpolation_nodes",
     "interpolation_weights",
     "inverse_frequencies",
+    "resize_table_2d",
     "resolve_stored_dims",
     "sinusoidal_table",
+    "sinusoidal_table_2d",
     "table_constants",
     "table_error_report",
     "table_nbytes",
@@ -462,3 +464,136 @@ def table_error_report(kind, length, depth, *, stored_dims=None, base=10000.0, l
 def _bands(pairs, num_bands):
     edges = np.linspace(0, pairs, min(num_bands, pairs) + 1).round().astype(int)
     return [(int(edges[k]), int(edges[k + 1])) for k in range(len(edges) - 1)]
+
+
+# 2-D tables for patch grids ---------------------------------------------------
+
+
+def sinusoidal_table_2d(height, width, depth, *, cls_token=False, base=10000.0, dtype="float32"):
+    """The 2-D sin-cos table of a `height x width` patch grid, in MAE's layout.
+
+    Token `r * width + c` (row-major) is the patch in row `r`, column `c`.
+    The first `depth / 2` channels encode the column `c` and the last
+    `depth / 2` the row `r`; within each half the first quarter of the
+    channels is `sin(x * w_k)` and the second `cos(x * w_k)`, with
+    `w_k = base ** (-k / (depth / 4))`, `k = 0 .. depth/4 - 1`. With
+    `cls_token`, a row of zeros for the class token comes first.
+
+    Args:
+        height: int >= 1, patch rows.
+        width: int >= 1, patch columns.
+        depth: int, a positive multiple of 4 (the model width).
+        cls_token: bool, prepend an all-zero row.
+        base: float > 1, wavelength scale.
+        dtype: numpy dtype of the result (computed in float64).
+
+    Returns:
+        A numpy array `[height * width (+ 1), depth]`.
+
+    Example:
+
+    >>> table = sinusoidal_table_2d(2, 3, 4, dtype="float64")
+    >>> table.shape
+    (6, 4)
+    >>> table[4].round(4).tolist()  # row 1, column 1: [sin 1, cos 1, sin 1, cos 1]
+    [0.8415, 0.5403, 0.8415, 0.5403]
+    >>> sinusoidal_table_2d(2, 3, 4, cls_token=True)[0].tolist()
+    [0.0, 0.0, 0.0, 0.0]
+
+    References:
+        - [He et al., 2021](https://arxiv.org/abs/2111.06377), "Masked
+          Autoencoders Are Scalable Vision Learners" (MAE,
+          `util/pos_embed.py`).
+    """
+    check_positive_int("height", height)
+    check_positive_int("width", width)
+    check_positive_int("depth", depth, minimum=4)
+    if depth % 4:
+        raise ValueError(f"`depth` must be a multiple of 4 (sin and cos of rows and of columns), "
+                         f"got depth={depth}.")
+    check_base(base)
+    quarter = depth // 4
+    frequencies = float(base) ** (-np.arange(quarter, dtype=np.float64) / quarter)
+    rows, columns = np.divmod(np.arange(height * width, dtype=np.float64), width)
+
+    def half(coordinate):
+        angles = coordinate[:, None] * frequencies[None, :]
+        return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+
+    table = np.concatenate([half(columns), half(rows)], axis=1)
+    if cls_token:
+        table = np.concatenate([np.zeros([1, depth]), table], axis=0)
+    return table.astype(dtype)
+
+
+def _cubic_weights(fraction, a=-0.75):
+    """Weights of the 4 taps at offsets -1, 0, 1, 2 of the cubic convolution kernel (Keys, 1981)."""
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return np.stack([far(fraction + 1), near(fraction), near(1 - fraction), far(2 - fraction)], axis=-1)
+
+
+def _bicubic_matrix(size, new_size):
+    """`[new_size, size]` matrix of 1-D bicubic resampling (half-pixel centres, edges clamped)."""
+    centres = (np.arange(new_size, dtype=np.float64) + 0.5) * (size / new_size) - 0.5
+    left = np.floor(centres)
+    weights = _cubic_weights(centres - left)
+    matrix = np.zeros([new_size, size])
+    for tap in range(4):
+        source = np.clip(left.astype(int) - 1 + tap, 0, size - 1)
+        np.add.at(matrix, (np.arange(new_size), source), weights[:, tap])
+    return matrix
+
+
+def resize_table_2d(table, height, width, new_height, new_width, *, cls_token=False):
+    """Resamples a `[height * width (+1), depth]` grid table to a new grid, bicubically.
+
+    For fine-tuning at another image or patch size: each channel is treated
+    as a `height x width` image and resized with bicubic convolution
+    (`a = -0.75`, half-pixel centres, edge rows and columns repeated), the
+    resampling of `torch.nn.functional.interpolate(mode="bicubic",
+    align_corners=False)` that MAE's `interpolate_pos_embed` uses. A class
+    token row (`cls_token=True`) is kept as it is. Works for learned tables
+    as well as for `sinusoidal_table_2d`.
+
+    Args:
+        table: array `[height * width, depth]`, or `[1 + height * width,
+            depth]` with `cls_token`; tokens in row-major order.
+        height, width: int >= 1, the grid of `table`.
+        new_height, new_width: int >= 1, the new grid.
+        cls_token: bool, the first row is a class token.
+
+    Returns:
+        A float64 numpy array `[new_height * new_width (+1), depth]`.
+
+    Example:
+
+    >>> table = sinusoidal_table_2d(4, 4, 8)
+    >>> bool(np.allclose(resize_table_2d(table, 4, 4, 4, 4), table))  # same grid: unchanged
+    True
+    >>> resize_table_2d(table, 4, 4, 6, 5).shape
+    (30, 8)
+
+    References:
+        - [He et al., 2021](https://arxiv.org/abs/2111.06377), MAE
+          (`util/pos_embed.py`, `interpolate_pos_embed`).
+        - Keys, "Cubic convolution interpolation for digital image
+          processing", IEEE TASSP 29(6), 1981.
+    """
+    for name, value in (("height", height), ("width", width), ("new_height", new_height),
+                        ("new_width", new_width)):
+        check_positive_int(name, value)
+    table = np.asarray(table, np.float64)
+    expected = height * width + int(bool(cls_token))
+    if table.ndim != 2 or table.shape[0] != expected:
+        raise ValueError(f"`table` must have shape [{expected}, depth] for a {height}x{width} grid"
+                         f"{' plus a cls row' if cls_token else ''}, got shape {table.shape}.")
+    head, grid = (table[:1], table[1:]) if cls_token else (table[:0], table)
+    grid = grid.reshape(height, width, -1)
+    rows, columns = _bicubic_matrix(height, new_height), _bicubic_matrix(width, new_width)
+    resized = np.einsum("Rr,rcd,Cc->RCd", rows, grid, columns).reshape(new_height * new_width, -1)
+    return np.concatenate([head, resized], axis=0)
