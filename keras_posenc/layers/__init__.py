@@ -2,6 +2,7 @@
 
 from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedding
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
+from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPositionEmbedding
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
@@ -9,6 +10,7 @@ from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
 __all__ = [
     "IntegerPositionEmbedding",
     "LearnedPositionEmbedding",
+    "RotaryEmbedding",
     "SinusoidalPositionEmbedding",
     "TokenAndPositionEmbedding",
     "ZeroPositionEmbedding",

@@ -1,0 +1,152 @@
+"""RotaryEmbedding against independent float64 numpy RoPE (both layouts, every scaling), its properties."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from layer_test_helper import run_layer_test
+
+from keras_posenc.layers import RotaryEmbedding
+from keras_posenc.layers.rotary_embedding import rotary_embedding
+
+SCALINGS = [
+    {},
+    {"scaling": "linear", "scaling_factor": 4.0},
+    {"scaling": "ntk", "scaling_factor": 4.0},
+    {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 64},
+    {"scaling": "yarn", "scaling_factor": 8.0, "original_length": 512, "beta_fast": 16.0, "beta_slow": 2.0},
+]
+
+
+def reference_angles(positions, dim, base=10000.0, scaling=None, scaling_factor=1.0, original_length=None,
+                     beta_fast=32.0, beta_slow=1.0):
+    """Angle of pair i at each position, straight from each paper's formula, float64, loop by pair."""
+    s = scaling_factor
+    positions = np.asarray(positions, np.float64)
+    angles = np.zeros(positions.shape + (dim // 2,))
+    for i in range(dim // 2):
+        if scaling == "ntk":  # bloc97: base' = base * s^(d / (d - 2))
+            theta = (base * s ** (dim / (dim - 2))) ** (-2.0 * i / dim)
+        else:  # RoFormer eq. 15: theta_i = 10000^(-2(i-1)/d), 1-based i
+            theta = base ** (-2.0 * i / dim)
+        if scaling == "linear":  # position interpolation: m -> m / s
+            angles[..., i] = (positions / s) * theta
+            continue
+        if scaling == "yarn":  # YaRN eq. 17-19: lambda = 2 pi / theta, r = L / lambda, ramp gamma(r)
+            r = original_length / (2 * math.pi / theta)
+            gamma = min(1.0, max(0.0, (r - beta_slow) / (beta_fast - beta_slow)))
+            theta = (1 - gamma) * theta / s + gamma * theta
+        angles[..., i] = positions * theta
+    return angles
+
+
+def reference_rope(x, positions, layout="half", **scaling):
+    """RoPE of x [batch, length, (heads,) dim] by explicit 2x2 rotations, float64."""
+    x = np.asarray(x, np.float64)
+    dim = x.shape[-1]
+    angles = reference_angles(positions, dim, **scaling)
+    if x.ndim == 4:
+        angles = angles[:, :, None, :]
+    out = np.empty_like(x)
+    for i in range(dim // 2):
+        a, b = (i, i + dim // 2) if layout == "half" else (2 * i, 2 * i + 1)
+        c, s = np.cos(angles[..., i]), np.sin(angles[..., i])
+        out[..., a] = c * x[..., a] - s * x[..., b]
+        out[..., b] = s * x[..., a] + c * x[..., b]
+    if scaling.get("scaling") == "yarn":  # sqrt(1/t) = 0.1 ln(s) + 1 on queries and keys
+        out = out * (0.1 * math.log(scaling["scaling_factor"]) + 1)
+    return out
+
+
+def _inputs(shape, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleave"])
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: f"{s.get('scaling')}{s.get('beta_fast', '')}")
+@pytest.mark.parametrize("tabled", [False, True])
+def test_equals_numpy_float64_rope(layout, scaling, tabled):
+    x = _inputs([2, 6, 3, 16])
+    positions = np.array([[0, 1, 2, 3, 4, 5], [7, 100, 999, 4095, 8191, 3]])
+    layer = RotaryEmbedding(layout=layout, max_length=8192 if tabled else None, **scaling)
+    got = layer(x, position_ids=positions).numpy()
+    assert np.max(np.abs(got - reference_rope(x, positions, layout, **scaling))) <= 1e-6
+    function = rotary_embedding(x[:, :, 0], positions, layout=layout, **scaling).numpy()
+    assert np.max(np.abs(function - reference_rope(x[:, :, 0], positions, layout, **scaling))) <= 1e-6
+
+
+@pytest.mark.parametrize("layout", ["half", "interleave"])
+@pytest.mark.parametrize("scaling", SCALINGS[:4], ids=lambda s: s.get("scaling", "none"))
+def test_query_key_products_depend_only_on_the_distance(layout, scaling):
+    q, k = _inputs([1, 12, 2, 8], 1), _inputs([1, 12, 2, 8], 2)
+    layer = RotaryEmbedding(layout=layout, **scaling)
+    positions = np.arange(12)[None]
+
+    def scores(shift):
+        rq = layer(q, position_ids=positions + shift).numpy().astype(np.float64)
+        rk = layer(k, position_ids=positions + shift).numpy().astype(np.float64)
+        return np.einsum("bihd,bjhd->bhij", rq, rk)
+
+    np.testing.assert_allclose(scores(37), scores(0), atol=2e-6)
+    assert not np.allclose(scores(0), np.einsum("bihd,bjhd->bhij", q, k), atol=1e-3)  # positions matter
+
+
+def test_ids_from_mask_segments_and_offset():
+    x = _inputs([1, 5, 8])
+    layer = RotaryEmbedding()
+    plain = layer(x[:, :3]).numpy()
+    left_padded = layer(np.concatenate([np.zeros([1, 2, 8], np.float32), x[:, :3]], 1),
+                        mask=np.array([[False, False, True, True, True]])).numpy()
+    np.testing.assert_array_equal(left_padded[:, 2:], plain)
+    np.testing.assert_array_equal(left_padded[:, :2], 0.0)  # padding: position 0, no rotation
+    packed = layer(x, mask=np.ones([1, 5], bool), segment_ids=np.array([[1, 1, 1, 2, 2]])).numpy()
+    np.testing.assert_allclose(packed[:, 3:], layer(x[:, 3:]).numpy(), atol=1e-7)
+    np.testing.assert_allclose(layer(x[:, 3:], offset=3).numpy(), layer(x).numpy()[:, 3:], atol=1e-7)
+    np.testing.assert_allclose(layer(x[:, 3:], position_ids=np.array([[0, 1]]), offset=3).numpy(),
+                               layer(x).numpy()[:, 3:], atol=1e-7)
+
+
+def test_tables_stay_float32_under_mixed_precision():
+    x = _inputs([1, 4, 2, 64])
+    positions = np.array([[3000, 5000, 7000, 8191]])
+    mixed = RotaryEmbedding(dtype="mixed_float16")(tf.cast(x, tf.float16), position_ids=positions)
+    assert mixed.dtype == tf.float16
+    # float16 angles would be off by up to ~4 rad at these positions; float32 tables leave fp16 rounding only.
+    expected = reference_rope(x.astype(np.float16).astype(np.float32), positions)
+    assert np.max(np.abs(mixed.numpy().astype(np.float64) - expected)) < 2e-3
+
+
+def test_layer_contract(tmp_path):
+    x = _inputs([2, 5, 2, 8])
+    ids = np.array([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]], np.int32)
+    run_layer_test(RotaryEmbedding, {"layout": "interleave", "scaling": "yarn", "scaling_factor": 2.0,
+                                     "original_length": 16, "max_length": 32},
+                   {"inputs": x, "position_ids": ids}, expected_output_shape=(2, 5, 2, 8),
+                   expected_num_trainable_weights=0, mixed_precision_atol=5e-3, tmp_dir=tmp_path)
+
+
+def test_invalid_arguments_and_inputs():
+    with pytest.raises(ValueError, match="layout"):
+        RotaryEmbedding(layout="pairs")
+    with pytest.raises(ValueError, match="scaling"):
+        RotaryEmbedding(scaling="dynamic")
+    with pytest.raises(ValueError, match="scaling_factor"):
+        RotaryEmbedding(scaling_factor=2.0)
+    with pytest.raises(ValueError, match="scaling_factor"):
+        RotaryEmbedding(scaling="linear", scaling_factor=0.5)
+    with pytest.raises(ValueError, match="original_length"):
+        RotaryEmbedding(scaling="yarn", scaling_factor=2.0)
+    with pytest.raises(ValueError, match="even"):
+        RotaryEmbedding()(tf.zeros([1, 2, 5]))
+    with pytest.raises(TypeError, match="position_ids"):
+        RotaryEmbedding()(tf.zeros([1, 2, 4]), position_ids=tf.zeros([1, 2]))
+    with pytest.raises(ValueError, match=r"max_length=4\) .* got min 0 and max 4"):
+        RotaryEmbedding(max_length=4)(tf.zeros([1, 5, 4]))
+
+    @tf.function
+    def graph(x, ids):
+        return RotaryEmbedding(max_length=4, name="rope")(x, position_ids=ids)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=4"):
+        graph(tf.zeros([1, 2, 4]), tf.constant([[0, 9]]))
