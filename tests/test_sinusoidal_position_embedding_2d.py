@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+from layer_test_helper import run_layer_test
 
 import keras_posenc
+from keras_posenc.layers import SinusoidalPositionEmbedding2D
 from keras_posenc.tables import resize_table_2d
 
 
@@ -87,3 +89,20 @@ def test_resize_equals_pixelwise_bicubic_and_keeps_the_cls_row(new_grid):
     np.testing.assert_allclose(resized[1:], expected, atol=1e-12)
     if new_grid == (4, 4):
         np.testing.assert_allclose(resized, table, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls_token", [False, True])
+def test_layer_adds_the_table(cls_token, tmp_path):
+    x = np.random.default_rng(1).normal(size=(2, 12 + cls_token, 8)).astype(np.float32)
+    y = run_layer_test(SinusoidalPositionEmbedding2D, {"height": 3, "width": 4, "cls_token": cls_token},
+                       x, expected_output_shape=x.shape, expected_num_trainable_weights=0,
+                       mixed_precision_atol=5e-3, tmp_dir=tmp_path)
+    expected = x + keras_posenc.sinusoidal_table_2d(3, 4, 8, cls_token=cls_token)
+    np.testing.assert_allclose(np.asarray(y), expected, atol=1e-6)
+
+
+def test_layer_rejects_a_wrong_token_count():
+    with pytest.raises(ValueError, match=r"\[batch, 13, depth\] for a 3x4 grid plus a class token"):
+        SinusoidalPositionEmbedding2D(3, 4, cls_token=True)(np.zeros([1, 12, 8], np.float32))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        SinusoidalPositionEmbedding2D(3, 4)(np.zeros([1, 12, 6], np.float32))

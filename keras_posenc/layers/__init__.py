@@ -4,6 +4,7 @@ from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedd
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPositionEmbedding
+from keras_posenc.layers.sinusoidal_position_embedding_2d import SinusoidalPositionEmbedding2D
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
 
@@ -12,6 +13,7 @@ __all__ = [
     "LearnedPositionEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionEmbedding",
+    "SinusoidalPositionEmbedding2D",
     "TokenAndPositionEmbedding",
     "ZeroPositionEmbedding",
 ]
