@@ -69,12 +69,12 @@ from tensorflow import keras
 
 from keras_posenc import data, diagnostics
 from keras_posenc._plotting import pyplot, save_figure
-from keras_posenc.schedules import WarmupSchedule
-from keras_posenc.train import CausalLM, StepLog
+from keras_posenc.models import CausalLM, transformer_adam
+from keras_posenc.train import StepLog
 from keras_posenc.validation import check_positive_ints
 
 __all__ = [
-    "CANNOT_EXTRAPOLATE", "QUICK", "VARIANTS", "AblationConfig", "AblationData", "UnmaskedLM", "build_model",
+    "CANNOT_EXTRAPOLATE", "QUICK", "VARIANTS", "AblationConfig", "AblationData", "build_model",
     "joined_windows", "markdown_table", "position_losses", "prepare_data", "run_ablation", "run_one",
     "uniform_attention_by_distance", "variant_kwargs", "write_report",
 ]
@@ -345,46 +345,21 @@ def _encoder_config(config, vocab_size, name, *, max_length=None):
                 dropout=config.dropout, pad_id=data.PAD_ID, **kwargs)
 
 
-class UnmaskedLM(CausalLM):
-    """`CausalLM` without the causal mask: every position sees the whole input (000's setup).
-
-    Trained on next-token targets, it can read the answer at position
-    `i + 1`; used when `AblationConfig.causal` is False. Arguments, call
-    arguments and outputs are those of `keras_posenc.train.CausalLM`, except
-    that `inputs` must be a token-id tensor (not a dict).
-
-    Example:
-
-    >>> config = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
-    ...           "max_length": 16}
-    >>> UnmaskedLM(config)(tf.constant([[2, 7, 9]])).shape
-    TensorShape([1, 3, 20])
-
-    References:
-        - Source article 000 §4.2 (its encoder has no causal mask).
-    """
-
-    def call(self, inputs, position_ids=None, language_ids=None, training=None):
-        x = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids,
-                         use_causal_mask=False, training=training)
-        return tf.cast(self.head(x), tf.float32)
-
-
 def build_model(config, vocab_size, name, *, max_length=None):
-    """The training CLI's causal LM (`train.CausalLM`) with variant `name`'s position layer.
+    """The training CLI's language model (`models.CausalLM`) with variant `name`'s position layer.
 
     Formula variants get `overflow="extend"`, so the trained model accepts
     inputs longer than `config.max_length`.
 
     Args:
-        config: an `AblationConfig` (`UnmaskedLM` when `causal` is False).
+        config: an `AblationConfig` (its `causal` is the model's).
         vocab_size: int, the tokenizer's vocabulary size.
         name: str, a key of `VARIANTS`.
         max_length: int, the encoder's `max_length` (default
             `config.max_length`).
 
     Returns:
-        a built `CausalLM` (or `UnmaskedLM`) named `lm_<name>`.
+        a built `CausalLM` named `lm_<name>`.
 
     Example:
 
@@ -392,8 +367,8 @@ def build_model(config, vocab_size, name, *, max_length=None):
     >>> model.name, model.encoder_config["overflow"], model(tf.constant([[2] * 20])).shape
     ('lm_sinusoidal', 'extend', TensorShape([1, 20, 100]))
     """
-    model_class = CausalLM if config.causal else UnmaskedLM
-    model = model_class(_encoder_config(config, vocab_size, name, max_length=max_length), name=f"lm_{name}")
+    model = CausalLM(_encoder_config(config, vocab_size, name, max_length=max_length), causal=config.causal,
+                     name=f"lm_{name}")
     model.build_on_dummy()
     return model
 
@@ -410,9 +385,7 @@ def _eval_model(model, config, vocab_size, name, length):
 
 def _train(model, dataset, config):
     """`keras fit` with the training CLI's optimizer; returns the loss of every step."""
-    optimizer = keras.optimizers.Adam(
-        WarmupSchedule(config.d_model, config.warmup_steps, scale=config.lr_scale),
-        beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    optimizer = transformer_adam(config.d_model, config.warmup_steps, scale=config.lr_scale)
     model.compile(optimizer=optimizer, run_eagerly=config.run_eagerly)
     step_log = StepLog()
     model.fit(dataset, epochs=1, steps_per_epoch=config.steps, callbacks=[step_log], verbose=0)

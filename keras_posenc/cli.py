@@ -337,7 +337,7 @@ def _export_parity_batch(args, model):
 def _run_export(args):
     import json
 
-    from keras_posenc import export, train  # noqa: F401  train registers CausalLM for loading
+    from keras_posenc import export, models  # noqa: F401  models registers CausalLM for loading
 
     model = export.load_model(args.model)
     quantize = args.quantize

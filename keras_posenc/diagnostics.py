@@ -330,7 +330,7 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
     """
     from tensorflow import keras
 
-    from keras_posenc import train  # noqa: F401  registers CausalLM for loading
+    from keras_posenc import models  # noqa: F401  registers CausalLM for loading
 
     if not os.path.isfile(model_path):
         raise ValueError(f"Model file not found: model={model_path!r}.")

@@ -1,15 +1,11 @@
 """Training of a causal next-token language model (Keras fit, checkpoints, tf.distribute).
 
-The model is `Encoder(use_causal_mask=True)` followed by `Dense(vocab_size)`,
-trained with masked sparse cross-entropy (padding ignored) and
-Adam(0.9, 0.98, 1e-9) on `WarmupSchedule`. `train(TrainConfig(...))` writes
+The model is `models.CausalLM` (a causal `Encoder` followed by
+`Dense(vocab_size)`), trained with masked sparse cross-entropy (padding
+ignored) and `models.transformer_adam` (Adam(0.9, 0.98, 1e-9) on
+`WarmupSchedule`). `train(TrainConfig(...))` writes
 to `out`: `model.keras`, `spm.model`, `report.json`, `loss.png`, TensorBoard
 logs in `logs/` and checkpoints in `checkpoints/`.
-
-Loss: the mean cross-entropy over every real (non-padding) label of the
-global batch. Each replica divides its sum by the token count of the whole
-global batch (an all-reduce), and the optimizer sums the replicas'
-gradients, so one device and N devices compute the same update.
 
 Checkpoints: `tf.train.Checkpoint(model, optimizer)` (the optimizer holds the
 step, which drives the learning-rate schedule) is written into a temporary
@@ -51,114 +47,16 @@ from tensorflow import keras
 
 from keras_posenc import data as data_lib
 from keras_posenc._plotting import pyplot, save_figure
-from keras_posenc.encoder import Encoder
-from keras_posenc.schedules import WarmupSchedule
+from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.validation import check_choice, check_positive_ints
 
-__all__ = ["STRATEGIES", "CausalLM", "StepLog", "TrainConfig", "list_checkpoints", "make_strategy", "train",
+__all__ = ["STRATEGIES", "StepLog", "TrainConfig", "list_checkpoints", "make_strategy", "train",
            "write_checkpoint"]
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 _CHECKPOINT_DIR = re.compile(r"^step-(\d{9})$")
 _CHECKPOINT_PREFIX = "state"
 _CONFIG_FILE = "config.json"
-
-
-@keras.utils.register_keras_serializable(package="keras_posenc")
-class CausalLM(keras.Model):
-    """A next-token language model: causal `Encoder` + `Dense(vocab_size)` head.
-
-    Args:
-        encoder_config: dict, the keyword arguments of `keras_posenc.Encoder`.
-
-    Call arguments:
-        inputs: int token ids `[batch, length]`, or a dict with `token_ids`
-            and optionally `position_ids`, `language_ids`.
-        position_ids: optional int `[batch, length]`.
-        language_ids: int `[batch]` or `[batch, length]` when the position
-            layer has `num_languages`.
-        training: bool.
-
-    Returns:
-        float32 logits `[batch, length, vocab_size]`.
-
-    Training (`fit`) minimizes the mean cross-entropy over the non-padding
-    labels of the global batch (see the module docstring); `evaluate`
-    reports the token-weighted mean loss.
-
-    Example:
-
-    >>> config = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
-    ...           "max_length": 16}
-    >>> model = CausalLM(config)
-    >>> model(tf.constant([[2, 7, 9, 0]])).shape
-    TensorShape([1, 4, 20])
-    >>> CausalLM.from_config(model.get_config()).encoder_config == config
-    True
-
-    References:
-        - Vaswani et al., "Attention Is All You Need", 2017,
-          https://arxiv.org/abs/1706.03762.
-    """
-
-    def __init__(self, encoder_config, **kwargs):
-        super().__init__(**kwargs)
-        self.encoder_config = dict(encoder_config)
-        self.encoder = Encoder(**self.encoder_config, name="encoder")
-        self.head = keras.layers.Dense(self.encoder_config["vocab_size"], name="lm_head")
-        self.num_languages = self.encoder_config.get("num_languages")
-        self.eval_loss = keras.metrics.Mean(name="loss")
-        self.distribute_reduction_method = "sum"
-
-    def call(self, inputs, position_ids=None, language_ids=None, training=None):
-        if isinstance(inputs, dict):
-            position_ids = inputs.get("position_ids", position_ids)
-            language_ids = inputs.get("language_ids", language_ids)
-            inputs = inputs["token_ids"]
-        x = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids,
-                         use_causal_mask=True, training=training)
-        return tf.cast(self.head(x), tf.float32)
-
-    def _token_losses(self, data, training):
-        features, labels = data
-        logits = self(features, training=training)
-        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        real = tf.cast(tf.not_equal(labels, data_lib.PAD_ID), tf.float32)
-        return tf.reduce_sum(losses * real), tf.reduce_sum(real)
-
-    def train_step(self, data):
-        context = tf.distribute.get_replica_context()
-        with tf.GradientTape() as tape:
-            local_sum, local_count = self._token_losses(data, training=True)
-            global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
-            loss = local_sum / tf.maximum(global_count, 1.0)
-        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
-        # Per-replica shares; Keras sums them over replicas (distribute_reduction_method="sum").
-        return {"loss": loss, "tokens": local_count}
-
-    def test_step(self, data):
-        local_sum, local_count = self._token_losses(data, training=False)
-        self.eval_loss.update_state(local_sum / tf.maximum(local_count, 1.0), sample_weight=local_count)
-        return {"loss": self.eval_loss.result()}
-
-    @property
-    def metrics(self):
-        return [self.eval_loss]
-
-    def build_on_dummy(self):
-        """Creates the weights by calling the model on a tiny batch."""
-        ids = tf.fill([1, 2], data_lib.BOS_ID)
-        languages = tf.zeros([1, 2], tf.int32) if self.num_languages else None
-        self(ids, language_ids=languages, training=False)
-
-    def get_build_config(self):
-        return {"built": True}
-
-    def build_from_config(self, config):
-        self.build_on_dummy()
-
-    def get_config(self):
-        return {"encoder_config": self.encoder_config, "name": self.name}
 
 
 @dataclasses.dataclass
@@ -575,9 +473,7 @@ def train(cfg):
     with strategy.scope():
         model = CausalLM(model_config, name="causal_lm")
         model.build_on_dummy()
-        optimizer = keras.optimizers.Adam(
-            WarmupSchedule(cfg.d_model, cfg.warmup_steps, scale=cfg.lr_scale),
-            beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+        optimizer = transformer_adam(cfg.d_model, cfg.warmup_steps, scale=cfg.lr_scale)
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,

@@ -166,7 +166,7 @@ def test_cli_rejects_an_unknown_variant(capsys):
 def test_unmasked_model_sees_the_future_token_and_the_causal_one_does_not(causal):
     config = dataclasses.replace(ablation.QUICK, causal=causal, dropout=0.0)
     model = ablation.build_model(config, 30, "sinusoidal")
-    assert isinstance(model, ablation.UnmaskedLM) is not causal
+    assert model.causal is causal and model.get_config()["causal"] is causal
     ids = np.array([[2, 7, 8, 9]], np.int32)
     changed = ids.copy()
     changed[0, 1] = 20  # the next-token target of position 0

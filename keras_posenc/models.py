@@ -1,0 +1,160 @@
+"""The package's language model and its optimizer recipe.
+
+`CausalLM` is the model that `keras-posenc train` trains, `ablate` compares,
+`inspect` probes and `export` converts; `transformer_adam` is the optimizer
+all of them train it with. Importing this module registers `CausalLM` for
+`keras.models.load_model`.
+
+Loss: the mean cross-entropy over every real (non-padding) label of the
+global batch. Each replica divides its sum by the token count of the whole
+global batch (an all-reduce), and the optimizer sums the replicas'
+gradients, so one device and N devices compute the same update.
+
+References:
+    - Vaswani et al., "Attention Is All You Need", 2017, section 5.3
+      (Adam and the warmup schedule), https://arxiv.org/abs/1706.03762.
+    - TensorFlow, "Custom training with tf.distribute.Strategy", loss
+      scaling by the global batch,
+      https://www.tensorflow.org/tutorials/distribute/custom_training.
+"""
+
+import tensorflow as tf
+
+from keras_posenc.backend import keras
+from keras_posenc.encoder import Encoder
+from keras_posenc.schedules import WarmupSchedule
+
+__all__ = ["CausalLM", "transformer_adam"]
+
+
+def transformer_adam(d_model, warmup_steps=4000, scale=1.0):
+    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `WarmupSchedule(d_model, warmup_steps, scale)`.
+
+    Args:
+        d_model: int, the model width (the schedule's peak is
+            `scale * d_model**-0.5 * warmup_steps**-0.5`).
+        warmup_steps: int, steps of linear warmup.
+        scale: float, factor on the schedule.
+
+    Returns:
+        a `keras.optimizers.Adam`.
+
+    Example:
+
+    >>> optimizer = transformer_adam(64, warmup_steps=100)
+    >>> float(optimizer.beta_2), float(optimizer.epsilon)
+    (0.98, 1e-09)
+    >>> round(float(optimizer.learning_rate), 9)  # first step: 64**-0.5 * 1 * 100**-1.5
+    0.000125
+
+    References:
+        - Vaswani et al., "Attention Is All You Need", 2017, section 5.3,
+          https://arxiv.org/abs/1706.03762.
+    """
+    return keras.optimizers.Adam(WarmupSchedule(d_model, warmup_steps, scale=scale),
+                                 beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+
+
+@keras.utils.register_keras_serializable(package="keras_posenc")
+class CausalLM(keras.Model):
+    """A next-token language model: `Encoder` + `Dense(vocab_size)` head.
+
+    Args:
+        encoder_config: dict, the keyword arguments of `keras_posenc.Encoder`.
+            Its `pad_id` (default 0) marks the labels left out of the loss.
+        causal: bool, apply the causal mask. With False every position sees
+            the whole input, so a next-token model can read its answer at
+            `i + 1` (the setup of a position ablation without a causal mask).
+        **kwargs: standard model arguments (`name`, ...).
+
+    Call arguments:
+        inputs: int token ids `[batch, length]`, or a dict with `token_ids`
+            and optionally `position_ids`, `language_ids`.
+        position_ids: optional int `[batch, length]`.
+        language_ids: int `[batch]` or `[batch, length]` when the position
+            layer has `num_languages`.
+        training: bool.
+
+    Returns:
+        float32 logits `[batch, length, vocab_size]`.
+
+    Training (`fit`) minimizes the mean cross-entropy over the non-padding
+    labels of the global batch (see the module docstring); `evaluate`
+    reports the token-weighted mean loss.
+
+    Example:
+
+    >>> config = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
+    ...           "max_length": 16}
+    >>> model = CausalLM(config)
+    >>> model(tf.constant([[2, 7, 9, 0]])).shape
+    TensorShape([1, 4, 20])
+    >>> clone = CausalLM.from_config(model.get_config())
+    >>> clone.encoder_config == config, clone.causal
+    (True, True)
+
+    References:
+        - Vaswani et al., "Attention Is All You Need", 2017,
+          https://arxiv.org/abs/1706.03762.
+    """
+
+    def __init__(self, encoder_config, causal=True, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder_config = dict(encoder_config)
+        self.causal = bool(causal)
+        self.pad_id = self.encoder_config.get("pad_id", 0)
+        self.encoder = Encoder(**self.encoder_config, name="encoder")
+        self.head = keras.layers.Dense(self.encoder_config["vocab_size"], name="lm_head")
+        self.num_languages = self.encoder_config.get("num_languages")
+        self.eval_loss = keras.metrics.Mean(name="loss")
+        self.distribute_reduction_method = "sum"
+
+    def call(self, inputs, position_ids=None, language_ids=None, training=None):
+        if isinstance(inputs, dict):
+            position_ids = inputs.get("position_ids", position_ids)
+            language_ids = inputs.get("language_ids", language_ids)
+            inputs = inputs["token_ids"]
+        x = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids,
+                         use_causal_mask=self.causal, training=training)
+        return tf.cast(self.head(x), tf.float32)
+
+    def _token_losses(self, data, training):
+        features, labels = data
+        logits = self(features, training=training)
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        real = tf.cast(tf.not_equal(labels, self.pad_id), tf.float32)
+        return tf.reduce_sum(losses * real), tf.reduce_sum(real)
+
+    def train_step(self, data):
+        context = tf.distribute.get_replica_context()
+        with tf.GradientTape() as tape:
+            local_sum, local_count = self._token_losses(data, training=True)
+            global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
+            loss = local_sum / tf.maximum(global_count, 1.0)
+        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        # Per-replica shares; Keras sums them over replicas (distribute_reduction_method="sum").
+        return {"loss": loss, "tokens": local_count}
+
+    def test_step(self, data):
+        local_sum, local_count = self._token_losses(data, training=False)
+        self.eval_loss.update_state(local_sum / tf.maximum(local_count, 1.0), sample_weight=local_count)
+        return {"loss": self.eval_loss.result()}
+
+    @property
+    def metrics(self):
+        return [self.eval_loss]
+
+    def build_on_dummy(self):
+        """Creates the weights by calling the model on a tiny batch."""
+        ids = tf.fill([1, 2], min(self.pad_id + 1, self.encoder_config["vocab_size"] - 1))
+        languages = tf.zeros([1, 2], tf.int32) if self.num_languages else None
+        self(ids, language_ids=languages, training=False)
+
+    def get_build_config(self):
+        return {"built": True}
+
+    def build_from_config(self, config):
+        self.build_on_dummy()
+
+    def get_config(self):
+        return {"encoder_config": self.encoder_config, "causal": self.causal, "name": self.name}
