@@ -3,24 +3,41 @@
 import tensorflow as tf
 from tensorflow import keras
 
-from keras_posenc.encoder_layer import EncoderLayer, merge_attention_masks, static_or_dynamic_length
-from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
-from keras_posenc.validation import check_epsilon, check_positive_int, check_rate
+from keras_posenc.encoder_layer import (
+    ATTENTION_POSITIONS,
+    EncoderLayer,
+    merge_attention_masks,
+    static_or_dynamic_length,
+)
+from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS, TokenAndPositionEmbedding
+from keras_posenc.positions import position_ids as derive_position_ids
+from keras_posenc.validation import check_choice, check_epsilon, check_positive_int, check_rate
 
-__all__ = ["Encoder", "EncoderLayer"]
+__all__ = ["ENCODER_POSITIONS", "Encoder", "EncoderLayer"]
+
+# Every `position` an Encoder takes: the additive embedding layers, then the ones inside attention.
+ENCODER_POSITIONS = tuple(POSITION_LAYERS) + ATTENTION_POSITIONS
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
 class Encoder(keras.layers.Layer):
     """A Transformer encoder over token ids.
 
-    `TokenAndPositionEmbedding` (any position kind of
-    `keras_posenc.layers.token_and_position_embedding.POSITION_LAYERS`), then
-    `num_layers` `EncoderLayer`s, then, for pre-LN stacks only, a final
-    `LayerNormalization` (post-LN blocks already end normalised).
+    `TokenAndPositionEmbedding`, then `num_layers` `EncoderLayer`s, then,
+    for pre-LN stacks only, a final `LayerNormalization` (post-LN blocks
+    already end normalised).
 
-    Masks: padding (`token_ids == pad_id`) is masked for queries and keys and
-    the Keras mask is emitted for later layers. `attention_mask` and
+    Positions: an additive kind of
+    `keras_posenc.layers.token_and_position_embedding.POSITION_LAYERS` is
+    added to the token embeddings; "rope" (rotary queries and keys) and
+    "alibi" (linear biases on the attention logits) act inside every
+    `EncoderLayer` instead, with per-sample position ids (from
+    `position_ids`, or numbered over the real tokens of each row, restarting
+    at every segment), so left padding and packing are exact there too.
+
+    Masks: padding (`token_ids == pad_id`) masks keys (a padding query's
+    output is finite and ignored) and the Keras mask is emitted for later
+    layers. `attention_mask` and
     `use_causal_mask` are merged in. With `segment_ids` (several sequences
     packed in one row), position ids restart at each segment and attention is
     block-diagonal: a token attends only to tokens of its own segment, so a
@@ -39,10 +56,17 @@ class Encoder(keras.layers.Layer):
         activation: feed-forward activation.
         epsilon: float > 0, LayerNormalization epsilon.
         pad_id: int, the padding token id.
-        position: position embedding name, a key of `POSITION_LAYERS`
-            ("sinusoidal", "learned", "integer", "none").
-        **position_kwargs: forwarded to the position layer (for example
-            `table`, `num_languages`, `overflow`).
+        position: one of `ENCODER_POSITIONS`: "sinusoidal", "learned",
+            "integer", "none" (additive), "rope" or "alibi" (in attention).
+        position_config: optional dict of the position's options: keyword
+            arguments of the additive position layer (for example `table`,
+            `num_languages`, `overflow`, `dropout`), or of
+            `keras_posenc.layers.RotaryEmbedding` for "rope". With "rope"
+            and "alibi", `overflow="extend"` accepts sequences longer than
+            `max_length` (RoPE angles are then computed for every call
+            instead of gathered from a `max_length`-row table).
+        **position_kwargs: the same options given flat (merged into
+            `position_config`).
 
     Call arguments:
         token_ids: int tensor `[batch, length]`.
@@ -66,18 +90,26 @@ class Encoder(keras.layers.Layer):
     TensorShape([2, 4, 8])
     >>> y._keras_mask.numpy().tolist()
     [[True, True, True, False], [False, True, True, True]]
+    >>> rope = Encoder(num_layers=1, d_model=8, num_heads=2, dff=16, vocab_size=50, max_length=16,
+    ...                position="rope", position_config={"scaling": "ntk", "scaling_factor": 2.0})
+    >>> rope(tf.constant([[5, 6, 7, 0]])).shape
+    TensorShape([1, 4, 8])
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.
+        - [Su et al., 2021](https://arxiv.org/abs/2104.09864), RoPE.
+        - [Press et al., 2022](https://arxiv.org/abs/2108.12409), ALiBi.
     """
 
     def __init__(self, num_layers, d_model, num_heads, dff, vocab_size, max_length, *, dropout=0.1,
                  norm_first=False, activation="relu", epsilon=1e-6, pad_id=0, position="sinusoidal",
-                 **position_kwargs):
+                 position_config=None, **position_kwargs):
         layer_kwargs = {k: position_kwargs.pop(k) for k in ("name", "dtype", "trainable")
                         if k in position_kwargs}
         super().__init__(**layer_kwargs)
         check_positive_int("num_layers", num_layers)
+        check_choice("position", position, ENCODER_POSITIONS)
+        position_config = {**(position_config or {}), **position_kwargs}
         check_rate("dropout", dropout)
         check_epsilon(epsilon)
         self.num_layers = num_layers
@@ -92,16 +124,24 @@ class Encoder(keras.layers.Layer):
         self.epsilon = float(epsilon)
         self.pad_id = pad_id
         self.position = position
-        self.position_kwargs = dict(position_kwargs)
+        self.position_config = position_config
         self.supports_masking = True
         policy = self.dtype_policy
+        embedding_position, embedding_config = position, position_config
+        layer_position, layer_config = None, None
+        if position in ATTENTION_POSITIONS:
+            layer_config = dict(position_config)
+            overflow = layer_config.pop("overflow", "error")
+            embedding_position, embedding_config, layer_position = "none", {"overflow": overflow}, position
+            if position == "rope":
+                layer_config.setdefault("max_length", None if overflow == "extend" else max_length)
         self.embedding = TokenAndPositionEmbedding(
-            vocab_size, d_model, max_length, pad_id=pad_id, position=position, dropout=self.dropout,
-            dtype=policy, name="embedding", **position_kwargs)
+            vocab_size, d_model, max_length, pad_id=pad_id, position=embedding_position, dropout=self.dropout,
+            dtype=policy, name="embedding", **embedding_config)
         self.encoder_layers = [
             EncoderLayer(d_model, num_heads, dff, dropout=self.dropout, norm_first=self.norm_first,
-                         activation=self.activation, epsilon=self.epsilon, dtype=policy,
-                         name=f"encoder_layer_{i}")
+                         activation=self.activation, epsilon=self.epsilon, position=layer_position,
+                         position_config=layer_config, dtype=policy, name=f"encoder_layer_{i}")
             for i in range(num_layers)
         ]
         self.final_norm = None
@@ -122,15 +162,19 @@ class Encoder(keras.layers.Layer):
 
     def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None):
-        x = self.embedding(token_ids, position_ids=position_ids, language_ids=language_ids,
-                           segment_ids=segment_ids, training=training)
         padding_mask = tf.not_equal(token_ids, self.pad_id)
+        in_attention = self.position in ATTENTION_POSITIONS
+        if in_attention and position_ids is None:
+            position_ids = derive_position_ids(padding_mask, segment_ids=segment_ids)
+        x = self.embedding(token_ids, position_ids=None if in_attention else position_ids,
+                           language_ids=language_ids, segment_ids=segment_ids, training=training)
         merged = merge_attention_masks(static_or_dynamic_length(token_ids), mask=padding_mask,
                                        attention_mask=attention_mask, use_causal_mask=use_causal_mask,
                                        segment_ids=segment_ids)
+        layer_ids = position_ids if in_attention else None
         for layer in self.encoder_layers:
             # mask=None: the padding mask is already inside `merged`.
-            x = layer(x, mask=None, attention_mask=merged, training=training)
+            x = layer(x, mask=None, attention_mask=merged, position_ids=layer_ids, training=training)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
@@ -156,6 +200,6 @@ class Encoder(keras.layers.Layer):
             "epsilon": self.epsilon,
             "pad_id": self.pad_id,
             "position": self.position,
-            **self.position_kwargs,
+            "position_config": dict(self.position_config),
         })
         return config

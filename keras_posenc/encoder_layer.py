@@ -3,9 +3,26 @@
 import tensorflow as tf
 from tensorflow import keras
 
-from keras_posenc.validation import check, check_epsilon, check_positive_int, check_rate, with_checks
+from keras_posenc.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
+from keras_posenc.backend import ops
+from keras_posenc.layers.rotary_embedding import RotaryEmbedding
+from keras_posenc.positions import position_ids as derive_position_ids
+from keras_posenc.validation import (
+    check,
+    check_choice,
+    check_epsilon,
+    check_positive_int,
+    check_rate,
+    with_checks,
+)
 
-__all__ = ["EncoderLayer", "merge_attention_masks", "static_or_dynamic_length"]
+__all__ = ["ATTENTION_POSITIONS", "EncoderLayer", "merge_attention_masks", "static_or_dynamic_length"]
+
+# Position encodings that act inside the attention rather than on the embeddings.
+ATTENTION_POSITIONS = ("rope", "alibi")
+# Keyword arguments of `RotaryEmbedding` that a "rope" layer's `position_config` may hold.
+_ROPE_KEYS = ("max_wavelength", "layout", "scaling", "scaling_factor", "max_length", "original_length",
+              "beta_fast", "beta_slow")
 
 
 def static_or_dynamic_length(tensor):
@@ -124,12 +141,27 @@ class EncoderLayer(keras.layers.Layer):
     warmup but leaves the output un-normalised (`Encoder` then adds a final
     LayerNormalization).
 
-    All masks are merged explicitly into one boolean `[B, T, T]` attention
-    mask before calling `MultiHeadAttention` (query and key padding from the
-    Keras mask, `attention_mask`, the causal mask), instead of relying on the
-    implicit mask handling of `MultiHeadAttention`, which differs between
-    Keras versions. Padding queries attend to nothing; their outputs stay
-    finite and the Keras mask is passed on unchanged.
+    Masks are merged explicitly (`merge_attention_masks`) before the
+    attention, instead of relying on the implicit mask handling of
+    `MultiHeadAttention`, which differs between Keras versions. The Keras
+    mask (padding) masks keys only, so the merged mask is `[B, 1, T]` when
+    padding is the only mask and `[B, T, T]` with `attention_mask` or the
+    causal mask. A padding query may attend to every real key; its output is
+    finite, ignored downstream, and the Keras mask is passed on unchanged.
+
+    Positions inside the attention (`position="rope"` or `"alibi"`): the
+    token embeddings then carry no position signal, and each query and key
+    gets its position from `position_ids` (or, without them, from the Keras
+    mask: real tokens numbered 0, 1, ... so left padding changes nothing).
+
+    - "rope": queries and keys of every head are rotated by
+      `RotaryEmbedding(**position_config)` before their dot product.
+    - "alibi": `-slope_h * |p_j - p_i|` is added to the logits of head `h`
+      (`keras_posenc.alibi.alibi_bias`), merged with the masks into one
+      additive bias; with the causal mask this is Press et al.'s
+      `slope_h * (j - i)`.
+
+    With either, the softmax runs in float32 also under mixed precision.
 
     Args:
         d_model: int, model width (input and output last dimension).
@@ -140,6 +172,12 @@ class EncoderLayer(keras.layers.Layer):
         norm_first: bool, pre-LN instead of post-LN.
         activation: activation of the feed-forward hidden layer.
         epsilon: float > 0, LayerNormalization epsilon.
+        position: None (positions are added to the embeddings before this
+            layer), "rope" or "alibi".
+        position_config: optional dict; for "rope" the keyword arguments of
+            `keras_posenc.layers.RotaryEmbedding` (`max_wavelength`,
+            `layout`, `scaling`, `scaling_factor`, `max_length`,
+            `original_length`, `beta_fast`, `beta_slow`); unused otherwise.
         **kwargs: standard layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -151,7 +189,16 @@ class EncoderLayer(keras.layers.Layer):
             `[batch, 1, length]` for keys only, or `[length, length]`), True
             where query `i` may attend to key `j`.
         use_causal_mask: bool, forbid attention to later positions.
+        position_ids: optional int `[batch, length]` or `[length]`, the
+            positions used by "rope" and "alibi".
         training: bool, enables dropout.
+        return_attention_scores: bool, also return the attention
+            probabilities `[batch, num_heads, length, length]` (before
+            dropout), as keras-hub's `TransformerEncoder` does.
+
+    Returns:
+        `[batch, length, d_model]`, or `(outputs, attention_scores)` with
+        `return_attention_scores=True`.
 
     Example:
 
@@ -163,14 +210,20 @@ class EncoderLayer(keras.layers.Layer):
     TensorShape([2, 5, 8])
     >>> bool(tf.reduce_all(tf.math.is_finite(y)))
     True
+    >>> rope = EncoderLayer(d_model=8, num_heads=2, dff=16, position="rope")
+    >>> y, scores = rope(x, mask=mask, return_attention_scores=True)
+    >>> scores.shape, float(tf.reduce_max(scores[1, :, :, 3:]))  # no attention to padding keys
+    (TensorShape([2, 2, 5, 5]), 0.0)
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.1.
         - [Xiong et al., 2020](https://arxiv.org/abs/2002.04745), pre-LN.
+        - [Su et al., 2021](https://arxiv.org/abs/2104.09864), RoPE.
+        - [Press et al., 2022](https://arxiv.org/abs/2108.12409), ALiBi.
     """
 
     def __init__(self, d_model, num_heads, dff, *, dropout=0.1, norm_first=False, activation="relu",
-                 epsilon=1e-6, **kwargs):
+                 epsilon=1e-6, position=None, position_config=None, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
@@ -180,6 +233,14 @@ class EncoderLayer(keras.layers.Layer):
                              f"num_heads={num_heads}.")
         check_rate("dropout", dropout)
         check_epsilon(epsilon)
+        if position is not None:
+            check_choice("position", position, ATTENTION_POSITIONS + (None,))
+        position_config = dict(position_config or {})
+        if position == "rope":
+            unknown = sorted(set(position_config) - set(_ROPE_KEYS))
+            if unknown:
+                raise ValueError(f"`position_config` of position='rope' takes {_ROPE_KEYS}, got unknown "
+                                 f"keys {unknown}.")
         self.d_model = d_model
         self.num_heads = num_heads
         self.dff = dff
@@ -187,10 +248,16 @@ class EncoderLayer(keras.layers.Layer):
         self.norm_first = bool(norm_first)
         self.activation = keras.activations.get(activation)
         self.epsilon = float(epsilon)
+        self.position = position
+        self.position_config = position_config
         self.supports_masking = True
         policy = self.dtype_policy
         self.attention = keras.layers.MultiHeadAttention(
             num_heads, d_model // num_heads, dropout=self.dropout, dtype=policy, name="attention")
+        self.rotary = None
+        if position == "rope":
+            self.rotary = RotaryEmbedding(**position_config, dtype=policy, name="rotary")
+        self.slopes = alibi_slopes(num_heads) if position == "alibi" else None
         self.attention_norm = keras.layers.LayerNormalization(
             axis=-1, epsilon=self.epsilon, dtype=policy, name="attention_norm")
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
@@ -209,25 +276,42 @@ class EncoderLayer(keras.layers.Layer):
         # Each sublayer is built inside its own name scope so weight names are unique
         # ("attention_norm/gamma", "ffn_norm/gamma"), as the legacy h5 format requires.
         with tf.name_scope(self.attention.name):
-            self.attention._build_from_signature(input_shape, input_shape)
+            if hasattr(self.attention, "_build_from_signature"):  # Keras 2
+                self.attention._build_from_signature(input_shape, input_shape)
+            else:
+                self.attention.build(input_shape, input_shape)
+        if self.rotary is not None:
+            head_dim = self.d_model // self.num_heads
+            self.rotary.build(input_shape[:-1].concatenate([self.num_heads, head_dim]))
         for layer, shape in ((self.attention_norm, input_shape), (self.ffn_hidden, input_shape),
                              (self.ffn_output, hidden_shape), (self.ffn_norm, input_shape)):
             with tf.name_scope(layer.name):
                 layer.build(shape)
         super().build(input_shape)
 
-    def call(self, x, mask=None, attention_mask=None, use_causal_mask=False, training=None):
+    def call(self, x, mask=None, attention_mask=None, use_causal_mask=False, position_ids=None,
+             training=None, return_attention_scores=False):
         if x.shape.rank != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"`x` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {x.shape}.")
         merged = merge_attention_masks(static_or_dynamic_length(x), mask=mask, attention_mask=attention_mask,
                                        use_causal_mask=use_causal_mask)
-        # A fresh tensor without `_keras_mask`, so MultiHeadAttention sees only `merged_mask`.
+        # A fresh tensor without `_keras_mask`, so the attention sees only `merged`.
         x = tf.identity(x)
         residual = x
         if self.norm_first:
             x = self.attention_norm(x)
-        x = self.attention(x, x, attention_mask=merged, training=training)
+        scores = None
+        if self.position is None and return_attention_scores:
+            x, scores = self.attention(x, x, attention_mask=merged, training=training,
+                                       return_attention_scores=True)
+        elif self.position is None:
+            x = self.attention(x, x, attention_mask=merged, training=training)
+        else:
+            if position_ids is None:
+                real = tf.ones(tf.shape(x)[:2], tf.bool) if mask is None else mask
+                position_ids = derive_position_ids(real)
+            x, scores = self._positional_attention(x, merged, position_ids, training)
         x = residual + self.attention_dropout(x, training=training)
         if not self.norm_first:
             x = self.attention_norm(x)
@@ -239,7 +323,36 @@ class EncoderLayer(keras.layers.Layer):
         x = residual + self.ffn_dropout(x, training=training)
         if not self.norm_first:
             x = self.ffn_norm(x)
+        if return_attention_scores:
+            return x, scores
         return x
+
+    def _positional_attention(self, x, allowed, position_ids, training):
+        """Multi-head self-attention with RoPE on queries and keys or the ALiBi bias on the logits.
+
+        Uses the projections of `self.attention` (same weights and names as
+        the plain path); the logits, bias and softmax are float32.
+        """
+        attention = self.attention
+        query = attention._query_dense(x)  # [batch, length, heads, head_dim]
+        key = attention._key_dense(x)
+        value = attention._value_dense(x)
+        if self.rotary is not None:
+            query = self.rotary(query, position_ids=position_ids)
+            key = self.rotary(key, position_ids=position_ids)
+        head_dim = self.d_model // self.num_heads
+        logits = ops.einsum("bqhd,bkhd->bhqk", ops.cast(query, "float32"), ops.cast(key, "float32"))
+        logits = logits * (1.0 / float(head_dim) ** 0.5)
+        if self.slopes is not None:
+            ids = ops.cast(position_ids, "int32")
+            ids = ids[None] if len(ids.shape) == 1 else ids
+            logits = logits + alibi_bias(self.slopes, ids, allowed)
+        elif allowed is not None:
+            logits = ops.where(ops.expand_dims(allowed, 1), logits, MASKED_BIAS)
+        scores = ops.softmax(logits, axis=-1)
+        probabilities = attention._dropout_layer(ops.cast(scores, self.compute_dtype), training=training)
+        output = ops.einsum("bhqk,bkhd->bqhd", probabilities, value)
+        return attention._output_dense(output), ops.cast(scores, self.compute_dtype)
 
     def compute_mask(self, x, mask=None):
         return mask
@@ -257,5 +370,7 @@ class EncoderLayer(keras.layers.Layer):
             "norm_first": self.norm_first,
             "activation": keras.activations.serialize(self.activation),
             "epsilon": self.epsilon,
+            "position": self.position,
+            "position_config": dict(self.position_config),
         })
         return config

@@ -247,3 +247,123 @@ def test_invalid_encoder_arguments_and_inputs():
         tf.TensorSpec([None, None, 16]), tf.TensorSpec([None, None, None], tf.bool)])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"`attention_mask` must have shape .* length 3"):
         dynamic(tf.zeros([1, 3, 16]), tf.ones([1, 3, 4], tf.bool))
+
+
+# Positions inside attention: RoPE and ALiBi -------------------------------------------------------
+
+ROPE_CONFIGS = [{}, {"layout": "interleave", "scaling": "ntk", "scaling_factor": 2.0},
+                {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 8}]
+
+
+def test_encoder_layer_contract_rope(tmp_path):
+    mask = tf.constant([[True] * 5, [False, False, True, True, True]])
+    run_layer_test(EncoderLayer, {**SMALL, "position": "rope", "position_config": {"max_length": 8}},
+                   {"inputs": random_inputs([2, 5, 16]), "mask": mask},
+                   expected_output_shape=(2, 5, 16), expected_num_trainable_weights=16,
+                   weights_without_gradient=KEY_BIAS, tmp_dir=tmp_path)
+
+
+def test_encoder_contract_alibi_pre_ln(tmp_path):
+    ids = tf.constant([[3, 4, 5, 0, 0], [0, 0, 7, 8, 9]])
+    run_layer_test(Encoder, {**SMALL_ENCODER, "num_layers": 1, "norm_first": True, "position": "alibi"}, ids,
+                   expected_output_shape=(2, 5, 16), weights_without_gradient=KEY_BIAS, tmp_dir=tmp_path)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("position, config", [("rope", c) for c in ROPE_CONFIGS] + [("alibi", {})])
+def test_left_padded_row_equals_unpadded_row_through_the_encoder(position, config, causal):
+    keras.utils.set_random_seed(3)
+    encoder = Encoder(**SMALL_ENCODER, position=position, position_config=config, dropout=0.0)
+    alone = encoder(tf.constant([[5, 6, 7, 8]]), use_causal_mask=causal)[0].numpy()
+    batch = encoder(tf.constant([[0, 0, 0, 5, 6, 7, 8], [5, 6, 7, 8, 0, 0, 0]]),
+                    use_causal_mask=causal).numpy()
+    np.testing.assert_allclose(batch[0, 3:], alone, atol=1e-5)
+    np.testing.assert_allclose(batch[1, :4], alone, atol=1e-5)
+    # Positions that are not one shift of the unpadded ones change the real outputs.
+    gapped = encoder(tf.constant([[5, 6, 7, 8]]), position_ids=tf.constant([[0, 1, 5, 6]]),
+                     use_causal_mask=causal)[0].numpy()
+    assert np.max(np.abs(gapped - alone)) > 1e-3
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_packed_segments_with_positions_in_attention(position):
+    encoder = Encoder(**SMALL_ENCODER, position=position)
+    packed = encoder(tf.constant([[5, 6, 7, 8, 9]]), segment_ids=tf.constant([[1, 1, 1, 2, 2]]))[0]
+    np.testing.assert_allclose(packed[:3], encoder(tf.constant([[5, 6, 7]]))[0], atol=1e-5)
+    np.testing.assert_allclose(packed[3:], encoder(tf.constant([[8, 9]]))[0], atol=1e-5)
+
+
+def reference_scores(layer, x, positions, allowed):
+    """Attention probabilities of `layer` from its weights, in float64 numpy (RoPE half layout / ALiBi)."""
+    weights = {"/".join(w.name.split(":")[0].split("/")[-2:]): w.numpy().astype(np.float64)
+               for w in layer.attention.weights}
+    x = np.asarray(x, np.float64)
+    q = np.einsum("btd,dhk->bthk", x, weights["query/kernel"]) + weights["query/bias"]
+    k = np.einsum("btd,dhk->bthk", x, weights["key/kernel"]) + weights["key/bias"]
+    heads, head_dim = q.shape[2], q.shape[3]
+    if layer.position == "rope":
+        half = head_dim // 2
+        angles = positions[..., None] * 10000.0 ** (-np.arange(half) * 2.0 / head_dim)
+        cos, sin = np.cos(angles)[:, :, None], np.sin(angles)[:, :, None]
+
+        def rotate(v):
+            return np.concatenate([v[..., :half] * cos - v[..., half:] * sin,
+                                   v[..., half:] * cos + v[..., :half] * sin], -1)
+        q, k = rotate(q), rotate(k)
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(head_dim)
+    if layer.position == "alibi":
+        slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+        distance = np.abs(positions[:, None, None, :] - positions[:, None, :, None])
+        logits = logits - slopes[None, :, None, None] * distance
+    logits = np.where(allowed[:, None], logits, -1e30)
+    logits = logits - logits.max(-1, keepdims=True)
+    return np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_attention_scores_equal_a_numpy_reference(position):
+    layer = EncoderLayer(**SMALL, position=position, dropout=0.0)
+    x = random_inputs([2, 6, 16], seed=4)
+    mask = np.array([[True] * 6, [False, False, True, True, True, True]])
+    _, scores = layer(x, mask=tf.constant(mask), use_causal_mask=True, return_attention_scores=True)
+    positions = np.array([np.arange(6), [0, 0, 0, 1, 2, 3]], np.float64)
+    allowed = mask[:, None, :] & np.tril(np.ones([6, 6], bool))[None]
+    expected = reference_scores(layer, x, positions, allowed)
+    real_queries = np.broadcast_to(mask[:, None, :, None], expected.shape)  # padding queries are ignored
+    np.testing.assert_allclose(scores.numpy()[real_queries], expected[real_queries], atol=1e-6)
+
+
+def test_return_attention_scores_of_the_plain_layer():
+    layer = EncoderLayer(**SMALL, dropout=0.0)
+    mask = tf.constant([[True, True, True, False]])
+    x = random_inputs([1, 4, 16])
+    y, scores = layer(x, mask=mask, return_attention_scores=True)
+    np.testing.assert_array_equal(y, layer(x, mask=mask))
+    assert scores.shape == (1, 2, 4, 4)
+    np.testing.assert_allclose(tf.reduce_sum(scores, -1), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(scores[..., 3], 0.0)
+
+
+def test_position_config_and_flat_kwargs_agree():
+    keras.utils.set_random_seed(0)
+    explicit = Encoder(**SMALL_ENCODER, position="sinusoidal", position_config={"table": "factorized"})
+    flat = Encoder(**SMALL_ENCODER, position="sinusoidal", table="factorized")
+    assert explicit.get_config()["position_config"] == flat.get_config()["position_config"] == {
+        "table": "factorized"}
+    rope = Encoder(**SMALL_ENCODER, position="rope",
+                   position_config={"scaling": "linear", "scaling_factor": 2.0})
+    clone = Encoder.from_config(rope.get_config())
+    assert clone.encoder_layers[0].rotary.get_config() == rope.encoder_layers[0].rotary.get_config()
+    assert rope.encoder_layers[0].rotary.max_length == SMALL_ENCODER["max_length"]
+    extended = Encoder(**SMALL_ENCODER, position="rope", overflow="extend")
+    assert extended.encoder_layers[0].rotary.max_length is None
+    assert extended(tf.constant([[5] * 30])).shape == (1, 30, 16)  # past max_length=12
+
+
+def test_invalid_positions():
+    with pytest.raises(ValueError, match="`position` must be one of"):
+        Encoder(**SMALL_ENCODER, position="rotary")
+    with pytest.raises(ValueError, match="unknown keys"):
+        EncoderLayer(**SMALL, position="rope", position_config={"base": 10.0})
+    with pytest.raises(ValueError, match="max_length=12"):
+        Encoder(**SMALL_ENCODER, position="rope")(tf.constant([[5] * 13]))
