@@ -1,0 +1,29 @@
+"""Export for edge runtimes: `--target gpu | gl | cpu | tensorrt`, per-backend verdicts, parity.
+
+Modules:
+
+- `conversion`: `to_tflite` / `to_onnx`, model inspection and the float32 rebuild;
+- `emitters` and `gl`: the formulation of each keras_posenc layer per target (a registry keyed
+  by layer class);
+- `flatbuffer`: operators of a TFLite file, read with TensorFlow's flatbuffer utilities;
+- `verdicts`: `gpu_incompatible_ops(tflite, backend="opencl" | "webgpu" | "gl")`;
+- `parity`: the exported file against Keras (TFLite interpreter, onnxruntime) and the report
+  that `keras-posenc export` prints.
+"""
+
+from keras_posenc.export.conversion import (ONNX_OPSET, QUANTIZE_MODES, TARGETS, ModelSpec, load_model,
+                                            to_onnx, to_tflite)
+from keras_posenc.export.flatbuffer import op_counts, operators
+from keras_posenc.export.parity import (TARGET_BACKENDS, check_onnx_parity, check_parity, export_report,
+                                        format_report, run_interpreter, run_onnx, runtime_metadata,
+                                        sample_token_batch, weight_bytes)
+from keras_posenc.export.verdicts import (BACKENDS, GL_SHADER_OPS, GPU_PARSER_OPS, analyzer_report,
+                                          gpu_incompatible_ops, verdict_line)
+
+__all__ = [
+    "BACKENDS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS",
+    "TARGET_BACKENDS", "ModelSpec", "analyzer_report", "check_onnx_parity", "check_parity",
+    "export_report", "format_report", "gpu_incompatible_ops", "load_model", "op_counts", "operators",
+    "run_interpreter", "run_onnx", "runtime_metadata", "sample_token_batch", "to_onnx", "to_tflite",
+    "verdict_line", "weight_bytes",
+]

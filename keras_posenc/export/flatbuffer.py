@@ -1,0 +1,109 @@
+"""Reading a TFLite flatbuffer: its operators, with their names and versions.
+
+Read with TensorFlow's own flatbuffer utilities (`tensorflow.lite.tools.flatbuffer_utils`,
+which parse with the generated schema and name ops with `schema_util`), not by hand.
+"""
+
+import collections
+
+from tensorflow.lite.tools import flatbuffer_utils
+
+__all__ = ["check_flatbuffer", "op_counts", "operators"]
+
+Operator = collections.namedtuple("Operator", ["name", "version", "inputs", "outputs"])
+
+
+def check_flatbuffer(tflite_bytes):
+    """Raises TypeError/ValueError unless `tflite_bytes` is a TFLite flatbuffer.
+
+    Example:
+
+    >>> check_flatbuffer(b"\\x00" * 32)
+    Traceback (most recent call last):
+        ...
+    ValueError: `tflite_bytes` is not a TFLite flatbuffer (no 'TFL3' identifier).
+    """
+    if not isinstance(tflite_bytes, (bytes, bytearray)):
+        raise TypeError(f"`tflite_bytes` must be bytes, got {type(tflite_bytes).__name__}.")
+    if len(tflite_bytes) < 8 or bytes(tflite_bytes[4:8]) != b"TFL3":
+        raise ValueError("`tflite_bytes` is not a TFLite flatbuffer (no 'TFL3' identifier).")
+
+
+def operators(tflite_bytes):
+    """Every operator of every subgraph, in execution order, with its op version and tensor shapes.
+
+    Builtin ops are named as in the TFLite schema (`FULLY_CONNECTED`); custom
+    ops by their custom code (Flex ops are `FlexXxx`).
+
+    Args:
+        tflite_bytes: a TFLite flatbuffer (bytes).
+
+    Returns:
+        A list of `Operator(name, version, inputs, outputs)`; `inputs` and
+        `outputs` are lists of `(shape tuple, is_constant)` (shape None for an
+        omitted optional input).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> add = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> [(op.name, op.version) for op in operators(flat)]
+    [('ADD', 1)]
+    """
+    check_flatbuffer(tflite_bytes)
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_bytes))
+    codes = []
+    for code in model.operatorCodes:
+        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+        name = flatbuffer_utils.opcode_to_name(model, model.operatorCodes.index(code))
+        if builtin == flatbuffer_utils.schema_fb.BuiltinOperator.CUSTOM:
+            custom = code.customCode
+            name = custom.decode() if isinstance(custom, bytes) else str(custom)
+        codes.append((name, code.version))
+    result = []
+    for graph in model.subgraphs:
+        tensors = graph.tensors or []
+
+        def describe(indices):
+            described = []
+            for index in (indices if indices is not None else []):
+                if index < 0:
+                    described.append((None, False))
+                    continue
+                tensor = tensors[index]
+                constant = bool(model.buffers[tensor.buffer].data is not None and
+                                len(model.buffers[tensor.buffer].data))
+                shape = tuple(int(n) for n in tensor.shape) if tensor.shape is not None else ()
+                described.append((shape, constant))
+            return described
+
+        for op in graph.operators or []:
+            name, version = codes[op.opcodeIndex]
+            result.append(Operator(name, version, describe(op.inputs), describe(op.outputs)))
+    return result
+
+
+def op_counts(tflite_bytes):
+    """Histogram of the operators of a TFLite flatbuffer, read from the flatbuffer itself.
+
+    Args:
+        tflite_bytes: a TFLite flatbuffer (bytes).
+
+    Returns:
+        A dict `{op name: count}` sorted by name.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> add = tf.function(lambda x: tf.gather(x, [2, 0]) + 1.0,
+    ...                   input_signature=[tf.TensorSpec([3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> op_counts(flat)
+    {'ADD': 1, 'GATHER': 1}
+
+    References:
+        - [The TFLite flatbuffer schema](https://github.com/tensorflow/tensorflow/blob/v2.12.0/tensorflow/lite/schema/schema.fbs).
+    """
+    counts = collections.Counter(op.name for op in operators(tflite_bytes))
+    return dict(sorted(counts.items()))

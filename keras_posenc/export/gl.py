@@ -1,0 +1,278 @@
+"""The `gl` target: every op with a shader in the GPU delegate's OpenGL ES backend.
+
+The OpenGL ES backend (the one a Jetson without OpenCL runs) has shaders for a short list of ops
+(`tensorflow/lite/delegates/gpu/gl/kernels/registry.cc`): no TRANSPOSE, BATCH_MATMUL, CUMSUM,
+EQUAL, CAST or SPLIT, MEAN over height/width only, SOFTMAX over channels only. Its arithmetic is on
+float tensors, so this target takes float32 inputs (integer-valued token ids, language ids) and
+builds everything from FULLY_CONNECTED with constant weights, 1x1 CONV_2D, CONCATENATION, RESHAPE,
+MUL, SUB, ADD, ABS, RELU, RSQRT, EXP, AVERAGE_POOL_2D and SOFTMAX:
+
+- a lookup `table[v]` is `relu(1 - |v - classes|) @ table` (a one-hot row, exact for integer v);
+- position ids of real tokens (left padding, packed segments) are `real @ M` with a constant
+  0/1 matrix M (an exclusive cumulative count), padding gets id -1, whose one-hot row is zero;
+- a per-token mean (LayerNormalization) is a product with the constant `[D, D]` matrix 1/D;
+- attention per head: queries and keys are materialised as `[1, T, T, head_dim]` by
+  CONCATENATION (a broadcasting MUL is rejected by the GL backend, and the converter folds
+  TILE into one), multiplied, summed over channels by a 1x1 CONV_2D with constant weights,
+  reshaped to keys-in-channels for SOFTMAX, and the weighted sum of values is an
+  AVERAGE_POOL_2D over the key axis times T;
+- the attention bias (padding keys, causal mask, constant segments) is `real @ W` with a
+  constant `[T, T*T]` matrix W: a broadcast with constant weights, no runtime broadcasting.
+
+Batch 1 only (what the GL delegate runs); segment ids, position ids and attention masks must be
+constant in the traced graph.
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc.encoder import Encoder
+from keras_posenc.encoder_layer import EncoderLayer
+from keras_posenc.export.emitters import emits, exclusive_count_matrix, frozen, static_structure
+from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
+from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
+
+__all__ = ["layer_norm", "one_hot"]
+
+_RSQRT_EXPONENT = float(np.nextafter(np.float32(-0.5), np.float32(-1.0)))
+# What Keras adds to masked attention scores (keras Softmax, float32).
+_MASKED = -1e9
+
+
+def _not(real_like):
+    return tf.nn.relu(real_like * -1.0 + 1.0)
+
+
+def linear(x, kernel, bias=None):
+    """`x @ kernel (+ bias)` over the last axis as a 1x1 CONV_2D with constant weights.
+
+    Not FULLY_CONNECTED: the converter flattens its input to 2-D, whose first axis (T) the GL
+    delegate takes for a batch ("Batch size mismatch, expected 1 but got 48").
+    """
+    shape = x.shape.as_list()
+    kernel = tf.convert_to_tensor(kernel)
+    rows = tf.reshape(x, [1, 1, -1, shape[-1]])
+    y = tf.nn.conv2d(rows, tf.reshape(kernel, [1, 1, shape[-1], -1]), strides=1, padding="VALID")
+    if bias is not None:
+        y = y + bias
+    return tf.reshape(y, shape[:-1] + [kernel.shape[-1]])
+
+
+def one_hot(values, depth):
+    """`N` integer-valued floats -> `[1, N, depth]` one-hot rows: relu(1 - |v - classes|).
+
+    A value outside [0, depth) (e.g. -1) gives a zero row. Every tensor keeps a leading batch
+    axis of 1: the GL delegate takes the first axis as the batch and needs it equal everywhere.
+    """
+    values = tf.reshape(tf.cast(values, tf.float32), [1, -1, 1])
+    spread = linear(values, tf.ones([1, depth]))  # a broadcast by constant weights
+    return _not(tf.abs(spread - tf.range(depth, dtype=tf.float32)))
+
+
+def real_tokens(token_ids, pad_id):
+    """1.0 for real tokens, 0.0 for the pad id, from float token ids `[1, T]`."""
+    return 1.0 - _not(tf.abs(tf.cast(token_ids, tf.float32) - float(pad_id)))
+
+
+def layer_norm(x, norm):
+    """LayerNormalization over the last axis of `x` `[1, N, D]` with `norm`'s weights."""
+    depth = x.shape[-1]
+    average = tf.constant(np.full([depth, depth], 1.0 / depth, np.float32))
+    centered = x - linear(x, average)
+    variance = linear(centered * centered, average)
+    # POW, not RSQRT: the GL RSQRT shader declares a `nan` constant, and fused shaders with
+    # several RSQRT fail to compile ("`nan' redeclared"). Grappler rewrites pow(v, -0.5) as
+    # RSQRT, so the exponent is the next float32 below -0.5: a relative change of
+    # 6e-8 * |ln v|, far below float32 LayerNorm rounding.
+    y = centered * tf.pow(variance + norm.epsilon, _RSQRT_EXPONENT)
+    if norm.scale:
+        y = y * norm.gamma
+    if norm.center:
+        y = y + norm.beta
+    return y
+
+
+def _check_batch(tensor):
+    if tensor.shape[0] != 1:
+        raise ValueError(f"The gl target runs batch 1 only (the GL delegate's batch), got shape {tensor.shape}.")
+
+
+def _position_rows(layer, x, real, position_ids=None, language_ids=None, segment_ids=None):
+    """`x + pe` for float `x` `[1, T, D]` and float `real` `[1, T]` (None: no mask)."""
+    constants = frozen(layer)
+    length = x.shape[1]
+    if real is None:
+        real = tf.ones([1, length])
+    if position_ids is not None:
+        ids = tf.reshape(tf.cast(position_ids, tf.float32), [1, length])
+        rows = constants.table
+    else:
+        runs = np.ones([length, length], bool)
+        if segment_ids is not None:
+            try:
+                _, runs = static_structure(length, segment_ids=segment_ids)
+            except ValueError as error:
+                raise ValueError(f"The gl target needs constant segment_ids ({error}).") from None
+        ids = linear(real, exclusive_count_matrix(runs))
+        rows = constants.table[:length]
+    if layer.zero_padding:
+        ids = (ids + 1.0) * real - 1.0  # padding -> -1 -> a zero one-hot row -> pe exactly 0
+    elif position_ids is None:
+        ids = ids * real
+    pe = linear(one_hot(ids, len(rows)), rows)
+    if constants.scales is not None:
+        count = len(constants.scales)
+        languages = tf.cast(language_ids, tf.float32)
+        if language_ids.shape.rank == 1:  # one language per row: spread over [T * D] by the weights
+            spread = np.repeat(constants.scales[:, None], length * x.shape[2], axis=1)
+            scale = tf.reshape(linear(one_hot(languages, count), spread), [1, length, -1])
+        else:
+            spread = np.repeat(constants.scales[:, None], x.shape[2], axis=1)
+            scale = linear(one_hot(languages, count), spread)
+        pe = pe * scale
+    return x + pe
+
+
+@emits(("gl",), PositionEmbeddingBase)
+def _position(layer, inputs, position_ids=None, language_ids=None, mask=None, training=None,
+              segment_ids=None):
+    _check_batch(inputs)
+    real = None if mask is None else tf.reshape(tf.cast(mask, tf.float32), [1, -1])
+    return _position_rows(layer, inputs, real, position_ids, language_ids, segment_ids)
+
+
+def _embed(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None):
+    """`[1, T, D]` embeddings and the float real-token row `[1, T]` for float token ids `[1, T]`."""
+    _check_batch(token_ids)
+    real = real_tokens(token_ids, layer.pad_id)
+    table = layer.token_embedding.embeddings
+    if layer.scale_embeddings:
+        table = table * math.sqrt(layer.d_model)
+    x = linear(one_hot(token_ids, layer.vocab_size), table)
+    x = _position_rows(layer.position_embedding, x, real, position_ids, language_ids, segment_ids)
+    return x, real
+
+
+@emits(("gl",), TokenAndPositionEmbedding)
+def _embedding(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, training=None):
+    return _embed(layer, token_ids, position_ids, language_ids, segment_ids)[0]
+
+
+def _broadcast_rows(tensor, copies, axis):
+    """`copies` copies of `tensor` along `axis` by CONCATENATION (the GL backend has no broadcast).
+
+    By doubling (1, 2, 4, ... copies, then the binary digits of `copies` joined): a GL shader
+    binds at most 16 storage buffers, so one CONCATENATION of T inputs fails to link for T > 15.
+    """
+    powers, block = [], tensor
+    while (1 << len(powers)) <= copies:
+        powers.append(block)
+        block = tf.concat([block, block], axis=axis)
+    parts = [powers[bit] for bit in reversed(range(len(powers))) if copies >> bit & 1]
+    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
+
+
+def _attention(layer, x, bias):
+    """Multi-head self-attention of `x` `[1, T, D]` with an additive `bias` `[1, T, 1, T]`."""
+    attention = layer.attention
+    length = x.shape[1]
+    heads, head_dim = attention._num_heads, attention._key_dim
+    # MultiHeadAttention builds its projections on its first call, which the gl target replaces.
+    for dense in (attention._query_dense, attention._key_dense, attention._value_dense):
+        if not dense.built:
+            dense.build(tf.TensorShape([1, length, x.shape[2]]))
+    if not attention._output_dense.built:
+        attention._output_dense.build(tf.TensorShape([1, length, heads, head_dim]))
+    query_kernel, key_kernel, value_kernel = (dense.kernel for dense in
+                                              (attention._query_dense, attention._key_dense,
+                                               attention._value_dense))
+    query_bias, key_bias, value_bias = (dense.bias for dense in
+                                        (attention._query_dense, attention._key_dense,
+                                         attention._value_dense))
+    scale = 1.0 / math.sqrt(float(head_dim))
+    outputs = []
+    for head in range(heads):
+        q = linear(x, query_kernel[:, head, :], query_bias[head])
+        k = linear(x, key_kernel[:, head, :], key_bias[head])
+        v = linear(x, value_kernel[:, head, :], value_bias[head])
+        queries = _broadcast_rows(tf.reshape(q, [1, length, 1, head_dim]), length, axis=2)
+        keys = _broadcast_rows(tf.reshape(k, [1, 1, length, head_dim]), length, axis=1)
+        summed = tf.constant(np.full([1, 1, head_dim, 1], scale, np.float32))
+        scores = tf.nn.conv2d(queries * keys, summed, strides=1, padding="VALID")  # [1, T, T, 1]
+        scores = tf.reshape(scores, [1, length, 1, length]) + bias
+        weights = tf.nn.softmax(scores, axis=-1)  # over the keys, in channels
+        spread = tf.constant(np.ones([1, 1, 1, head_dim], np.float32))
+        weights = tf.nn.conv2d(tf.reshape(weights, [1, length, length, 1]), spread, strides=1,
+                               padding="VALID")  # [1, T, T, head_dim]
+        values = _broadcast_rows(tf.reshape(v, [1, 1, length, head_dim]), length, axis=1)
+        mean = tf.nn.avg_pool2d(weights * values, ksize=[1, length], strides=[1, 1], padding="VALID")
+        outputs.append(mean * float(length))  # [1, T, 1, head_dim]
+    merged = tf.reshape(tf.concat(outputs, axis=-1), [1, length, heads * head_dim])
+    output_dense = attention._output_dense
+    kernel = tf.reshape(output_dense.kernel, [heads * head_dim, -1])
+    return linear(merged, kernel, output_dense.bias)
+
+
+def _dense(dense, x):
+    return dense.activation(linear(x, dense.kernel, dense.bias if dense.use_bias else None))
+
+
+def _encoder_layer_rows(layer, x, bias):
+    residual = x
+    if layer.norm_first:
+        x = layer_norm(x, layer.attention_norm)
+    x = residual + _attention(layer, x, bias)
+    if not layer.norm_first:
+        x = layer_norm(x, layer.attention_norm)
+    residual = x
+    if layer.norm_first:
+        x = layer_norm(x, layer.ffn_norm)
+    x = residual + _dense(layer.ffn_output, _dense(layer.ffn_hidden, x))
+    if not layer.norm_first:
+        x = layer_norm(x, layer.ffn_norm)
+    return x
+
+
+@emits(("gl",), EncoderLayer)
+def _encoder_layer(layer, x, mask=None, attention_mask=None, use_causal_mask=False, training=None):
+    """`attention_mask` here is the additive bias `[1, T, 1, T]` that the gl Encoder builds."""
+    _check_batch(x)
+    length = x.shape[1]
+    if attention_mask is None or attention_mask.shape.rank != 4:
+        allowed, _ = static_structure(length, attention_mask=attention_mask, use_causal_mask=use_causal_mask)
+        bias = tf.constant(np.where(allowed, 0.0, _MASKED).astype(np.float32).reshape(1, length, 1, length))
+        if mask is not None:
+            real = tf.reshape(tf.cast(mask, tf.float32), [1, length])
+            bias = bias + _key_bias(real, np.ones([length, length], bool))
+    else:
+        bias = attention_mask
+    return _encoder_layer_rows(layer, x, bias)
+
+
+def _key_bias(real, allowed):
+    """Additive bias `[1, T, 1, T]`: 0 where `allowed[q, k]` and key k is real, else -1e9."""
+    length = len(allowed)
+    spread = np.zeros([length, length, length], np.float32)  # [key', query, key]
+    for key in range(length):
+        spread[key, :, key] = allowed[:, key]
+    keep = linear(real, spread.reshape(length, length * length))
+    return tf.reshape((keep - 1.0) * -_MASKED, [1, length, 1, length])
+
+
+@emits(("gl",), Encoder)
+def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
+             use_causal_mask=False, training=None):
+    length = token_ids.shape[1]
+    try:
+        allowed, _ = static_structure(length, segment_ids, attention_mask, use_causal_mask)
+    except ValueError as error:
+        raise ValueError(f"The gl target needs constant segment_ids and attention_mask ({error}).") from None
+    x, real = _embed(layer.embedding, token_ids, position_ids, language_ids, segment_ids)
+    bias = _key_bias(real, allowed)
+    for encoder_layer in layer.encoder_layers:
+        x = _encoder_layer_rows(encoder_layer, x, bias)
+    if layer.final_norm is not None:
+        x = layer_norm(x, layer.final_norm)
+    return x

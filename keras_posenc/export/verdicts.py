@@ -1,0 +1,174 @@
+"""Per-backend verdicts: which ops of a TFLite file a GPU runtime would not run on the GPU.
+
+Three backends, each judged from the op support of its own runtime:
+
+- `"opencl"` and `"webgpu"`: the GPU delegate's common TFLite parser
+  (`tensorflow/lite/delegates/gpu/common/model_builder.cc`), which the OpenCL delegate and the
+  LiteRT GPU accelerator (`libLiteRtWebGpuAccelerator.so` in ai-edge-litert 2.3) share: its op
+  list (mirrored by TFLite 2.12's `tensorflow/lite/tools/versioning/gpu_compatibility.cc`, which
+  `tf.lite.experimental.Analyzer` runs) and the highest version of each op it parses
+  (`_PARSER_MAX_VERSION`; LiteRT 2.3 says e.g. "STRIDED_SLICE: Max version supported: 2.
+  Requested version 3").
+- `"gl"`: the OpenGL ES backend of the classic delegate (Jetson with tflite-runtime), whose
+  shader registry is `tensorflow/lite/delegates/gpu/gl/kernels/registry.cc` (`GL_SHADER_OPS`):
+  the parser accepts more ops than GL has shaders for, and the delegate then fails in Prepare
+  ("No shader implementation for transpose") and drops the whole graph to the CPU. Op limits of
+  the GL kernels: MEAN over height and width only (`gl/kernels/mean.cc`), a MUL of two runtime
+  tensors only when one is at least the other in every dimension (`gl/kernels/mul.cc`), no SUB
+  of two runtime tensors that broadcast.
+
+`tests/edge/` runs these verdicts against the running runtimes (LiteRT on Mesa lavapipe, the GL
+delegate of mediapipe on Mesa llvmpipe): a file with an empty verdict must be fully accelerated
+there, and each flagged op must be named by the runtime's own messages.
+"""
+
+import contextlib
+import io
+import re
+
+import tensorflow as tf
+
+from keras_posenc.export.flatbuffer import check_flatbuffer, operators
+
+__all__ = ["BACKENDS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "analyzer_report", "gpu_incompatible_ops",
+           "verdict_line"]
+
+BACKENDS = {
+    "webgpu": "LiteRT GPU accelerator (ai-edge-litert CompiledModel; WebGPU over Vulkan, JetPack 6)",
+    "opencl": "OpenCL GPU delegate (Android; JetPack 6 through LiteRT)",
+    "gl": "OpenGL ES (Jetson + tflite-runtime)",
+}
+
+# Ops the GPU delegate's parser takes (TFLite 2.12 tensorflow/lite/tools/versioning/
+# gpu_compatibility.cc, the same list as delegates/gpu/common/model_builder.cc).
+GPU_PARSER_OPS = frozenset("""
+ABS ADD AVERAGE_POOL_2D BATCH_MATMUL CAST CONCATENATION CONV_2D COS CUMSUM DENSIFY DEPTH_TO_SPACE
+DEPTHWISE_CONV_2D DEQUANTIZE DIV ELU EQUAL EXP FLOOR FLOOR_DIV FLOOR_MOD FULLY_CONNECTED GREATER
+GREATER_EQUAL HARD_SWISH LEAKY_RELU LESS LESS_EQUAL LOG LOGICAL_AND LOGISTIC LSTM MAXIMUM MAX_POOL_2D
+MEAN MINIMUM MIRROR_PAD MUL NEG NOT_EQUAL ONE_HOT PACK PAD PADV2 POW PRELU QUANTIZE REDUCE_MAX
+REDUCE_MIN REDUCE_PROD RELU RELU6 RELU_N1_TO_1 RESHAPE RESIZE_BILINEAR RESIZE_NEAREST_NEIGHBOR RSQRT
+SIN SLICE SOFTMAX SPACE_TO_DEPTH SPLIT SPLIT_V SQRT SQUARE SQUARED_DIFFERENCE STRIDED_SLICE SUB SUM
+TANH TILE TRANSPOSE TRANSPOSE_CONV
+""".split())
+
+# The parser's `CheckMaxSupportedOpVersion` limits that the converter's output can exceed
+# (delegates/gpu/common/model_builder.cc; confirmed by LiteRT 2.3's own message).
+_PARSER_MAX_VERSION = {"STRIDED_SLICE": 2}
+
+# Ops with a shader in the OpenGL ES backend (tensorflow/lite/delegates/gpu/gl/kernels/registry.cc,
+# by TFLite op name). DEQUANTIZE of constant float16 weights is folded by the delegate.
+GL_SHADER_OPS = frozenset("""
+ABS ADD AVERAGE_POOL_2D CONCATENATION CONV_2D COS DEPTHWISE_CONV_2D DEQUANTIZE DIV ELU EXP
+FULLY_CONNECTED HARD_SWISH LEAKY_RELU LOG LOGISTIC MAXIMUM MAX_POOL_2D MEAN MINIMUM MUL NEG PAD POW
+PRELU RELU RELU6 RELU_N1_TO_1 RESHAPE RESIZE_BILINEAR RESIZE_NEAREST_NEIGHBOR RSQRT SIN SLICE SOFTMAX
+SPACE_TO_DEPTH SQRT SQUARE SQUARED_DIFFERENCE SUB TANH TILE TRANSPOSE_CONV
+""".split())
+
+_ANALYZER_OP = re.compile(r"^\s*Op#\d+\s+([A-Z0-9_]+)\(")
+_ANALYZER_WARNING = "GPU COMPATIBILITY WARNING"
+_ANALYZER_SUMMARY = re.compile(r"Subgraph#\d+ has GPU delegate compatibility issues")
+
+
+def _gl_limits(op):
+    """Why the GL backend refuses this instance of a supported op, or None."""
+    runtime = [shape for shape, constant in op.inputs if shape is not None and not constant]
+    if op.name == "MEAN":
+        # The last axis is the GPU's channel axis, which the GL MEAN shader cannot reduce.
+        source, result = op.inputs[0][0], op.outputs[0][0]
+        reduced = not result or not source or (len(result) == len(source) and result[-1] != source[-1])
+        return "over channels" if reduced or len(result) < len(source) else None
+    if op.name in ("MUL", "SUB") and len(runtime) == 2 and runtime[0] != runtime[1]:
+        first, second = runtime
+        if len(first) == len(second):
+            dominates = (all(a >= b for a, b in zip(first, second)) or
+                         all(b >= a for a, b in zip(first, second)))
+        else:
+            dominates = False
+        if op.name == "SUB" or not dominates:
+            return "broadcasts two runtime tensors"
+    return None
+
+
+def gpu_incompatible_ops(tflite_bytes, backend="opencl"):
+    """Ops of a TFLite model that `backend` would not run on the GPU; `[]` when it runs every op.
+
+    Args:
+        tflite_bytes: a TFLite flatbuffer (bytes).
+        backend: one of `BACKENDS`: "opencl", "webgpu" (the LiteRT GPU
+            accelerator) or "gl" (the OpenGL ES backend).
+
+    Returns:
+        Sorted list of distinct op names (custom and Flex ops always count).
+
+    Example:
+
+    >>> add = tf.function(lambda x: tf.transpose(x) + 1.0, input_signature=[tf.TensorSpec([2, 3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> gpu_incompatible_ops(flat, backend="webgpu"), gpu_incompatible_ops(flat, backend="gl")
+    ([], ['TRANSPOSE'])
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"`backend` must be one of {tuple(BACKENDS)}, got backend={backend!r}.")
+    flagged = set()
+    for op in operators(tflite_bytes):
+        if backend == "gl":
+            if op.name not in GL_SHADER_OPS or _gl_limits(op):
+                flagged.add(op.name)
+        elif op.name not in GPU_PARSER_OPS or op.version > _PARSER_MAX_VERSION.get(op.name, op.version):
+            flagged.add(op.name)
+    if backend != "gl":
+        current = None
+        for line in analyzer_report(tflite_bytes).splitlines():
+            match = _ANALYZER_OP.match(line)
+            if match:
+                current = match.group(1)
+            elif _ANALYZER_WARNING in line and not _ANALYZER_SUMMARY.search(line):
+                flagged.add(current or "UNKNOWN")
+    return sorted(flagged)
+
+
+def gl_limit_reasons(tflite_bytes):
+    """`{op name: reason}` for supported GL ops refused by a shader limit (MEAN axis, broadcasts)."""
+    reasons = {}
+    for op in operators(tflite_bytes):
+        if op.name in GL_SHADER_OPS and _gl_limits(op):
+            reasons.setdefault(op.name, _gl_limits(op))
+    return reasons
+
+
+def verdict_line(tflite_bytes, backend):
+    """One line naming the backend: all N ops accelerated, or the ops it does not run.
+
+    Example:
+
+    >>> add = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([2, 3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> verdict_line(flat, "gl")
+    'OpenGL ES (Jetson + tflite-runtime): all 1 ops have shaders'
+    """
+    missing = gpu_incompatible_ops(tflite_bytes, backend)
+    count = len(operators(tflite_bytes))
+    if not missing:
+        what = "have shaders" if backend == "gl" else "run on the GPU"
+        return f"{BACKENDS[backend]}: all {count} ops {what}"
+    reasons = gl_limit_reasons(tflite_bytes) if backend == "gl" else {}
+    named = ", ".join(f"{name} ({reasons[name]})" if name in reasons else name for name in missing)
+    return f"{BACKENDS[backend]}: NOT fully accelerated; runs on the CPU: {named}"
+
+
+def analyzer_report(tflite_bytes):
+    """The text TFLite 2.12's analyzer prints for the model, with GPU-compatibility warnings.
+
+    Example:
+
+    >>> add = tf.function(lambda x: tf.gather(x, [2, 0]) + 1.0,
+    ...                   input_signature=[tf.TensorSpec([3], tf.float32)])
+    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
+    >>> "GPU COMPATIBILITY WARNING: Not supported op GATHER" in analyzer_report(flat)
+    True
+    """
+    check_flatbuffer(tflite_bytes)
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        tf.lite.experimental.Analyzer.analyze(model_content=bytes(tflite_bytes), gpu_compatibility=True)
+    return buffer.getvalue()
