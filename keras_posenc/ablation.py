@@ -95,7 +95,17 @@ VARIANTS = {
     "integer-raw": ("raw increasing integer p on every dim (the article's)",
                     lambda c: {"position": "integer", "scale": 1.0}),
     "none": ("all-zero (no position signal)", lambda c: {"position": "none"}),
+    "rope": ("RoPE: rotary queries and keys", lambda c: {"position": "rope"}),
+    "rope-ntk": ("RoPE, NTK-aware base x (L/T)^(d/(d-2)) when evaluated at L > T",
+                 lambda c: {"position": "rope", "scaling": "ntk"}),
+    "rope-yarn": ("RoPE, YaRN with s = L/T when evaluated at L > T",
+                  lambda c: {"position": "rope", "scaling": "yarn", "original_length": c.max_length}),
+    "alibi": ("ALiBi: linear biases on attention logits", lambda c: {"position": "alibi"}),
 }
+
+# Variants trained as plain RoPE (a scaling factor of 1 is the identity) and evaluated at a length
+# L > T with the scaling factor L / T, without fine-tuning: the scalings' use as published.
+_SCALED_AT_EVALUATION = ("ntk", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,6 +384,13 @@ def build_model(config, vocab_size, name, *, max_length=None):
 
 
 def _eval_model(model, config, vocab_size, name, length):
+    if length > config.max_length and variant_kwargs(name, config).get("scaling") in _SCALED_AT_EVALUATION:
+        encoder_config = {**_encoder_config(config, vocab_size, name),
+                          "scaling_factor": length / config.max_length}
+        clone = CausalLM(encoder_config, causal=config.causal, name=f"lm_{name}_x{length}")
+        clone.build_on_dummy()
+        clone.set_weights(model.get_weights())
+        return clone
     # "extend" on an interpolated table computes exact sin/cos rows for the whole batch, which is
     # not the table the model was trained with; a table built for `length` rows keeps its rows.
     if length <= config.max_length or variant_kwargs(name, config).get("table") != "interpolated":
