@@ -27,8 +27,8 @@ True
 import builtins
 import types
 
-__all__ = ["backend_name", "is_keras3", "is_tensorflow", "is_symbolic", "keras", "ops",
-           "keras_version"]
+__all__ = ["backend_name", "dtype_name", "is_keras3", "is_tensorflow", "is_symbolic", "is_tracer",
+           "keras", "keras_version", "no_autocast", "ops", "static_int", "widest_float"]
 
 
 def _keras_major():
@@ -72,6 +72,58 @@ def is_tensorflow():
 def is_symbolic(x):
     """True for a Keras 3 `KerasTensor` (a functional-API placeholder with no values)."""
     return _KERAS3 and isinstance(x, keras.KerasTensor)
+
+
+def dtype_name(x):
+    """The dtype of tensor `x` as a string, e.g. "int32", "float16", "bool"."""
+    dtype = x.dtype
+    if _KERAS3:
+        return keras.backend.standardize_dtype(dtype)
+    return dtype.name
+
+
+def no_autocast():
+    """`add_weight` keyword arguments that keep a float32 variable float32 under mixed precision."""
+    return {"autocast": False} if _KERAS3 else {"experimental_autocast": False}
+
+
+def is_tracer(x):
+    """True for a JAX tracer (a value inside `jax.jit` or a shape-only trace): no Python value."""
+    if backend_name() != "jax":
+        return False
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
+
+
+def static_int(x):
+    """`x` as a Python int when it is known while tracing, else None.
+
+    Keras 3 and JAX shapes are Python ints; a TensorFlow graph dimension or a
+    scalar tensor is resolved with `tf.get_static_value`.
+    """
+    if isinstance(x, int):
+        return x
+    if hasattr(x, "__index__") and not is_tensorflow():
+        try:
+            return int(x)
+        except Exception:  # a tracer: no value yet
+            return None
+    if is_tensorflow():
+        import tensorflow as tf
+
+        value = tf.get_static_value(x)
+        return None if value is None else int(value)
+    return None
+
+
+def widest_float():
+    """"float64" where the backend computes in float64, else "float32" (JAX without x64)."""
+    if backend_name() == "jax":
+        import jax
+
+        return "float64" if jax.config.jax_enable_x64 else "float32"
+    return "float64"
 
 
 if not _KERAS3:

@@ -1,7 +1,6 @@
 """Per-sample position ids from a padding mask, segments and a decode offset."""
 
-import tensorflow as tf
-
+from keras_posenc.backend import dtype_name, ops, static_int
 from keras_posenc.validation import check, with_checks
 
 __all__ = ["position_ids"]
@@ -18,7 +17,7 @@ def position_ids(mask, *, segment_ids=None, offset=0):
 
     Everything is vectorised over the batch (cumulative sums and one segment
     sum, no loop), works with unknown batch and length inside `tf.function`,
-    and compiles under XLA.
+    and compiles under XLA and `jax.jit` (Keras 3 `ops` only).
 
     Args:
         mask: bool or int tensor `[B, T]`, true/non-zero for real tokens.
@@ -29,7 +28,7 @@ def position_ids(mask, *, segment_ids=None, offset=0):
             decoding step by step with a cache).
 
     Returns:
-        An int32 tensor `[B, T]`.
+        An int32 tensor `[B, T]` of the Keras backend.
 
     Raises:
         ValueError: `mask`, `segment_ids` or `offset` has the wrong shape, or
@@ -38,15 +37,17 @@ def position_ids(mask, *, segment_ids=None, offset=0):
 
     Example:
 
-    >>> mask = tf.constant([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
-    >>> position_ids(mask).numpy().tolist()
+    >>> import numpy as np
+    >>> from keras_posenc.backend import ops
+    >>> mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
+    >>> ops.convert_to_numpy(position_ids(mask)).tolist()
     [[0, 0, 0, 1, 2], [0, 1, 2, 3, 0]]
-    >>> segments = tf.constant([[1, 1, 1, 2, 2]])
-    >>> position_ids(tf.ones([1, 5]), segment_ids=segments).numpy().tolist()
+    >>> segments = np.array([[1, 1, 1, 2, 2]])
+    >>> ops.convert_to_numpy(position_ids(np.ones([1, 5]), segment_ids=segments)).tolist()
     [[0, 1, 2, 0, 1]]
-    >>> position_ids(tf.ones([1, 2]), offset=7).numpy().tolist()
+    >>> ops.convert_to_numpy(position_ids(np.ones([1, 2]), offset=7)).tolist()
     [[7, 8]]
-    >>> position_ids(tf.ones([1, 2]), offset=-1)
+    >>> position_ids(np.ones([1, 2]), offset=-1)
     Traceback (most recent call last):
         ...
     ValueError: `offset` must be >= 0, got offset=-1.
@@ -56,63 +57,81 @@ def position_ids(mask, *, segment_ids=None, offset=0):
           sequence packing without cross-contamination" (position ids that
           restart per packed sequence).
     """
-    mask = tf.convert_to_tensor(mask)
-    if mask.shape.rank is not None and mask.shape.rank != 2:
-        raise ValueError(f"`mask` must have rank 2 [batch, length], got shape {mask.shape}.")
-    is_real = mask if mask.dtype == tf.bool else tf.cast(mask, tf.bool)
-    real = tf.cast(is_real, tf.int32)
-    before = tf.cumsum(real, axis=1, exclusive=True)
+    mask = ops.convert_to_tensor(mask)
+    if len(mask.shape) != 2:
+        raise ValueError(f"`mask` must have rank 2 [batch, length], got shape {_shape(mask)}.")
+    is_real = mask if dtype_name(mask) == "bool" else ops.not_equal(mask, ops.zeros((), mask.dtype))
+    real = ops.cast(is_real, "int32")
+    before = ops.cumsum(real, axis=1) - real  # exclusive count of real tokens so far
     if segment_ids is not None:
         before = before - _real_tokens_in_earlier_segments(real, segment_ids)
-    offset = _as_offset(offset, tf.shape(real)[0])
+    offset = _as_offset(offset, ops.shape(real)[0])
     if offset is not None:
         before = before + offset
-    return tf.where(is_real, before, 0)
+    return ops.where(is_real, before, ops.zeros_like(before))
+
+
+def _shape(x):
+    """A static shape as the messages print it: `(2, None, 3)`."""
+    return tuple(x.shape)
+
+
+def _numpy_style(shape):
+    """A shape as `tf.strings.format` prints a shape tensor: `[1 3]`."""
+    return "[" + " ".join(str(d) for d in shape) + "]"
 
 
 def _as_offset(offset, batch):
     """The validated offset, broadcastable to [batch, length]; None for a known 0."""
-    offset = tf.convert_to_tensor(offset)
-    if offset.dtype.is_floating or offset.dtype == tf.bool:
-        raise TypeError(
-            f"`offset` must be an integer scalar or [batch] tensor, got dtype {offset.dtype.name}.")
-    offset = tf.cast(offset, tf.int32)
-    if offset.shape.rank is not None and offset.shape.rank > 1:
-        raise ValueError(f"`offset` must be a scalar or have shape [batch], got shape {offset.shape}.")
-    static = tf.get_static_value(offset)
-    if offset.shape.rank == 0 and static is not None:
+    offset = ops.convert_to_tensor(offset)
+    dtype = dtype_name(offset)
+    if "float" in dtype or dtype == "bool":
+        raise TypeError(f"`offset` must be an integer scalar or [batch] tensor, got dtype {dtype}.")
+    offset = ops.cast(offset, "int32")
+    if len(offset.shape) > 1:
+        raise ValueError(f"`offset` must be a scalar or have shape [batch], got shape {_shape(offset)}.")
+    static = static_int(offset) if len(offset.shape) == 0 else None
+    if static is not None:
         # Known while tracing: checked here, and no ops at all for the usual offset=0.
         if static < 0:
             raise ValueError(f"`offset` must be >= 0, got offset={static}.")
         return None if static == 0 else offset
-    checks = check(tf.reduce_all(offset >= 0), "`offset` must be >= 0, got offset={}.", offset)
-    if offset.shape.rank == 1:
-        checks += check(tf.equal(tf.size(offset), batch),
-                        "`offset` of shape [batch] must have {} entries, got {}.", batch, tf.size(offset))
+    checks = check(ops.all(offset >= 0), "`offset` must be >= 0, got offset={}.", offset)
+    if len(offset.shape) == 1:
+        checks += check(ops.equal(ops.size(offset), batch),
+                        "`offset` of shape [batch] must have {} entries, got {}.", batch, ops.size(offset))
         return with_checks(offset[:, None], checks)
     return with_checks(offset, checks)
 
 
 def _real_tokens_in_earlier_segments(real, segment_ids):
     """For every position: how many real tokens precede its segment in the row."""
-    segment_ids = tf.convert_to_tensor(segment_ids)
-    if segment_ids.dtype.is_floating:
-        raise TypeError(f"`segment_ids` must be integers, got dtype {segment_ids.dtype.name}.")
-    if segment_ids.shape.rank is not None and segment_ids.shape.rank != 2:
-        raise ValueError(f"`segment_ids` must have rank 2 [batch, length], got shape {segment_ids.shape}.")
-    checks = check(tf.reduce_all(tf.equal(tf.shape(segment_ids), tf.shape(real))),
-                   "`segment_ids` shape {} must equal the mask shape {}.",
-                   tf.shape(segment_ids), tf.shape(real))
-    segment_ids = with_checks(tf.cast(segment_ids, tf.int32), checks)
-    batch, length = tf.shape(real)[0], tf.shape(real)[1]
-    starts = tf.concat(
-        [tf.ones([batch, 1], tf.int32),
-         tf.cast(tf.not_equal(segment_ids[:, 1:], segment_ids[:, :-1]), tf.int32)],
-        axis=1)[:, :length]
+    segment_ids = ops.convert_to_tensor(segment_ids)
+    if "float" in dtype_name(segment_ids):
+        raise TypeError(f"`segment_ids` must be integers, got dtype {dtype_name(segment_ids)}.")
+    if len(segment_ids.shape) != 2:
+        raise ValueError(
+            f"`segment_ids` must have rank 2 [batch, length], got shape {_shape(segment_ids)}.")
+    seg_shape, real_shape = ops.shape(segment_ids), ops.shape(real)
+    if all(isinstance(d, int) for d in (*seg_shape, *real_shape)):
+        if tuple(seg_shape) != tuple(real_shape):
+            raise ValueError(f"`segment_ids` shape {_numpy_style(seg_shape)} must equal the mask shape "
+                             f"{_numpy_style(real_shape)}.")
+        checks = []
+    else:
+        checks = check(ops.logical_and(ops.equal(seg_shape[0], real_shape[0]),
+                                       ops.equal(seg_shape[1], real_shape[1])),
+                       "`segment_ids` shape {} must equal the mask shape {}.",
+                       ops.stack([seg_shape[0], seg_shape[1]]), ops.stack([real_shape[0], real_shape[1]]))
+    segment_ids = with_checks(ops.cast(segment_ids, "int32"), checks)
+    batch, length = real_shape
+    changes = ops.cast(ops.not_equal(segment_ids[:, 1:], segment_ids[:, :-1]), "int32")
+    starts = ops.concatenate([ops.ones_like(segment_ids[:, :1]), changes], axis=1)
     # Ordinal of each position's segment within its row: 0, 0, 1, 1, 1, 2, ...
-    ordinal = tf.cumsum(starts, axis=1) - 1
-    flat = ordinal + tf.range(batch)[:, None] * length
-    per_segment = tf.math.unsorted_segment_sum(real, flat, batch * length)
-    per_segment = tf.reshape(per_segment, [batch, length])
-    earlier = tf.cumsum(per_segment, axis=1, exclusive=True)
-    return tf.gather(earlier, ordinal, batch_dims=1)
+    ordinal = ops.cumsum(starts, axis=1) - 1
+    flat = ordinal + ops.arange(batch, dtype="int32")[:, None] * length
+    per_segment = ops.segment_sum(ops.reshape(real, [-1]), ops.reshape(flat, [-1]),
+                                  num_segments=batch * length)
+    per_segment = ops.reshape(per_segment, ops.shape(real))
+    earlier = ops.cumsum(per_segment, axis=1) - per_segment
+    return ops.take_along_axis(earlier, ordinal, axis=1)

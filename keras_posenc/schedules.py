@@ -2,9 +2,7 @@
 
 import math
 
-import tensorflow as tf
-from tensorflow import keras
-
+from keras_posenc.backend import dtype_name, keras, ops, widest_float
 from keras_posenc.validation import check, check_positive_int, with_checks
 
 __all__ = ["WarmupSchedule"]
@@ -23,7 +21,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     `rsqrt(step)` at the raw step, which is infinite at step 0 (its `min` then
     silently gives a learning rate of exactly 0, wasting the first update)
     and which fails for the integer steps Keras passes. Here `step` may be an
-    int or a float tensor; it is computed in float64 and returned as float32,
+    int or a float tensor; it is computed in float64 (float32 on JAX without
+    `jax_enable_x64`) and returned as float32,
     so `lr(0)` is the paper's first-step value, the peak is at
     `step = warmup_steps - 1` and every value is finite and positive.
 
@@ -65,16 +64,16 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.scale = float(scale)
 
     def __call__(self, step):
-        with tf.name_scope("WarmupSchedule"):
-            step = tf.convert_to_tensor(step)
-            if not (step.dtype.is_integer or step.dtype.is_floating):
-                raise TypeError(f"`step` must be an int or float scalar, got dtype {step.dtype.name}.")
-            step = tf.cast(step, tf.float64)
-            step = with_checks(step, check(step >= 0, "`step` must be >= 0, got step={}.", step))
-            n = step + 1.0
-            factor = self.scale * self.d_model ** -0.5
-            lr = factor * tf.minimum(tf.math.rsqrt(n), n * float(self.warmup_steps) ** -1.5)
-            return tf.cast(lr, tf.float32)
+        step = ops.convert_to_tensor(step)
+        dtype = dtype_name(step)
+        if "int" not in dtype and "float" not in dtype:
+            raise TypeError(f"`step` must be an int or float scalar, got dtype {dtype}.")
+        step = ops.cast(step, widest_float())
+        step = with_checks(step, check(step >= 0, "`step` must be >= 0, got step={}.", step))
+        n = step + 1.0
+        factor = self.scale * self.d_model ** -0.5
+        lr = factor * ops.minimum(ops.rsqrt(n), n * float(self.warmup_steps) ** -1.5)
+        return ops.cast(lr, "float32")
 
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}

@@ -12,6 +12,14 @@ the same message text when the graph runs. Under XLA assertions cannot be
 compiled, so they are left out there; shapes and ranges are then the
 caller's contract.
 
+On the JAX backend (Keras 3) eager calls raise the same `ValueError`. Under
+`jax.jit` (`model.fit`, `predict`, a jitted function) tensor values are not
+known, so `check` adds nothing there: ranks, dtypes and lengths known while
+tracing are still checked in Python (`ValueError`/`TypeError` at trace
+time), but value ranges (`position_ids`, `language_ids`, `offset`, a
+length past `max_length` that only the data reveals) are the caller's
+contract, as under XLA on TensorFlow.
+
 This module sits below every other one (`tables` is pure numpy and imports
 it), so TensorFlow is imported only when a tensor check runs.
 """
@@ -238,6 +246,10 @@ def check(condition, template, *values):
         ...
     tensorflow.python.framework.errors_impl.InvalidArgumentError: ...`x` must be >= 0, got x=-2...
     """
+    from keras_posenc.backend import is_tensorflow
+
+    if not is_tensorflow():
+        return _check_python(condition, template, values)
     import tensorflow as tf
 
     if tf.executing_eagerly():
@@ -251,6 +263,30 @@ def check(condition, template, *values):
         return []
     message = tf.strings.format(template, values, summarize=6) if values else template
     return [tf.debugging.Assert(condition, [message])]
+
+
+def _check_python(condition, template, values):
+    """`check` on the JAX (or torch) backend: plain Python on concrete values.
+
+    Under `jax.jit` (and while Keras traces shapes) the values are tracers with
+    no value yet, so nothing can be raised there: the check is skipped, and
+    shapes and ranges are the caller's contract, as under XLA on TensorFlow.
+    Arguments known while tracing (ranks, static lengths, dtypes) are still
+    checked by the callers in plain Python.
+    """
+    from keras_posenc.backend import is_tracer, ops
+
+    if is_tracer(condition) or any(is_tracer(v) for v in values):
+        return []
+    if not bool(condition):
+        shown = [_plain(ops.convert_to_numpy(v)) if ops.is_tensor(v) else v for v in values]
+        raise ValueError(template.format(*shown))
+    return []
+
+
+def _plain(array):
+    """A numpy value as `tf.strings.format` prints it: scalars bare, arrays as `[1 2 3]`."""
+    return array.item() if array.ndim == 0 else array
 
 
 def with_checks(tensor, checks):

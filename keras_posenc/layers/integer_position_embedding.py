@@ -3,9 +3,8 @@
 import math
 
 import numpy as np
-import tensorflow as tf
-from tensorflow import keras
 
+from keras_posenc.backend import keras, ops, widest_float
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 
 __all__ = ["IntegerPositionEmbedding"]
@@ -25,9 +24,8 @@ def _resolve_scale(scale, max_length):
 class IntegerPositionEmbedding(PositionEmbeddingBase):
     """Adds `position * scale` to every dimension of the inputs.
 
-    The "increasing integer" control of the position-encoding ablation in
-    the source article (000, section 4.2): `PE[p, j] = p * scale` for every
-    column `j`. It carries position information in one direction only (a
+    The "increasing integer" control of a position-encoding ablation:
+    `PE[p, j] = p * scale` for every column `j`. It carries position information in one direction only (a
     single scalar shared by all dimensions), so attention can use it only
     through the bias it puts on dot products, not as a distinct code per
     position.
@@ -65,10 +63,10 @@ class IntegerPositionEmbedding(PositionEmbeddingBase):
     Example:
 
     >>> layer = IntegerPositionEmbedding(max_length=4)
-    >>> layer(tf.zeros([1, 3, 2]))[0].numpy().tolist()
+    >>> ops.convert_to_numpy(layer(np.zeros([1, 3, 2]))[0]).tolist()
     [[0.0, 0.0], [0.25, 0.25], [0.5, 0.5]]
-    >>> mask = tf.constant([[False, True, True]])
-    >>> layer(tf.zeros([1, 3, 2]), mask=mask)[0].numpy().tolist()
+    >>> mask = np.array([[False, True, True]])
+    >>> ops.convert_to_numpy(layer(np.zeros([1, 3, 2]), mask=mask)[0]).tolist()
     [[0.0, 0.0], [0.0, 0.0], [0.25, 0.25]]
 
     References:
@@ -87,24 +85,16 @@ class IntegerPositionEmbedding(PositionEmbeddingBase):
 
     def _build_table(self, depth):
         rows = np.arange(self.max_length, dtype=np.float64) * self.effective_scale
-        self._table = tf.constant(np.repeat(rows[:, None], depth, axis=1).astype(np.float32))
+        self._table = ops.convert_to_tensor(np.repeat(rows[:, None], depth, axis=1).astype(np.float32))
 
     def _computed_rows(self, ids):
-        values = tf.cast(tf.cast(ids, tf.float64) * self.effective_scale, tf.float32)
-        return tf.broadcast_to(values[..., None], tf.concat([tf.shape(ids), [self.depth]], 0))
+        values = ops.cast(ops.cast(ids, widest_float()) * self.effective_scale, "float32")
+        return values[..., None] * ops.ones([self.depth], "float32")
 
     def _table_rows(self, ids):
-        if self.overflow == "extend":
-            return tf.cond(tf.reduce_all(ids < self.max_length),
-                           lambda: tf.gather(self._table, ids),
-                           lambda: self._computed_rows(ids))
-        return tf.gather(self._table, ids)
+        return ops.take(self._table, ids, axis=0)
 
     def _table_prefix(self, length):
-        if self.overflow == "extend":
-            return tf.cond(length <= self.max_length,
-                           lambda: self._table[:length],
-                           lambda: self._computed_rows(tf.range(length)))
         return self._table[:length]
 
     def get_config(self):

@@ -1,8 +1,6 @@
 """LearnedPositionEmbedding: a trainable table with the sinusoidal layer's semantics."""
 
-import tensorflow as tf
-from tensorflow import keras
-
+from keras_posenc.backend import keras, no_autocast, ops
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 
 __all__ = ["LearnedPositionEmbedding"]
@@ -17,8 +15,9 @@ class LearnedPositionEmbedding(PositionEmbeddingBase):
     pass-through, optional per-language scale and dropout. A learned table has
     no rows past `max_length`, so only `overflow="error"` is accepted.
 
-    The table variable stays float32 under `mixed_float16`; rows are gathered
-    in float32 and cast to the compute dtype at the add.
+    The table variable stays float32 under `mixed_float16` and
+    `mixed_bfloat16`; rows are gathered in float32 and cast to the compute
+    dtype at the add.
 
     Args:
         max_length: int >= 1, number of trainable rows.
@@ -40,12 +39,13 @@ class LearnedPositionEmbedding(PositionEmbeddingBase):
 
     Example:
 
+    >>> import numpy as np
     >>> layer = LearnedPositionEmbedding(max_length=8)
-    >>> y = layer(tf.zeros([2, 3, 4]))
-    >>> y.shape
-    TensorShape([2, 3, 4])
-    >>> [w.shape.as_list() for w in layer.trainable_weights]
-    [[8, 4]]
+    >>> y = layer(np.zeros([2, 3, 4], "float32"))
+    >>> tuple(y.shape)
+    (2, 3, 4)
+    >>> [tuple(w.shape) for w in layer.trainable_weights]
+    [(8, 4)]
 
     References:
         - [Devlin et al., 2019](https://arxiv.org/abs/1810.04805) (learned
@@ -63,10 +63,10 @@ class LearnedPositionEmbedding(PositionEmbeddingBase):
     def _build_table(self, depth):
         self.position_table = self.add_weight(
             name="position_table", shape=[self.max_length, depth], initializer=self.initializer,
-            dtype=tf.float32, trainable=True, experimental_autocast=False)
+            dtype="float32", trainable=True, **no_autocast())
 
     def _table_rows(self, ids):
-        return tf.gather(self.position_table, ids)
+        return ops.take(self.position_table, ids, axis=0)
 
     def _table_prefix(self, length):
         return self.position_table[:length]

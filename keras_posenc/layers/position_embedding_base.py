@@ -1,19 +1,23 @@
 """Shared call logic of every additive position-embedding layer.
 
 Subclasses say how to produce the float32 rows of their table (`_table_rows`
-for given ids, `_table_prefix` for positions 0..T-1); this base handles
-position ids, padding, Keras masks, language scaling, dropout, argument checks
-and the cast to the compute dtype.
+for given ids, `_table_prefix` for positions 0..T-1, `_computed_rows` for
+positions past the table); this base handles position ids, padding, Keras
+masks, language scaling, dropout, argument checks, the `overflow="extend"`
+dispatch and the cast to the compute dtype. It is written with
+`keras_posenc.backend.ops`, so it runs on Keras 2 (TF 2.12) and on Keras 3
+with the TensorFlow or JAX backend.
 """
 
-import tensorflow as tf
-from tensorflow import keras
+from keras_posenc.backend import dtype_name, is_tensorflow, keras, no_autocast, ops, static_int
+from keras_posenc.validation import check, check_choice, check_positive_int, check_rate, with_checks
 
-from keras_posenc.validation import check, check_choice, check_positive_int, with_checks
-
-__all__ = ["OVERFLOW_MODES", "PositionEmbeddingBase"]
+__all__ = ["DEFAULT_FUSE_MIN_TOKENS", "OVERFLOW_MODES", "PositionEmbeddingBase"]
 
 OVERFLOW_MODES = ("error", "extend")
+
+# See `fuse_min_tokens` in PositionEmbeddingBase; how it was measured is in benchmarks/RESULTS.md.
+DEFAULT_FUSE_MIN_TOKENS = 4096
 
 
 def _missing_hook(layer, hook):
@@ -21,27 +25,47 @@ def _missing_hook(layer, hook):
             "use SinusoidalPositionEmbedding or LearnedPositionEmbedding, or define the three hooks.")
 
 
-# Below this many tokens the XLA launch costs more than the memory pass it saves.
-_FUSE_MIN_TOKENS = 4096
+_fused_gather_add = None
 
 
-@tf.function(jit_compile=True)
-def _add_rows_fused(inputs, table, ids):
-    return inputs + tf.gather(table, ids)
-
-
-def _add_rows(inputs, table, ids):
-    """`inputs + table[ids]`, as one XLA kernel for large batches.
+def _add_rows(inputs, table, ids, min_tokens):
+    """`inputs + table[ids]`; on TensorFlow, one XLA kernel from `min_tokens` tokens on.
 
     Unfused, the gather writes the `[batch, length, depth]` rows to memory and
-    the add reads them back: about 1.2x the time of a bare broadcast add of
-    a `[length, depth]` table on CPU at B32 T512. Fused, the rows go straight
-    into the sum (about 1.07x). The values are the same either way: one
-    gather and one add.
+    the add reads them back; fused, the rows go straight into the sum. The
+    values are the same either way: one gather and one add. JAX fuses on its
+    own under `jit`, so only the TensorFlow backend takes the fused kernel.
     """
-    return tf.cond(tf.size(ids) >= _FUSE_MIN_TOKENS,
-                   lambda: _add_rows_fused(inputs, table, ids),
+    if not is_tensorflow() or min_tokens is None:
+        return inputs + ops.take(table, ids, axis=0)
+    import tensorflow as tf
+
+    global _fused_gather_add
+    if _fused_gather_add is None:
+        _fused_gather_add = tf.function(lambda x, t, i: x + tf.gather(t, i), jit_compile=True)
+    size = ids.shape.num_elements()
+    if size is not None:
+        if size >= min_tokens:
+            return _fused_gather_add(inputs, table, ids)
+        return inputs + tf.gather(table, ids)
+    return tf.cond(tf.size(ids) >= min_tokens,
+                   lambda: _fused_gather_add(inputs, table, ids),
                    lambda: inputs + tf.gather(table, ids))
+
+
+def _numpy_style(dims):
+    """Dims as `tf.strings.format` prints a shape tensor: `[2 3]`."""
+    return "[" + " ".join(str(d) for d in dims) + "]"
+
+
+def _check_dims(actual, expected, template):
+    """Checks that two lists of dims (ints or scalar tensors) are equal; `template` has two `{}`."""
+    if all(isinstance(d, int) for d in (*actual, *expected)):
+        if list(actual) != list(expected):
+            raise ValueError(template.format(_numpy_style(expected), _numpy_style(actual)))
+        return []
+    same = ops.all(ops.equal(ops.stack(list(actual)), ops.stack(list(expected))))
+    return check(same, template, ops.stack(list(expected)), ops.stack(list(actual)))
 
 
 class PositionEmbeddingBase(keras.layers.Layer):
@@ -59,13 +83,16 @@ class PositionEmbeddingBase(keras.layers.Layer):
       padding positions; the Keras mask passes through to the next layer;
     - an optional learned scale per language, dropout on the embedding, the
       cast to the compute dtype at the add;
-    - argument checks (`ValueError`/`TypeError` in eager mode,
-      `InvalidArgumentError` with the same text inside a `tf.function`).
+    - `overflow="extend"`: rows past `max_length` come from `_computed_rows`;
+    - argument checks (`ValueError`/`TypeError` in eager mode on every
+      backend, `InvalidArgumentError` with the same text inside a
+      `tf.function`; under `jax.jit` see `keras_posenc.validation`).
 
     A subclass implements `_build_table(depth)`, `_table_rows(ids)` (float32
     rows `[..., depth]` for int32 ids) and `_table_prefix(length)` (rows of
-    positions 0..length-1), optionally `_constant_table()`, and sets
-    `can_extend = True` when it can compute rows past `max_length`.
+    positions 0..length-1), optionally `_constant_table()`. A subclass that
+    sets `can_extend = True` also implements `_computed_rows(ids)`, the rows
+    of any positions by formula: the one hook behind `overflow="extend"`.
 
     Args:
         max_length: int >= 1, number of table rows (positions
@@ -77,6 +104,12 @@ class PositionEmbeddingBase(keras.layers.Layer):
         overflow: one of `OVERFLOW_MODES`: "error" raises when a position
             reaches `max_length`; "extend" (subclasses with
             `can_extend = True` only) computes such rows.
+        fuse_min_tokens: int >= 1 or None. On the TensorFlow backend, a
+            masked lookup of at least this many tokens (`batch * length`)
+            gathers its rows and adds them in one XLA kernel instead of
+            writing the gathered rows to memory first (same values). Below
+            it, the kernel launch costs more than the memory pass it saves.
+            None never fuses. Other backends ignore it.
         **kwargs: standard layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -94,20 +127,22 @@ class PositionEmbeddingBase(keras.layers.Layer):
 
     A minimal subclass whose row `p` is `p` in every column:
 
+    >>> import numpy as np
+    >>> from keras_posenc.backend import ops
     >>> class RampPositionEmbedding(PositionEmbeddingBase):
     ...     def _build_table(self, depth):
-    ...         self._ramp = tf.range(self.max_length, dtype=tf.float32)[:, None] * tf.ones([depth])
+    ...         self._ramp = ops.arange(self.max_length, dtype="float32")[:, None] * ops.ones([depth])
     ...     def _table_rows(self, ids):
-    ...         return tf.gather(self._ramp, ids)
+    ...         return ops.take(self._ramp, ids, axis=0)
     ...     def _table_prefix(self, length):
     ...         return self._ramp[:length]
     >>> layer = RampPositionEmbedding(max_length=4)
-    >>> layer(tf.zeros([1, 3, 2]))[0].numpy().tolist()
+    >>> ops.convert_to_numpy(layer(np.zeros([1, 3, 2]))[0]).tolist()
     [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
-    >>> mask = tf.constant([[False, True, True]])  # left padding
-    >>> layer(tf.zeros([1, 3, 2]), mask=mask)[0].numpy().tolist()
+    >>> mask = np.array([[False, True, True]])  # left padding
+    >>> ops.convert_to_numpy(layer(np.zeros([1, 3, 2]), mask=mask)[0]).tolist()
     [[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]
-    >>> layer(tf.zeros([1, 5, 2]))
+    >>> layer(np.zeros([1, 5, 2]))
     Traceback (most recent call last):
         ...
     ValueError: ...Sequence length 5 exceeds max_length=4 of RampPositionEmbedding...
@@ -119,7 +154,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
     can_extend = False
 
     def __init__(self, max_length=2048, *, zero_padding=True, num_languages=None, dropout=0.0,
-                 overflow="error", **kwargs):
+                 overflow="error", fuse_min_tokens=DEFAULT_FUSE_MIN_TOKENS, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("max_length", max_length)
         check_choice("overflow", overflow, OVERFLOW_MODES)
@@ -129,13 +164,15 @@ class PositionEmbeddingBase(keras.layers.Layer):
                 f"rows beyond max_length={max_length}. Use overflow='error'.")
         if num_languages is not None:
             check_positive_int("num_languages", num_languages)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"`dropout` must be a float in [0, 1), got dropout={dropout!r}.")
+        check_rate("dropout", dropout)
+        if fuse_min_tokens is not None:
+            check_positive_int("fuse_min_tokens", fuse_min_tokens)
         self.max_length = max_length
         self.zero_padding = bool(zero_padding)
         self.num_languages = num_languages
         self.dropout = float(dropout)
         self.overflow = overflow
+        self.fuse_min_tokens = fuse_min_tokens
         self.supports_masking = True
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
@@ -145,12 +182,16 @@ class PositionEmbeddingBase(keras.layers.Layer):
         raise TypeError(_missing_hook(self, "_build_table"))
 
     def _table_rows(self, ids):
-        """float32 rows `[..., depth]` for int32 position ids."""
+        """float32 rows `[..., depth]` for int32 position ids inside the table."""
         raise TypeError(_missing_hook(self, "_table_rows"))
 
     def _table_prefix(self, length):
-        """float32 rows `[length, depth]` for positions 0..length-1."""
+        """float32 rows `[length, depth]` for positions 0..length-1 (length <= max_length)."""
         raise TypeError(_missing_hook(self, "_table_prefix"))
+
+    def _computed_rows(self, ids):
+        """float32 rows `[..., depth]` of any positions, by formula (`can_extend` subclasses)."""
+        raise TypeError(_missing_hook(self, "_computed_rows"))
 
     def _constant_table(self):
         """The float32 `[max_length, depth]` table if rows are plain lookups in a constant, else None.
@@ -161,10 +202,28 @@ class PositionEmbeddingBase(keras.layers.Layer):
         multiply would be one more pass over `[batch, length, depth]`.
         """
 
+    # The overflow="extend" dispatch: the only place that picks stored or computed rows.
+    def _rows_of(self, ids):
+        if self.overflow != "extend":
+            return self._table_rows(ids)
+        return ops.cond(ops.all(ids < self.max_length),
+                        lambda: self._table_rows(ids), lambda: self._computed_rows(ids))
+
+    def _prefix_of(self, length):
+        if self.overflow != "extend":
+            return self._table_prefix(length)
+        static = static_int(length)
+        if static is not None:
+            if static <= self.max_length:
+                return self._table_prefix(static)
+            return self._computed_rows(ops.arange(static, dtype="int32"))
+        return ops.cond(length <= self.max_length, lambda: self._table_prefix(length),
+                        lambda: self._computed_rows(ops.arange(length, dtype="int32")))
+
     # Keras API --------------------------------------------------------------
     def build(self, input_shape):
-        input_shape = tf.TensorShape(input_shape)
-        if input_shape.rank != 3:
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 3:
             raise ValueError(
                 f"`inputs` must have rank 3 [batch, length, depth], got shape {input_shape}.")
         depth = input_shape[-1]
@@ -177,21 +236,22 @@ class PositionEmbeddingBase(keras.layers.Layer):
         if table is not None:
             # Stored in the compute dtype (fewer bytes to gather, no cast at the add) unless the
             # language scale needs float32 rows first.
-            dtype = tf.float32 if self.num_languages is not None else self.compute_dtype
-            zero_row = tf.zeros([1, self.depth], tf.float32)
-            self._lookup_table = tf.cast(tf.concat([zero_row, tf.cast(table, tf.float32)], 0), dtype)
+            dtype = "float32" if self.num_languages is not None else self.compute_dtype
+            zero_row = ops.zeros([1, self.depth], "float32")
+            self._lookup_table = ops.cast(ops.concatenate([zero_row, ops.cast(table, "float32")], 0),
+                                          dtype)
         if self.num_languages is not None:
             self.language_scale = self.add_weight(
                 name="language_scale", shape=[self.num_languages], initializer="ones",
-                dtype=tf.float32, trainable=True, experimental_autocast=False)
+                dtype="float32", trainable=True, **no_autocast())
         self._dropout_layer.build(input_shape)
         super().build(input_shape)
 
     def call(self, inputs, position_ids=None, language_ids=None, mask=None, training=None):
-        if inputs.shape.rank != 3:
+        if len(inputs.shape) != 3:
             raise ValueError(
-                f"`inputs` must have rank 3 [batch, length, depth], got shape {inputs.shape}.")
-        shape = tf.shape(inputs)
+                f"`inputs` must have rank 3 [batch, length, depth], got shape {tuple(inputs.shape)}.")
+        shape = ops.shape(inputs)
         batch, length = shape[0], shape[1]
         if mask is not None:
             mask = self._validated_mask(mask, inputs)
@@ -200,28 +260,30 @@ class PositionEmbeddingBase(keras.layers.Layer):
         if position_ids is not None:
             ids = self._validated_position_ids(position_ids, inputs)
             if fused:
-                return _add_rows(inputs, self._lookup_table, tf.where(mask, ids + 1, 0))
+                return _add_rows(inputs, self._lookup_table, ops.where(mask, ids + 1, 0),
+                                 self.fuse_min_tokens)
             pe = self._masked_rows(ids + 1, mask) if zero_padding else self._rows(ids)
         elif mask is not None:
             # Inclusive count of real tokens so far: a real token at position p (as
             # `position_ids(mask)` numbers it) holds p + 1, and each row ends on its length.
-            counts = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
-            counts = with_checks(counts, self._length_checks(tf.reduce_max(counts)))
+            counts = ops.cumsum(ops.cast(mask, "int32"), axis=1)
+            counts = with_checks(counts, self._length_checks(ops.max(counts)))
             if fused:
-                return _add_rows(inputs, self._lookup_table, tf.where(mask, counts, 0))
+                return _add_rows(inputs, self._lookup_table, ops.where(mask, counts, 0),
+                                 self.fuse_min_tokens)
             if zero_padding:
                 pe = self._masked_rows(counts, mask)
             else:
-                pe = self._rows(tf.where(mask, counts - 1, 0))
+                pe = self._rows(ops.where(mask, counts - 1, 0))
         else:
             length = with_checks(length, self._length_checks(length))
             if self._lookup_table is not None and self.overflow == "error":
                 pe = self._lookup_table[1:length + 1][None]
             else:
-                pe = self._table_prefix(length)[None]
+                pe = self._prefix_of(length)[None]
         if language_ids is not None or self.num_languages is not None:
             pe = pe * self._language_scale(language_ids, batch, length)
-        pe = tf.cast(pe, self.compute_dtype)
+        pe = ops.cast(pe, self.compute_dtype)
         if self.dropout > 0:
             pe = self._dropout_layer(pe, training=training)
         return inputs + pe
@@ -231,7 +293,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
         no_dropout = self.dropout == 0 or training is None or training is False
         return (self._lookup_table is not None and self.overflow == "error"
                 and self.num_languages is None and language_ids is None and no_dropout
-                and self._lookup_table.dtype == self.compute_dtype)
+                and dtype_name(self._lookup_table) == self.compute_dtype)
 
     def _rows(self, ids):
         """Table rows of `ids`, from the one constant that masked calls use too when possible.
@@ -240,32 +302,32 @@ class PositionEmbeddingBase(keras.layers.Layer):
         to a single copy of the table, whichever paths it was traced with.
         """
         if self._lookup_table is not None and self.overflow == "error":
-            return tf.gather(self._lookup_table, ids + 1)
-        return self._table_rows(ids)
+            return ops.take(self._lookup_table, ids + 1, axis=0)
+        return self._rows_of(ids)
 
     def _masked_rows(self, ids_plus_one, mask):
         """Table rows of positions `ids_plus_one - 1`, exactly zero where `mask` is False."""
         def multiplied():
-            rows = self._table_rows(tf.where(mask, ids_plus_one - 1, 0))
-            return rows * tf.cast(mask, rows.dtype)[:, :, None]
+            rows = self._rows_of(ops.where(mask, ids_plus_one - 1, 0))
+            return rows * ops.cast(mask, rows.dtype)[:, :, None]
 
         if self._lookup_table is None:
             return multiplied()
 
         def gathered():
-            return tf.gather(self._lookup_table, tf.where(mask, ids_plus_one, 0))
+            return ops.take(self._lookup_table, ops.where(mask, ids_plus_one, 0), axis=0)
 
         if self.overflow == "error":
             return gathered()
         # "extend": positions past the table are computed, not gathered.
-        return tf.cond(tf.reduce_max(ids_plus_one) <= self.max_length, gathered,
-                       lambda: tf.cast(multiplied(), self._lookup_table.dtype))
+        return ops.cond(ops.max(ids_plus_one) <= self.max_length, gathered,
+                        lambda: ops.cast(multiplied(), self._lookup_table.dtype))
 
     def compute_mask(self, inputs, mask=None):
         return mask
 
     def compute_output_shape(self, input_shape):
-        return tf.TensorShape(input_shape)
+        return input_shape
 
     def get_config(self):
         config = super().get_config()
@@ -275,6 +337,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
             "num_languages": self.num_languages,
             "dropout": self.dropout,
             "overflow": self.overflow,
+            "fuse_min_tokens": self.fuse_min_tokens,
         })
         return config
 
@@ -282,50 +345,59 @@ class PositionEmbeddingBase(keras.layers.Layer):
     def _length_checks(self, length):
         if self.overflow == "extend":
             return []
-        static = tf.get_static_value(length)
-        if static is not None and static > self.max_length:
-            raise ValueError(
-                f"Sequence length {static} exceeds max_length={self.max_length} of "
-                f"{type(self).__name__} '{self.name}' (overflow='error').")
+        static = static_int(length)
+        if static is not None:
+            if static > self.max_length:
+                raise ValueError(
+                    f"Sequence length {static} exceeds max_length={self.max_length} of "
+                    f"{type(self).__name__} '{self.name}' (overflow='error').")
+            return []
         return check(length <= self.max_length,
                      "Sequence length {} exceeds max_length=" + str(self.max_length) + " of "
                      + type(self).__name__ + " '" + self.name + "' (overflow='error').", length)
 
     def _validated_mask(self, mask, inputs):
-        mask = tf.convert_to_tensor(mask)
-        if mask.shape.rank is not None and mask.shape.rank != 2:
-            raise ValueError(f"`mask` must have shape [batch, length] = {inputs.shape[:2]}, "
-                             f"got shape {mask.shape}.")
-        if mask.shape.is_fully_defined() and inputs.shape[:2].is_fully_defined():
-            if mask.shape != inputs.shape[:2]:
-                raise ValueError(f"`mask` must have shape [batch, length] = {inputs.shape[:2]}, "
-                                 f"got shape {mask.shape}.")
-            return tf.cast(mask, tf.bool)
-        checks = check(tf.reduce_all(tf.equal(tf.shape(mask), tf.shape(inputs)[:2])),
-                       "`mask` must have shape [batch, length] = {}, got shape {}.",
-                       tf.shape(inputs)[:2], tf.shape(mask))
-        return with_checks(tf.cast(mask, tf.bool), checks)
+        mask = ops.convert_to_tensor(mask)
+        expected = tuple(inputs.shape[:2])
+        if len(mask.shape) != 2:
+            raise ValueError(f"`mask` must have shape [batch, length] = {expected}, "
+                             f"got shape {tuple(mask.shape)}.")
+        if None not in expected and None not in tuple(mask.shape):
+            if tuple(mask.shape) != expected:
+                raise ValueError(f"`mask` must have shape [batch, length] = {expected}, "
+                                 f"got shape {tuple(mask.shape)}.")
+            return ops.cast(mask, "bool")
+        checks = _check_dims(ops.shape(mask), ops.shape(inputs)[:2],
+                             "`mask` must have shape [batch, length] = {}, got shape {}.")
+        return with_checks(ops.cast(mask, "bool"), checks)
 
     def _validated_position_ids(self, ids, inputs):
-        ids = tf.convert_to_tensor(ids)
-        if not ids.dtype.is_integer:
-            raise TypeError(f"`position_ids` must be an integer tensor, got dtype {ids.dtype.name}.")
-        if ids.shape.rank not in (None, 1, 2):
+        ids = ops.convert_to_tensor(ids)
+        dtype = dtype_name(ids)
+        if "int" not in dtype:
+            raise TypeError(f"`position_ids` must be an integer tensor, got dtype {dtype}.")
+        if len(ids.shape) not in (1, 2):
             raise ValueError(f"`position_ids` must have shape [batch, length] or [length], "
-                             f"got shape {ids.shape}.")
-        ids = tf.cast(ids, tf.int32)
-        if ids.shape.rank == 1:
+                             f"got shape {tuple(ids.shape)}.")
+        ids = ops.cast(ids, "int32")
+        if len(ids.shape) == 1:
             ids = ids[None]
         upper = None if self.overflow == "extend" else self.max_length
-        low, high = tf.reduce_min(ids), tf.reduce_max(ids)
+        low, high = ops.min(ids), ops.max(ids)
         range_text = "[0, inf)" if upper is None else f"[0, max_length={upper})"
         template = "`position_ids` must be in " + range_text + ", got min {} and max {}."
-        in_range = low >= 0 if upper is None else tf.logical_and(low >= 0, high < upper)
-        in_range = tf.logical_or(tf.equal(tf.size(ids), 0), in_range)
+        in_range = low >= 0 if upper is None else ops.logical_and(low >= 0, high < upper)
+        in_range = ops.logical_or(ops.equal(ops.size(ids), 0), in_range)
         checks = check(in_range, template, low, high)
-        checks += check(tf.reduce_all(tf.equal(tf.shape(ids)[1], tf.shape(inputs)[1])),
-                        "`position_ids` length {} must equal the inputs length {}.",
-                        tf.shape(ids)[1], tf.shape(inputs)[1])
+        ids_length, inputs_length = ops.shape(ids)[1], ops.shape(inputs)[1]
+        if isinstance(ids_length, int) and isinstance(inputs_length, int):
+            if ids_length != inputs_length:
+                raise ValueError(f"`position_ids` length {ids_length} must equal the inputs length "
+                                 f"{inputs_length}.")
+        else:
+            checks += check(ops.equal(ids_length, inputs_length),
+                            "`position_ids` length {} must equal the inputs length {}.",
+                            ids_length, inputs_length)
         return with_checks(ids, checks)
 
     def _language_scale(self, language_ids, batch, length):
@@ -337,26 +409,32 @@ class PositionEmbeddingBase(keras.layers.Layer):
             raise ValueError(
                 f"{type(self).__name__} '{self.name}' has num_languages={self.num_languages}: "
                 "pass `language_ids` of shape [batch] or [batch, length].")
-        language_ids = tf.convert_to_tensor(language_ids)
-        if not language_ids.dtype.is_integer:
-            raise TypeError(
-                f"`language_ids` must be an integer tensor, got dtype {language_ids.dtype.name}.")
-        if language_ids.shape.rank not in (None, 1, 2):
+        language_ids = ops.convert_to_tensor(language_ids)
+        dtype = dtype_name(language_ids)
+        if "int" not in dtype:
+            raise TypeError(f"`language_ids` must be an integer tensor, got dtype {dtype}.")
+        rank = len(language_ids.shape)
+        if rank not in (1, 2):
             raise ValueError(f"`language_ids` must have shape [batch] or [batch, length], "
-                             f"got shape {language_ids.shape}.")
-        language_ids = tf.cast(language_ids, tf.int32)
-        in_range = tf.logical_or(
-            tf.equal(tf.size(language_ids), 0),
-            tf.logical_and(tf.reduce_min(language_ids) >= 0,
-                           tf.reduce_max(language_ids) < self.num_languages))
+                             f"got shape {tuple(language_ids.shape)}.")
+        language_ids = ops.cast(language_ids, "int32")
+        low, high = ops.min(language_ids), ops.max(language_ids)
+        in_range = ops.logical_or(
+            ops.equal(ops.size(language_ids), 0),
+            ops.logical_and(low >= 0, high < self.num_languages))
         checks = check(in_range, "`language_ids` must be in [0, num_languages="
-                       + str(self.num_languages) + "), got min {} and max {}.",
-                       tf.reduce_min(language_ids), tf.reduce_max(language_ids))
-        expected = tf.stack([batch, length])[:language_ids.shape.rank or 2]
-        checks += check(tf.reduce_all(tf.equal(tf.shape(language_ids), expected)),
-                        "`language_ids` must have shape [batch] or [batch, length] = {}, got shape {}.",
-                        tf.stack([batch, length]), tf.shape(language_ids))
-        scale = tf.gather(self.language_scale, with_checks(language_ids, checks))
-        if language_ids.shape.rank == 1:
+                       + str(self.num_languages) + "), got min {} and max {}.", low, high)
+        expected = [batch, length]
+        actual = list(ops.shape(language_ids))
+        if all(isinstance(d, int) for d in (*expected, *actual)):
+            if actual != expected[:rank]:
+                raise ValueError("`language_ids` must have shape [batch] or [batch, length] = "
+                                 f"{_numpy_style(expected)}, got shape {_numpy_style(actual)}.")
+        else:
+            same = ops.all(ops.equal(ops.stack(actual), ops.stack(expected[:rank])))
+            checks += check(same, "`language_ids` must have shape [batch] or [batch, length] = {}, "
+                            "got shape {}.", ops.stack(expected), ops.stack(actual))
+        scale = ops.take(self.language_scale, with_checks(language_ids, checks), axis=0)
+        if rank == 1:
             return scale[:, None, None]
         return scale[:, :, None]

@@ -1,9 +1,11 @@
 """SinusoidalPositionEmbedding: the fixed sin/cos table, padding-aware."""
 
-import tensorflow as tf
-from tensorflow import keras
+import math
+
+import numpy as np
 
 from keras_posenc import tables
+from keras_posenc.backend import keras, ops, widest_float
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.validation import check_base, check_choice, check_stored_dims
 
@@ -17,7 +19,8 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
     The table is computed once in float64 numpy (`keras_posenc.sinusoidal_table`),
     stored as a float32 constant (never a weight, so no gradient reaches it and
     nothing is trained) and cast to the compute dtype only at the add, so
-    `mixed_float16` models keep a correctly rounded encoding.
+    `mixed_float16` and `mixed_bfloat16` models keep a correctly rounded
+    encoding. Runs on Keras 2 and on Keras 3 (TensorFlow and JAX backends).
 
     Position ids come from, in this order: `position_ids` if given; else the
     Keras mask or `mask=` (each row's real tokens are numbered 0, 1, ... so a
@@ -60,7 +63,8 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
         overflow: "error" raises when a position reaches `max_length`;
             "extend" computes such rows on the fly in float64 (for training or
             evaluation beyond the table; exported models need positions inside
-            the table).
+            the table). On JAX without `jax_enable_x64` the angles of such
+            rows are float32 (error about `position * 6e-8` radians).
         **kwargs: standard layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -75,14 +79,14 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
     Example:
 
     >>> layer = SinusoidalPositionEmbedding(max_length=16)
-    >>> x = tf.zeros([2, 4, 6])
-    >>> mask = tf.constant([[True, True, True, True], [False, False, True, True]])
-    >>> y = layer(x, mask=mask)
+    >>> x = np.zeros([2, 4, 6], "float32")
+    >>> mask = np.array([[True, True, True, True], [False, False, True, True]])
+    >>> y = ops.convert_to_numpy(layer(x, mask=mask))
     >>> y.shape
-    TensorShape([2, 4, 6])
-    >>> y[1, 0].numpy().tolist()  # padding gets no encoding
+    (2, 4, 6)
+    >>> y[1, 0].tolist()  # padding gets no encoding
     [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    >>> bool(tf.reduce_all(y[1, 2:] == y[0, :2]))  # left padding = no padding
+    >>> bool((y[1, 2:] == y[0, :2]).all())  # left padding = no padding
     True
 
     References:
@@ -109,102 +113,90 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
         arrays = tables.table_constants(self.table, self.max_length, depth, stored_dims=self.stored_dims,
                                         base=self.base, layout=self.layout)
         self._table_names = tuple(sorted(arrays))
+        self._table_shapes = {name: values.shape for name, values in arrays.items()}
         for name, values in arrays.items():
-            setattr(self, "_" + name, tf.constant(values))
+            setattr(self, "_" + name, ops.convert_to_tensor(values))
         self._pairs = (depth + 1) // 2
+        pair, is_cos = tables._pair_columns(depth, self.layout)
+        self._is_cos = ops.convert_to_tensor(is_cos.astype(np.int32))
+        self._frequencies = self.base ** (-2.0 * pair.astype(np.float64) / depth)
+        if self.table == "factorized" and self.layout == "interleave":
+            self._sin_cos_columns = ops.convert_to_tensor((is_cos * self._pairs + pair).astype(np.int32))
+        if self.table == "interpolated":
+            self._interpolation_constants(pair, is_cos)
 
     @property
     def table_nbytes(self):
         """Bytes of the constants this built layer stores for its table."""
-        return sum(getattr(self, "_" + name).shape.num_elements() * 4 for name in self._table_names)
+        return sum(math.prod(self._table_shapes[name]) * 4 for name in self._table_names)
 
-    def _columns(self):
-        """`(pair, is_cos)` int32 `[depth]`: the frequency pair and sin/cos kind of every column."""
-        cols = tf.range(self.depth)
-        if self.layout == "interleave":
-            return cols // 2, cols % 2
-        is_cos = tf.cast(cols >= self._pairs, tf.int32)
-        return cols - is_cos * self._pairs, is_cos
-
-    def _interpolated_rows(self, ids):
-        # Same arithmetic as tables.compressed_table("interpolated"); the node
-        # formula of tables.interpolation_nodes is evaluated here so that no
-        # index array is stored.
-        pairs, stored_pairs = self._pairs, self._stored.shape[1] // 2
-        pair, is_cos = self._columns()
+    def _interpolation_constants(self, pair, is_cos):
+        # Same arithmetic as tables.compressed_table("interpolated") (the node formula of
+        # tables.interpolation_nodes), on the column constants, so no index array is stored
+        # as a table and nothing but gathers, muls and adds runs per call.
+        pairs, stored_pairs = self._pairs, self._table_shapes["stored"][1] // 2
         if stored_pairs == 1:
-            lower = upper = tf.zeros_like(pair)
-            alpha = tf.zeros([self.depth], tf.float32)
+            lower = upper = np.zeros_like(pair)
+            alpha = np.zeros([self.depth], np.float32)
         else:
-            lower = tf.minimum(((pair + 1) * (stored_pairs - 1) - 1) // (pairs - 1), stored_pairs - 2)
+            lower = np.minimum(((pair + 1) * (stored_pairs - 1) - 1) // (pairs - 1), stored_pairs - 2)
             upper = lower + 1
             lo_node = lower * (pairs - 1) // (stored_pairs - 1)
             hi_node = upper * (pairs - 1) // (stored_pairs - 1)
-            alpha = tf.cast(pair - lo_node, tf.float32) / tf.cast(hi_node - lo_node, tf.float32)
-        rows = tf.gather(self._stored, ids)
-        lo = tf.gather(rows, is_cos * stored_pairs + lower, axis=-1)
-        hi = tf.gather(rows, is_cos * stored_pairs + upper, axis=-1)
-        return lo * (1.0 - alpha) + hi * alpha
+            alpha = (pair - lo_node).astype(np.float32) / (hi_node - lo_node).astype(np.float32)
+        self._lower_columns = ops.convert_to_tensor((is_cos * stored_pairs + lower).astype(np.int32))
+        self._upper_columns = ops.convert_to_tensor((is_cos * stored_pairs + upper).astype(np.int32))
+        self._alpha = ops.convert_to_tensor(alpha)
+
+    def _interpolated_rows(self, ids):
+        rows = ops.take(self._stored, ids, axis=0)
+        lo = ops.take(rows, self._lower_columns, axis=-1)
+        hi = ops.take(rows, self._upper_columns, axis=-1)
+        return lo * (1.0 - self._alpha) + hi * self._alpha
 
     def _factorized_rows(self, ids):
         # sin(p w) and cos(p w) by angle addition, p = a * block + b.
-        pairs, block = self._pairs, self._fine.shape[0]
+        pairs, block = self._pairs, self._table_shapes["fine"][0]
         coarse_index = ids // block
-        coarse = tf.gather(self._coarse, coarse_index)
-        fine = tf.gather(self._fine, ids - coarse_index * block)
+        coarse = ops.take(self._coarse, coarse_index, axis=0)
+        fine = ops.take(self._fine, ids - coarse_index * block, axis=0)
         cs, cc = coarse[..., :pairs], coarse[..., pairs:]
         fs, fc = fine[..., :pairs], fine[..., pairs:]
-        sin_cos = tf.concat([cs * fc + cc * fs, cc * fc - cs * fs], axis=-1)
+        sin_cos = ops.concatenate([cs * fc + cc * fs, cc * fc - cs * fs], axis=-1)
         if self.layout == "concat":
-            return sin_cos[..., :self.depth] if self.depth % 2 == 0 else tf.concat(
+            return sin_cos[..., :self.depth] if self.depth % 2 == 0 else ops.concatenate(
                 [sin_cos[..., :pairs], sin_cos[..., pairs:pairs + self.depth // 2]], axis=-1)
-        pair, is_cos = self._columns()
-        return tf.gather(sin_cos, is_cos * pairs + pair, axis=-1)
+        return ops.take(sin_cos, self._sin_cos_columns, axis=-1)
 
     def _rebuilt_rows(self, ids):
         if self.table == "interpolated":
             return self._interpolated_rows(ids)
         return self._factorized_rows(ids)
 
-    def _stored_rows(self, ids):
-        if self.table == "full":
-            return tf.gather(self._table, ids)
-        # Rebuild whichever is fewer rows: one per id, or the whole table once and gather from it
-        # (big batches). Both give the same values. A static shape decides without a tf.cond.
-        def whole_table():
-            return tf.gather(self._rebuilt_rows(tf.range(self.max_length)), ids)
-
-        count = ids.shape.num_elements()
-        if count is not None:
-            return self._rebuilt_rows(ids) if count <= self.max_length else whole_table()
-        return tf.cond(tf.size(ids) <= self.max_length, lambda: self._rebuilt_rows(ids), whole_table)
-
-    def _stored_prefix(self, length):
-        if self.table == "full":
-            return self._table[:length]
-        return self._rebuilt_rows(tf.range(length))
-
-    def _computed_rows(self, ids):
-        # Positions past the table ("extend"): float64 angles, computed in-graph (nothing stored).
-        pair, is_cos = self._columns()
-        freq = tf.pow(tf.constant(self.base, tf.float64),
-                      -2.0 * tf.cast(pair, tf.float64) / float(self.depth))
-        angles = tf.cast(ids, tf.float64)[..., None] * freq
-        return tf.cast(tf.where(is_cos == 0, tf.sin(angles), tf.cos(angles)), tf.float32)
-
     def _table_rows(self, ids):
-        if self.overflow == "extend":
-            return tf.cond(tf.reduce_all(ids < self.max_length),
-                           lambda: self._stored_rows(ids),
-                           lambda: self._computed_rows(ids))
-        return self._stored_rows(ids)
+        if self.table == "full":
+            return ops.take(self._table, ids, axis=0)
+        # Rebuild whichever is fewer rows: one per id, or the whole table once and gather from it
+        # (big batches). Both give the same values. A static shape decides without a cond.
+        def whole_table():
+            return ops.take(self._rebuilt_rows(ops.arange(self.max_length, dtype="int32")), ids, axis=0)
+
+        dims = tuple(ids.shape)
+        if None not in dims:
+            return self._rebuilt_rows(ids) if math.prod(dims) <= self.max_length else whole_table()
+        return ops.cond(ops.size(ids) <= self.max_length, lambda: self._rebuilt_rows(ids), whole_table)
 
     def _table_prefix(self, length):
-        if self.overflow == "extend":
-            return tf.cond(length <= self.max_length,
-                           lambda: self._stored_prefix(length),
-                           lambda: self._computed_rows(tf.range(length)))
-        return self._stored_prefix(length)
+        if self.table == "full":
+            return self._table[:length]
+        return self._rebuilt_rows(ops.arange(length, dtype="int32"))
+
+    def _computed_rows(self, ids):
+        # Positions past the table ("extend"): float64 angles where the backend has float64,
+        # computed in-graph (nothing stored).
+        dtype = widest_float()
+        angles = ops.cast(ids, dtype)[..., None] * ops.convert_to_tensor(self._frequencies, dtype)
+        return ops.cast(ops.where(self._is_cos == 0, ops.sin(angles), ops.cos(angles)), "float32")
 
     def _constant_table(self):
         return self._table if self.table == "full" else None

@@ -1,8 +1,6 @@
 """ZeroPositionEmbedding: the all-zero control, a model without positions."""
 
-import tensorflow as tf
-from tensorflow import keras
-
+from keras_posenc.backend import keras, ops
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 
 __all__ = ["ZeroPositionEmbedding"]
@@ -43,9 +41,10 @@ class ZeroPositionEmbedding(PositionEmbeddingBase):
 
     Example:
 
+    >>> import numpy as np
     >>> layer = ZeroPositionEmbedding(max_length=8)
-    >>> x = tf.random.normal([2, 3, 4])
-    >>> bool(tf.reduce_all(layer(x) == x))
+    >>> x = np.random.default_rng(0).normal(size=[2, 3, 4]).astype("float32")
+    >>> bool((ops.convert_to_numpy(layer(x)) == x).all())
     True
     >>> layer.trainable_weights
     []
@@ -70,10 +69,12 @@ class ZeroPositionEmbedding(PositionEmbeddingBase):
         pass
 
     def _table_rows(self, ids):
-        return tf.zeros(tf.concat([tf.shape(ids), [self.depth]], 0), tf.float32)
+        return ops.zeros_like(ops.cast(ids, "float32"))[..., None] * ops.zeros([self.depth], "float32")
 
     def _table_prefix(self, length):
-        return tf.zeros(tf.stack([length, self.depth]), tf.float32)
+        return self._table_rows(ops.arange(length, dtype="int32"))
+
+    _computed_rows = _table_rows
 
     def get_config(self):
         config = super().get_config()
