@@ -1,7 +1,10 @@
 # keras-posenc: developer entry points.
 #
 #   make demo        bootstrap .venv from the lock, then run `keras-posenc demo`
-#   make test        lint (ruff + hadolint), then pytest: what CI runs (.ci/run)
+#   make test        lint, then pytest in .venv (Keras 2) and .venv-keras3: what CI runs (.ci/run)
+#   make test-keras2 lint, then pytest in .venv (TF 2.12 / Keras 2, requirements/tf212.txt)
+#   make test-keras3 lint, then pytest in .venv-keras3 (TF 2.21 / Keras 3, requirements/tf221.txt):
+#                    the suite on KERAS_BACKEND=tensorflow, the layer tests again on jax
 #   make lint        ruff check . and hadolint docker/Dockerfile
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
 #   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)
@@ -23,11 +26,22 @@ PY ?= python3
 VENV ?= .venv
 BENCH_VENV ?= .venv-bench
 LOCK := requirements/tf212.txt
+# Keras 3 stack: Python 3.12 (python3.12 on the PATH, else a pyenv 3.12 install).
+KERAS3_VENV ?= .venv-keras3
+KERAS3_LOCK := requirements/tf221.txt
+KERAS3_PY ?= $(or $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+  "$$p" -c '' >/dev/null 2>&1 && { echo "$$p"; break; }; done),python3.12)
+# Backend-agnostic tests that run a second time on KERAS_BACKEND=jax.
+KERAS3_JAX_TESTS ?= tests/test_tables.py tests/test_positions.py tests/test_compressed_tables.py \
+  tests/test_sinusoidal_position_embedding.py tests/test_learned_position_embedding.py \
+  tests/test_position_variants.py tests/test_token_and_position_embedding.py \
+  tests/test_schedules.py tests/test_readme.py $(wildcard tests/test_keras3_*.py tests/test_interop_*.py)
 BENCH_LOCK := requirements/bench.txt
 # pip itself is bootstrapping tooling, not part of the resolved set; setuptools and wheel come
 # from the lock (they are dependencies of TF's stack and the build backend of this package).
 PIP_VERSION := 24.0
 BOOTSTRAP_PINS = pip==$(PIP_VERSION) $$(grep -E '^(setuptools|wheel)==' $(LOCK))
+KERAS3_BOOTSTRAP_PINS = pip==$(PIP_VERSION) $$(grep -E '^(setuptools|wheel)==' $(KERAS3_LOCK))
 
 IMAGE ?= keras-posenc:tf2.12-gpu
 # e.g. `make docker-demo DOCKER_GPUS=` on a host without the NVIDIA container toolkit.
@@ -43,10 +57,11 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
-        check-python clean
+        check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
+        pytest-keras3
 
 help:
-	@sed -n '3,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,14p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
@@ -104,9 +119,48 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/hadolint docker/Dockerfile
 
+# --- .venv-keras3 (TF 2.21 / Keras 3, Python 3.12) ------------------------------------------
+# Same two-stamp pattern as .venv.
+venv-keras3: $(KERAS3_VENV)/.stamp
+
+check-python-keras3:
+	@if ! "$(KERAS3_PY)" -c 'import sys, venv, ensurepip; sys.exit(0 if sys.version_info[:2] == (3, 12) else 1)' >/dev/null 2>&1; then \
+	  echo "error: '$(KERAS3_PY)' is not a working Python 3.12 with venv: $(KERAS3_LOCK) is locked for CPython 3.12."; \
+	  echo "Install it (e.g. 'pyenv install 3.12' or 'sudo apt-get install python3.12 python3.12-venv'),"; \
+	  echo "then run: make KERAS3_PY=/path/to/python3.12 $(GOAL)"; \
+	  exit 1; \
+	fi
+
+$(KERAS3_VENV)/.lock-stamp: $(KERAS3_LOCK)
+	@$(MAKE) check-python-keras3 GOAL="$(GOAL)"
+	rm -rf $(KERAS3_VENV)
+	"$(KERAS3_PY)" -m venv $(KERAS3_VENV)
+	$(KERAS3_VENV)/bin/python -m pip install --quiet $(KERAS3_BOOTSTRAP_PINS)
+	$(KERAS3_VENV)/bin/python -m pip install --quiet -r $(KERAS3_LOCK)
+	touch $@
+
+$(KERAS3_VENV)/.stamp: $(KERAS3_VENV)/.lock-stamp setup.cfg pyproject.toml
+	$(KERAS3_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(KERAS3_VENV)/bin/python -m pip check
+	touch $@
+
 # pytest exits 5 when it collects no test: make treats that as a failure, on purpose.
-test: lint
+pytest-keras2: venv
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+pytest-keras3: venv-keras3
+	KERAS_BACKEND=tensorflow $(KERAS3_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	KERAS_BACKEND=jax $(KERAS3_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) $(KERAS3_JAX_TESTS)
+
+test: lint
+	@$(MAKE) pytest-keras2
+	@$(MAKE) pytest-keras3
+
+test-keras2: lint
+	@$(MAKE) pytest-keras2
+
+test-keras3: lint
+	@$(MAKE) pytest-keras3
 
 # Into the interpreter $(PY) itself: meant for a virtualenv/conda env of yours, e.g.
 # `make install PY=~/envs/posenc/bin/python`. Refuses a system interpreter unless SYSTEM=1.
@@ -165,5 +219,5 @@ docker-demo: docker
 	  -v "$(CURDIR)/runs/docker-demo:/out" $(IMAGE) demo --out /out/demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(KERAS3_VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
