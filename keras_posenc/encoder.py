@@ -13,10 +13,43 @@ from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS, To
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check_choice, check_epsilon, check_positive_int, check_rate
 
-__all__ = ["ENCODER_POSITIONS", "Encoder", "EncoderLayer"]
+__all__ = ["ENCODER_POSITIONS", "NAMED_POSITIONS", "Encoder", "EncoderLayer", "named_position"]
 
 # Every `position` an Encoder takes: the additive embedding layers, then the ones inside attention.
 ENCODER_POSITIONS = tuple(POSITION_LAYERS) + ATTENTION_POSITIONS
+# The `--position` choices of the commands: every Encoder position plus RoPE with a scaling.
+NAMED_POSITIONS = ENCODER_POSITIONS + ("rope-ntk", "rope-yarn")
+
+
+def named_position(name, max_length, *, scaling_factor=4.0):
+    """`(position, position_config)` of `Encoder` for a `--position` name of the commands.
+
+    "rope-ntk" and "rope-yarn" are RoPE with NTK-aware or YaRN scaling by
+    `scaling_factor`, YaRN counting turns over `max_length` (the training
+    length); every other name is an `Encoder` position with no options.
+
+    Args:
+        name: one of `NAMED_POSITIONS`.
+        max_length: int, the training length.
+        scaling_factor: float >= 1, the RoPE scaling factor.
+
+    Returns:
+        A pair `(str, dict)`.
+
+    Example:
+
+    >>> named_position("rope-yarn", 64)
+    ('rope', {'scaling': 'yarn', 'scaling_factor': 4.0, 'original_length': 64})
+    >>> named_position("alibi", 64)
+    ('alibi', {})
+    """
+    check_choice("position", name, NAMED_POSITIONS)
+    if name == "rope-ntk":
+        return "rope", {"scaling": "ntk", "scaling_factor": float(scaling_factor)}
+    if name == "rope-yarn":
+        return "rope", {"scaling": "yarn", "scaling_factor": float(scaling_factor),
+                        "original_length": max_length}
+    return name, {}
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
