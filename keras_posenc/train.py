@@ -1,19 +1,23 @@
-"""Training of a causal next-token language model (Keras fit, checkpoints, tf.distribute).
+"""Training of a causal next-token language model (checkpoints, tf.distribute).
 
 The model is `models.CausalLM` (a causal `Encoder` followed by
 `Dense(vocab_size)`), trained with masked sparse cross-entropy (padding
 ignored) and `models.transformer_adam` (Adam(0.9, 0.98, 1e-9) on
-`WarmupSchedule`). `train(TrainConfig(...))` writes
-to `out`: `model.keras`, `spm.model`, `report.json`, `loss.png`, TensorBoard
-logs in `logs/` and checkpoints in `checkpoints/`.
+`WarmupSchedule`). `train(TrainConfig(...))` writes to `out`:
+`model.keras`, `spm.model`, `report.json`, `loss.png`, TensorBoard logs in
+`logs/` and checkpoints in `checkpoints/`.
 
-Checkpoints: `tf.train.Checkpoint(model, optimizer)` (the optimizer holds the
-step, which drives the learning-rate schedule) is written into a temporary
-folder that is renamed into place (`os.replace`) only when complete, so a
-crash never leaves a half-written checkpoint under a valid name; leftovers
-are ignored. The folder also holds `config.json`, compared on `--resume`.
-A resumed run skips the batches already trained (the seeded data order is
-fixed) and continues at the same step and learning rate.
+Checkpoints: `tf.train.CheckpointManager` saves the model, the optimizer
+(its step drives the learning-rate schedule), the dropout generators and the
+`tf.data` iterator of the training batches. The manager names a checkpoint
+in its state file only after all its files are written, so a crash never
+leaves a half-written checkpoint that a resume would read; it also rotates
+old ones. Only the chief (`strategy.extended.should_checkpoint`) keeps
+them; other workers save into a scratch folder, because a save runs
+collectives. `checkpoints/config.json` holds the model config, compared on
+`--resume`. A resumed run continues at the same step, learning rate and
+data position: the iterator state is restored, not replayed, so a resume
+costs the same at step 200 and at step 20,000.
 
 Example: training runs for seconds to minutes, so it is exercised by
 `tests/test_train.py` (artifacts, determinism, resume after a killed
@@ -36,7 +40,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -50,12 +53,9 @@ from keras_posenc._plotting import pyplot, save_figure
 from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.validation import check_choice, check_positive_ints
 
-__all__ = ["STRATEGIES", "StepLog", "TrainConfig", "list_checkpoints", "make_strategy", "train",
-           "write_checkpoint"]
+__all__ = ["STRATEGIES", "StepLog", "TrainConfig", "list_checkpoints", "make_strategy", "train"]
 
 STRATEGIES = ("default", "mirrored", "multiworker")
-_CHECKPOINT_DIR = re.compile(r"^step-(\d{9})$")
-_CHECKPOINT_PREFIX = "state"
 _CONFIG_FILE = "config.json"
 
 
@@ -97,7 +97,7 @@ class TrainConfig:
         log_every: int, TensorBoard logging interval in steps.
         resume: bool, continue from the latest checkpoint in `out`.
         strategy: one of `STRATEGIES`.
-        verbose: int, Keras `fit` verbosity.
+        verbose: int, 0 for no progress bar.
 
     Example:
 
@@ -162,17 +162,19 @@ def _checkpoint_dir(out):
 
 
 def list_checkpoints(directory):
-    """`[(step, path)]` of complete checkpoints, oldest first; temp or partial folders are ignored.
+    """`[(step, prefix)]` of the complete checkpoints in `directory`, oldest first.
 
-    A complete checkpoint is a folder `step-NNNNNNNNN` holding both the
-    `tf.train.Checkpoint` index and `config.json` (`write_checkpoint`).
+    Reads the state file of `tf.train.CheckpointManager`, which names a
+    checkpoint only after all its files are written, so the files of a save
+    that a crash interrupted are never listed.
 
     Args:
         directory: str, a checkpoint folder (`<out>/checkpoints`); it need
             not exist.
 
     Returns:
-        list of `(int step, str path)` sorted by step.
+        list of `(int step, str prefix)` sorted by step; `prefix` is what
+        `tf.train.Checkpoint.restore` takes.
 
     Example:
 
@@ -180,105 +182,62 @@ def list_checkpoints(directory):
     >>> directory = tempfile.mkdtemp()
     >>> list_checkpoints(directory), list_checkpoints(os.path.join(directory, "missing"))
     ([], [])
-    >>> os.makedirs(os.path.join(directory, "step-000000007"))  # partial: no files
-    >>> list_checkpoints(directory)
-    []
+    >>> step = tf.Variable(0, dtype=tf.int64)
+    >>> manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), directory, max_to_keep=2,
+    ...                                      step_counter=step)
+    >>> for _ in range(3):
+    ...     _ = step.assign_add(5)
+    ...     _ = manager.save(checkpoint_number=step)
+    >>> [(n, os.path.basename(prefix)) for n, prefix in list_checkpoints(directory)]
+    [(10, 'ckpt-10'), (15, 'ckpt-15')]
     """
-    if not os.path.isdir(directory):
+    state = tf.train.get_checkpoint_state(directory) if os.path.isdir(directory) else None
+    if state is None:
         return []
-    found = []
-    for name in os.listdir(directory):
-        match = _CHECKPOINT_DIR.match(name)
-        path = os.path.join(directory, name)
-        if match and os.path.isfile(os.path.join(path, _CONFIG_FILE)) \
-                and os.path.isfile(os.path.join(path, _CHECKPOINT_PREFIX + ".index")):
-            found.append((int(match.group(1)), path))
+    found = [(int(prefix.rsplit("-", 1)[1]), prefix) for prefix in state.all_model_checkpoint_paths
+             if os.path.isfile(prefix + ".index")]
     return sorted(found)
 
 
-def write_checkpoint(checkpoint, directory, step, config, *, keep=3):
-    """Writes `checkpoint` as `directory/step-NNNNNNNNN` atomically; returns its path.
-
-    The checkpoint and `config.json` are written into a temporary folder
-    that is renamed into place only when complete; then all but the newest
-    `keep` checkpoints are deleted.
-
-    Args:
-        checkpoint: a `tf.train.Checkpoint`.
-        directory: str, the checkpoint folder (created if needed).
-        step: int, the optimizer step (the folder name).
-        config: JSON-serializable dict written as `config.json` (the model
-            config, compared on resume).
-        keep: int, how many checkpoints to keep.
-
-    Returns:
-        str, the path of the written checkpoint folder.
-
-    Example:
-
-    >>> import tempfile
-    >>> directory = tempfile.mkdtemp()
-    >>> checkpoint = tf.train.Checkpoint(w=tf.Variable(1.0))
-    >>> for step in (1, 2, 3):
-    ...     path = write_checkpoint(checkpoint, directory, step, {"d_model": 8}, keep=2)
-    >>> [step for step, _ in list_checkpoints(directory)], os.path.basename(path)
-    ([2, 3], 'step-000000003')
-
-    References:
-        - TensorFlow, "Training checkpoints", https://www.tensorflow.org/guide/checkpoint.
-    """
-    os.makedirs(directory, exist_ok=True)
-    final = os.path.join(directory, f"step-{step:09d}")
-    temp = tempfile.mkdtemp(prefix=f".tmp-step-{step:09d}-", dir=directory)
+def _write_json_atomically(path, content):
+    handle, temp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
     try:
-        checkpoint.write(os.path.join(temp, _CHECKPOINT_PREFIX))
-        with open(os.path.join(temp, _CONFIG_FILE), "w") as f:
-            json.dump(config, f, indent=1, sort_keys=True)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(temp, final)
+        with os.fdopen(handle, "w") as f:
+            json.dump(content, f, indent=1, sort_keys=True)
+        os.replace(temp, path)
     finally:
         if os.path.exists(temp):
-            shutil.rmtree(temp, ignore_errors=True)
-    for _, old in list_checkpoints(directory)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+            os.remove(temp)
 
 
-def _read_checkpoint_config(path):
-    with open(os.path.join(path, _CONFIG_FILE)) as f:
-        return json.load(f)
-
-
-def _check_checkpoint_config(path, expected):
-    """Raises ValueError naming every setting where the checkpoint differs from `expected`."""
-    stored = _read_checkpoint_config(path)
+def _check_checkpoint_config(directory, expected):
+    """Raises ValueError naming every setting where the checkpoints differ from `expected`."""
+    path = os.path.join(directory, _CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(f"Cannot resume from {directory}: it has no {_CONFIG_FILE} with the model config.")
+    with open(path) as f:
+        stored = json.load(f)
     keys = sorted(set(stored) | set(expected))
     diffs = [f"{k}: checkpoint {stored.get(k)!r} vs now {expected.get(k)!r}"
              for k in keys if stored.get(k) != expected.get(k)]
     if diffs:
-        raise ValueError(f"Cannot resume from {path}: it was trained with a different model config ("
+        raise ValueError(f"Cannot resume from {directory}: it was trained with a different model config ("
                          + "; ".join(diffs) + "). Use the same flags, or a new --out without --resume.")
 
 
 class _CheckpointCallback(keras.callbacks.Callback):
-    """Writes a checkpoint every `every` optimizer steps and at the end."""
+    """Saves through `manager` every `every` optimizer steps and at the end."""
 
-    def __init__(self, checkpoint, directory, config, every, keep, optimizer, is_chief=True):
+    def __init__(self, manager, every, optimizer):
         super().__init__()
-        self.checkpoint, self.directory, self.config = checkpoint, directory, config
-        self.every, self.keep, self.optimizer, self.is_chief = every, keep, optimizer, is_chief
+        self.manager, self.every, self.optimizer = manager, every, optimizer
         self.last_written = None
 
     def _write(self):
         step = int(self.optimizer.iterations.numpy())
-        if step == self.last_written:
-            return
-        directory = self.directory if self.is_chief else tempfile.mkdtemp(prefix="worker-ckpt-")
-        write_checkpoint(self.checkpoint, directory, step, self.config, keep=self.keep)
-        if not self.is_chief:  # every worker must take part in the save; only the chief keeps it
-            shutil.rmtree(directory, ignore_errors=True)
-        self.last_written = step
+        if step != self.last_written:
+            self.manager.save(checkpoint_number=step)
+            self.last_written = step
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.optimizer.iterations.numpy()) % self.every == 0:
@@ -286,6 +245,24 @@ class _CheckpointCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._write()
+
+
+class _ScalarLog(keras.callbacks.Callback):
+    """Writes the training loss and learning rate for TensorBoard every `every` optimizer steps."""
+
+    def __init__(self, logdir, every, optimizer):
+        super().__init__()
+        self.writer, self.every, self.optimizer = tf.summary.create_file_writer(logdir), every, optimizer
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.optimizer.iterations.numpy())
+        if step % self.every == 0:
+            with self.writer.as_default(step=step):
+                tf.summary.scalar("loss", float(logs["loss"]))
+                tf.summary.scalar("learning_rate", float(self.optimizer.learning_rate))
+
+    def on_train_end(self, logs=None):
+        self.writer.flush()
 
 
 class StepLog(keras.callbacks.Callback):
@@ -382,16 +359,6 @@ def make_strategy(name):
     return tf.distribute.get_strategy()
 
 
-def _is_chief(strategy):
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
-        return True
-    if resolver.task_type == "chief":
-        return True
-    has_chief = "chief" in resolver.cluster_spec().as_dict()
-    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
-
-
 # Training ----------------------------------------------------------------------------------
 def _check_config(cfg):
     check_positive_ints((name, getattr(cfg, name)) for name in (
@@ -422,8 +389,8 @@ def train(cfg):
     """Trains per `cfg` and returns the report (also written to `out/report.json`).
 
     Reads and splits the corpus, trains SentencePiece on the training split
-    (or reuses `out/spm.model` on resume), trains `CausalLM` with Keras
-    `fit` under the strategy, evaluates on the held-out split against an
+    (or reuses `out/spm.model` on resume), trains `CausalLM` under the
+    strategy (Keras callbacks, `train_step` per replica), evaluates on the held-out split against an
     add-one unigram baseline, and writes `model.keras`, `spm.model`,
     `report.json`, `loss.png`, `logs/` and `checkpoints/` to `cfg.out`
     (workers other than the chief write no artifacts). Runs are
@@ -454,6 +421,10 @@ def train(cfg):
     """
     _check_config(cfg)
     strategy = make_strategy(cfg.strategy)
+    if cfg.batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(f"`batch_size` must be a multiple of the {strategy.num_replicas_in_sync} replicas, "
+                         f"got batch_size={cfg.batch_size}.")
+    chief = strategy.extended.should_checkpoint
     keras.utils.set_random_seed(cfg.seed)
     keras.backend.experimental.enable_tf_random_generator()
     tf.config.experimental.enable_op_determinism()
@@ -462,14 +433,21 @@ def train(cfg):
     checkpoints = list_checkpoints(ckpt_dir)
     if cfg.resume and not checkpoints:
         raise ValueError(f"--resume was given but {ckpt_dir} holds no complete checkpoint to resume from.")
-    if not cfg.resume and os.path.isdir(ckpt_dir) and _is_chief(strategy):
+    if not cfg.resume and os.path.isdir(ckpt_dir) and chief:
         shutil.rmtree(ckpt_dir)  # a fresh run must never resume a stale checkpoint by accident
     corpus, train_examples, eval_examples, sp_model = _prepare_data(cfg, cfg.resume)
     vocab_size = data_lib.sentencepiece_vocab_size(sp_model)
     model_config = cfg.model_config(vocab_size)
     if cfg.resume:
-        _check_checkpoint_config(checkpoints[-1][1], model_config)
+        _check_checkpoint_config(ckpt_dir, model_config)
+    elif chief:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        _write_json_atomically(os.path.join(ckpt_dir, _CONFIG_FILE), model_config)
 
+    dataset_kwargs = {"max_length": cfg.max_length, "add_bos": cfg.add_bos, "add_eos": cfg.add_eos}
+    train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True,
+                                   seed=cfg.seed, repeat=True, drop_remainder=True, **dataset_kwargs)
+    batches = iter(train_ds)  # global batches; checkpointed, so a resume continues where it stopped
     with strategy.scope():
         model = CausalLM(model_config, name="causal_lm")
         model.build_on_dummy()
@@ -477,31 +455,29 @@ def train(cfg):
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                         dropout_rng=_dropout_generators(model))
+                                         dropout_rng=_dropout_generators(model), data=batches)
     start_step = 0
     if cfg.resume:
         step, path = checkpoints[-1]
-        checkpoint.read(os.path.join(path, _CHECKPOINT_PREFIX)).assert_existing_objects_matched()
+        checkpoint.restore(path).assert_existing_objects_matched()
         start_step = int(optimizer.iterations.numpy())
         if start_step != step:
             raise ValueError(f"Checkpoint {path} holds optimizer step {start_step}, not {step}.")
         if cfg.verbose:
             print(f"Resuming from {path} at step {start_step}.")
 
-    dataset_kwargs = {"max_length": cfg.max_length, "add_bos": cfg.add_bos, "add_eos": cfg.add_eos}
-    train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True,
-                                   seed=cfg.seed, repeat=True, drop_remainder=True, **dataset_kwargs)
+    # Every worker takes part in a save (it runs collectives); only the chief's copy is kept.
+    save_dir = ckpt_dir if chief else tempfile.mkdtemp(prefix="worker-ckpt-")
+    manager = tf.train.CheckpointManager(checkpoint, save_dir, max_to_keep=cfg.keep_checkpoints,
+                                         step_counter=optimizer.iterations)
     step_log = StepLog()
-    callbacks = [
-        step_log,
-        _CheckpointCallback(checkpoint, ckpt_dir, model_config, cfg.checkpoint_every, cfg.keep_checkpoints,
-                            optimizer, is_chief=_is_chief(strategy)),
-        keras.callbacks.TensorBoard(os.path.join(cfg.out, "logs"), update_freq=cfg.log_every),
-    ]
-    remaining = cfg.steps - start_step
-    if remaining > 0:
-        model.fit(train_ds.skip(start_step), epochs=1, steps_per_epoch=remaining, callbacks=callbacks,
-                  verbose=cfg.verbose)
+    callbacks = [step_log, _CheckpointCallback(manager, cfg.checkpoint_every, optimizer),
+                 _ScalarLog(os.path.join(cfg.out, "logs"), cfg.log_every, optimizer)]
+    try:
+        _fit(model, strategy, batches, cfg.steps - start_step, callbacks, cfg.verbose)
+    finally:
+        if not chief:
+            shutil.rmtree(save_dir, ignore_errors=True)
 
     eval_ds = data_lib.lm_dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
                                   **dataset_kwargs)
@@ -511,7 +487,7 @@ def train(cfg):
     unigram_loss = data_lib.unigram_cross_entropy(unigram_train_ds, eval_ds, vocab_size)
 
     model_path = os.path.join(cfg.out, "model.keras")
-    if _is_chief(strategy):
+    if chief:
         model.save(model_path, save_format="keras_v3")
     else:
         # Saving under MultiWorkerMirroredStrategy runs collectives: every worker must save, and
@@ -538,12 +514,48 @@ def train(cfg):
         "model_config": model_config,
         "train_config": dataclasses.asdict(cfg),
     }
-    if _is_chief(strategy):
+    if chief:
         report["loss_plot"] = _plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
                                            eval_loss=eval_loss, unigram_loss=unigram_loss)
         with open(os.path.join(cfg.out, "report.json"), "w") as f:
             json.dump(report, f, indent=1)
     return report
+
+
+def _fit(model, strategy, batches, steps, callbacks, verbose):
+    """Runs `steps` training steps on the global batches of the iterator `batches`.
+
+    Keras `fit` would make its own iterator, which cannot be checkpointed
+    under a distribution strategy. Here every replica takes its slice of the
+    host's global batch, so the iterator is a plain `tf.data` iterator that
+    `tf.train.Checkpoint` saves with the model.
+    """
+    if steps <= 0:
+        return
+
+    def replica_step(batch):
+        context = tf.distribute.get_replica_context()
+        size = tf.shape(batch[1])[0] // context.num_replicas_in_sync
+        start = context.replica_id_in_sync_group * size
+        return model.train_step(tf.nest.map_structure(lambda t: t[start:start + size], batch))
+
+    @tf.function
+    def train_step(iterator):
+        outputs = strategy.run(replica_step, args=(next(iterator),))
+        return {k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in outputs.items()}
+
+    callback_list = keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, model=model,
+                                                 verbose=verbose, epochs=1, steps=steps)
+    model.stop_training = False
+    callback_list.on_train_begin()
+    callback_list.on_epoch_begin(0)
+    logs = {}
+    for batch in range(steps):
+        callback_list.on_train_batch_begin(batch)
+        logs = {k: v.numpy() for k, v in train_step(batches).items()}
+        callback_list.on_train_batch_end(batch, logs)
+    callback_list.on_epoch_end(0, logs)
+    callback_list.on_train_end(logs)
 
 
 def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):

@@ -108,30 +108,48 @@ def test_resume_after_killed_process_matches_uninterrupted_run(corpus, tmp_path)
         np.testing.assert_array_equal(got, want)
 
 
-def test_partial_and_temporary_checkpoints_are_ignored(corpus, tmp_path):
+def test_files_of_an_interrupted_save_are_ignored(corpus, tmp_path):
     out = str(tmp_path / "run")
     train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=4)))
     ckpt_dir = os.path.join(out, "checkpoints")
     assert [s for s, _ in list_checkpoints(ckpt_dir)] == [2, 4]
-    # A crash during a write leaves a temp folder; a folder without its index is incomplete.
-    os.makedirs(os.path.join(ckpt_dir, ".tmp-step-000000006-abc"))
-    open(os.path.join(ckpt_dir, ".tmp-step-000000006-abc", "state.index"), "w").write("garbage")
-    os.makedirs(os.path.join(ckpt_dir, "step-000000008"))
-    open(os.path.join(ckpt_dir, "step-000000008", "config.json"), "w").write("{}")
+    # A save killed half-way leaves its temporary shards, or an index the state file never named.
+    os.makedirs(os.path.join(ckpt_dir, "ckpt-6_temp"))
+    open(os.path.join(ckpt_dir, "ckpt-6_temp", "part-00000-of-00001.data-00000-of-00001"), "w").write("half")
+    open(os.path.join(ckpt_dir, "ckpt-8.index"), "w").write("garbage")
     assert [s for s, _ in list_checkpoints(ckpt_dir)] == [2, 4]
     report = train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, steps=6)))
     assert report["start_step"] == 4 and report["steps"] == 6
 
 
-def test_write_checkpoint_never_leaves_a_partial_folder(tmp_path, monkeypatch):
-    class Failing:
-        def write(self, prefix):
-            open(prefix + ".index", "w").write("half")
-            raise OSError("disk full")
+def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint_the_latest(tmp_path, monkeypatch):
+    import tensorflow as tf
 
+    step = tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(step=step)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=3, step_counter=step)
+    step.assign(2)
+    manager.save(checkpoint_number=2)
+
+    def failing_write(self, prefix, **kwargs):
+        open(prefix + ".index", "w").write("half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tf.train.Checkpoint, "_write", failing_write)
+    step.assign(4)
     with pytest.raises(OSError, match="disk full"):
-        train_lib.write_checkpoint(Failing(), str(tmp_path), 3, {"a": 1})
-    assert os.listdir(tmp_path) == []
+        manager.save(checkpoint_number=4)
+    assert [n for n, _ in list_checkpoints(str(tmp_path))] == [2]
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")
+
+
+def test_checkpoints_hold_the_data_iterator(trained):
+    import tensorflow as tf
+
+    out, _ = trained
+    _, prefix = list_checkpoints(os.path.join(out, "checkpoints"))[-1]
+    keys = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    assert any(key.startswith("data/") for key in keys), sorted(keys)[:10]
 
 
 def test_resume_without_checkpoint_or_with_other_config_fails_clearly(corpus, trained, tmp_path):
