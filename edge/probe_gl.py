@@ -25,12 +25,12 @@ for _name in ("cv2", "matplotlib", "matplotlib.pyplot"):
     sys.modules.setdefault(_name, types.ModuleType(_name))
 
 import numpy as np  # noqa: E402
+from google.protobuf import text_format  # noqa: E402
 from mediapipe.calculators.tensor import inference_calculator_pb2  # noqa: E402, F401  (registers options)
 from mediapipe.calculators.tensor import tensor_converter_calculator_pb2  # noqa: E402, F401
 from mediapipe.framework import calculator_pb2  # noqa: E402
 from mediapipe.python import packet_creator, packet_getter  # noqa: E402
 from mediapipe.python._framework_bindings import calculator_graph, timestamp  # noqa: E402
-from google.protobuf import text_format  # noqa: E402
 
 _CONVERTER = """
 node {{
@@ -72,7 +72,7 @@ def graph_config(model, count, cpu):
     text += "".join(_CONVERTER.format(i=i) for i in range(count))
     if count > 1:
         text += _JOIN.format(inputs=" ".join(f'input_stream: "t{i}"' for i in range(count)))
-    delegate = "tflite {}" if cpu else "gpu { use_advanced_gpu_api: false }"
+    delegate = "tflite {}" if cpu else "gpu { use_advanced_gpu_api: false allow_precision_loss: false }"
     text += _INFERENCE.format(tensors="tensors" if count > 1 else "t0", model=model, delegate=delegate)
     return text_format.Parse(text, calculator_pb2.CalculatorGraphConfig())
 
@@ -91,10 +91,12 @@ def main():
               for key in args.inputs_order.split(",") if key in feeds]
     graph = calculator_graph.CalculatorGraph(graph_config=graph_config(args.model, len(arrays), args.cpu))
     got = []
-    graph.observe_output_stream("floats", lambda stream, packet: got.append(packet_getter.get_float_list(packet)))
+    graph.observe_output_stream("floats",
+                                lambda stream, packet: got.append(packet_getter.get_float_list(packet)))
     graph.start_run()
     for i, array in enumerate(arrays):
-        graph.add_packet_to_input_stream(f"in{i}", packet_creator.create_matrix(array).at(timestamp.Timestamp(0)))
+        packet = packet_creator.create_matrix(array).at(timestamp.Timestamp(0))
+        graph.add_packet_to_input_stream(f"in{i}", packet)
     graph.close()
     result = np.asarray(got[0], np.float32)
     np.save(args.output, result)

@@ -24,10 +24,12 @@ def main():
     parser.add_argument("inputs", help=".npz whose arrays are matched to the inputs by name")
     parser.add_argument("output", help=".npy written with the first output")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), required=True)
-    parser.add_argument("--allow-cpu", action="store_true", help="gpu: let the CPU run the ops the GPU rejects")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="gpu: let the CPU run the ops the GPU rejects")
     args = parser.parse_args()
+    accelerators = HardwareAccelerator.GPU | (HardwareAccelerator.CPU if args.allow_cpu else 0)
     if args.accelerator == "gpu":
-        options = Options(hardware_accelerators=HardwareAccelerator.GPU | (HardwareAccelerator.CPU if args.allow_cpu else 0),
+        options = Options(hardware_accelerators=accelerators,
                           gpu_options=GpuOptions(enforce_f32=True))
     else:
         options = Options(hardware_accelerators=HardwareAccelerator.CPU)

@@ -11,14 +11,36 @@ Modules:
   that `keras-posenc export` prints.
 """
 
-from keras_posenc.export.conversion import (ONNX_OPSET, QUANTIZE_MODES, TARGETS, ModelSpec, load_model,
-                                            to_onnx, to_tflite)
+from keras_posenc.export.conversion import (
+                                            ONNX_OPSET,
+                                            QUANTIZE_MODES,
+                                            TARGETS,
+                                            ModelSpec,
+                                            load_model,
+                                            to_onnx,
+                                            to_tflite,
+)
 from keras_posenc.export.flatbuffer import op_counts, operators
-from keras_posenc.export.parity import (TARGET_BACKENDS, check_onnx_parity, check_parity, export_report,
-                                        format_report, run_interpreter, run_onnx, runtime_metadata,
-                                        sample_token_batch, weight_bytes)
-from keras_posenc.export.verdicts import (BACKENDS, GL_SHADER_OPS, GPU_PARSER_OPS, analyzer_report,
-                                          gpu_incompatible_ops, verdict_line)
+from keras_posenc.export.parity import (
+                                            TARGET_BACKENDS,
+                                            check_onnx_parity,
+                                            check_parity,
+                                            export_report,
+                                            format_report,
+                                            run_interpreter,
+                                            run_onnx,
+                                            runtime_metadata,
+                                            sample_token_batch,
+                                            weight_bytes,
+)
+from keras_posenc.export.verdicts import (
+                                            BACKENDS,
+                                            GL_SHADER_OPS,
+                                            GPU_PARSER_OPS,
+                                            analyzer_report,
+                                            gpu_incompatible_ops,
+                                            verdict_line,
+)
 
 __all__ = [
     "BACKENDS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS",

@@ -10,11 +10,12 @@ same for the `tensorrt` target through tf2onnx.
 Targets (`TARGETS`):
 
 - `gpu` (default): the LiteRT GPU accelerator (WebGPU/Vulkan, JetPack 6) and the OpenCL GPU
-  delegate. One-hot products instead of GATHER (`T * vocab * d_model` multiply-adds and a
-  `[batch, T, vocab]` intermediate, the price of keeping the whole graph on the GPU), int32
-  inputs.
-- `gl`: the classic GPU delegate's OpenGL ES backend (Jetson with tflite-runtime): float32
-  inputs, only ops with a GL shader (see `keras_posenc.export.gl`), batch 1.
+  delegate. int32 inputs, cast once to float, then the shader-only formulation of `gl` (one-hot
+  products by constant weights instead of GATHER, no STRIDED_SLICE, BATCH_MATMUL or CUMSUM):
+  the lookups cost `T * vocab * d_model` multiply-adds, the price of keeping every op on the GPU
+  (a LiteRT GPU run of the one-hot/EQUAL/CUMSUM graph gave wrong logits on lavapipe). Batch 1.
+- `gl`: the classic GPU delegate's OpenGL ES backend (Jetson with tflite-runtime): the same
+  graph with float32 inputs (GL has no CAST shader), see `keras_posenc.export.gl`. Batch 1.
 - `cpu`: XNNPACK, GATHER lookups (the smallest compute).
 - `tensorrt`: ONNX (opset 17), static shapes, int32 ids, for `trtexec --onnx`.
 """
@@ -109,8 +110,9 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
         raise ValueError("target='tensorrt' exports ONNX: use to_onnx(model, sequence_length=...).")
     if quantize not in QUANTIZE_MODES:
         raise ValueError(f"`quantize` must be one of {QUANTIZE_MODES}, got quantize={quantize!r}.")
-    if target == "gl" and batch_size != 1:
-        raise ValueError(f"target='gl' exports batch 1 only (the GL delegate's batch), got batch_size={batch_size}.")
+    if target in ("gpu", "gl") and batch_size != 1:
+        raise ValueError(f"target={target!r} exports batch 1 only (what the GPU delegates run), "
+                         f"got batch_size={batch_size}.")
     clone = rebuild(model, spec, target)
     dtype = tf.float32 if target == "gl" else tf.int32
     function = tf.function(spec.caller(clone), input_signature=spec.signature(dtype))

@@ -3,11 +3,9 @@
 Each export target needs the same numbers from a different set of ops:
 
 - `cpu` and `tensorrt`: plain lookups (`GATHER`), the cheapest graph for XNNPACK and TensorRT;
-- `gpu` (LiteRT GPU accelerator, OpenCL delegate): no `GATHER`/`SELECT`: one-hot products for
-  the lookups, and masks built with `RESHAPE` rather than `STRIDED_SLICE` (the GPU parser takes
-  `STRIDED_SLICE` up to version 2; `mask[:, None, :]` converts to version 3);
-- `gl` (the classic delegate's OpenGL ES backend): float inputs and only ops with a GL shader,
-  see `keras_posenc.export.gl`.
+- `gpu` (LiteRT GPU accelerator, OpenCL delegate) and `gl` (the classic delegate's OpenGL ES
+  backend): only ops with a GPU shader, see `keras_posenc.export.gl` (`gpu` adds one CAST of
+  the int32 inputs);
 
 The formulations live here, in the export package, and not as methods of the layers: the layer
 modules belong to the training-time API and stay free of export concerns, and a registry keyed by
@@ -24,7 +22,6 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.encoder import Encoder
-from keras_posenc.encoder_layer import EncoderLayer
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 
@@ -157,42 +154,6 @@ def _position_gather(layer, inputs, position_ids=None, language_ids=None, mask=N
     return inputs + pe
 
 
-# gpu: one-hot products, no GATHER / SELECT / STRIDED_SLICE -----------------------------------
-def one_hot(ids, depth):
-    """float32 one-hot rows as EQUAL + CAST (not tf.one_hot: float16 quantization would turn its
-    on/off values into DEQUANTIZE outputs)."""
-    classes = tf.range(depth, dtype=ids.dtype)
-    return tf.cast(tf.equal(with_unit_axis(ids), classes), tf.float32)
-
-
-def with_unit_axis(tensor):
-    # A static reshape, not tensor[..., None]: STRIDED_SLICE is limited on the GPU backends.
-    return tf.reshape(tensor, tensor.shape.as_list() + [1])
-
-
-@emits(("gpu",), PositionEmbeddingBase)
-def _position_one_hot(layer, inputs, position_ids=None, language_ids=None, mask=None, training=None,
-                      segment_ids=None):
-    constants = frozen(layer)
-    length = inputs.shape[1]
-    if mask is None and position_ids is None:
-        pe = tf.constant(constants.table[:length])[None]
-    else:
-        if mask is None:
-            mask = tf.ones(tf.shape(inputs)[:2], tf.bool)
-        ids = _positions_int(layer, mask, position_ids, segment_ids, length)
-        rows = constants.table if position_ids is not None else constants.table[:length]
-        pe = tf.matmul(one_hot(ids, len(rows)), tf.constant(rows))
-        if layer.zero_padding:
-            pe = pe * with_unit_axis(tf.cast(mask, tf.float32))
-    if constants.scales is not None:
-        # MUL + SUM, not a matmul: the converter rewrites a 2-D one-hot matmul as EMBEDDING_LOOKUP.
-        scales = tf.reduce_sum(one_hot(tf.cast(language_ids, tf.int32), len(constants.scales)) * constants.scales,
-                               axis=-1)
-        pe = pe * (tf.reshape(scales, [-1, 1, 1]) if language_ids.shape.rank == 1 else with_unit_axis(scales))
-    return inputs + tf.broadcast_to(pe, tf.shape(inputs))
-
-
 def _embed(layer, token_ids, position_ids, language_ids, segment_ids, lookup):
     token_ids = tf.cast(token_ids, tf.int32)
     mask = tf.not_equal(token_ids, layer.pad_id)
@@ -211,15 +172,7 @@ def _embedding_gather(layer, token_ids, position_ids=None, language_ids=None, se
                   lambda ids: tf.gather(table, ids))
 
 
-@emits(("gpu",), TokenAndPositionEmbedding)
-def _embedding_one_hot(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None,
-                       training=None):
-    table = layer.token_embedding.embeddings
-    return _embed(layer, token_ids, position_ids, language_ids, segment_ids,
-                  lambda ids: tf.matmul(one_hot(ids, layer.vocab_size), table))
-
-
-@emits(("gpu", "cpu", "tensorrt"), Encoder)
+@emits(("cpu", "tensorrt"), Encoder)
 def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None):
     """The encoder with its attention mask built by RESHAPE/MUL (no STRIDED_SLICE)."""
@@ -244,6 +197,3 @@ def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids
         x = layer.final_norm(x)
     return x
 
-
-# Registered here so that `EncoderLayer` keeps its own call on the targets above.
-_ = EncoderLayer

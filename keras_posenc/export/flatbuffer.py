@@ -65,7 +65,7 @@ def operators(tflite_bytes):
     for graph in model.subgraphs:
         tensors = graph.tensors or []
 
-        def describe(indices):
+        def describe(indices, tensors=tensors):
             described = []
             for index in (indices if indices is not None else []):
                 if index < 0:

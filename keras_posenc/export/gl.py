@@ -96,7 +96,7 @@ def layer_norm(x, norm):
 
 def _check_batch(tensor):
     if tensor.shape[0] != 1:
-        raise ValueError(f"The gl target runs batch 1 only (the GL delegate's batch), got shape {tensor.shape}.")
+        raise ValueError(f"The gpu and gl targets run batch 1 only, got shape {tensor.shape}.")
 
 
 def _position_rows(layer, x, real, position_ids=None, language_ids=None, segment_ids=None):
@@ -135,7 +135,7 @@ def _position_rows(layer, x, real, position_ids=None, language_ids=None, segment
     return x + pe
 
 
-@emits(("gl",), PositionEmbeddingBase)
+@emits(("gl", "gpu"), PositionEmbeddingBase)
 def _position(layer, inputs, position_ids=None, language_ids=None, mask=None, training=None,
               segment_ids=None):
     _check_batch(inputs)
@@ -155,7 +155,7 @@ def _embed(layer, token_ids, position_ids=None, language_ids=None, segment_ids=N
     return x, real
 
 
-@emits(("gl",), TokenAndPositionEmbedding)
+@emits(("gl", "gpu"), TokenAndPositionEmbedding)
 def _embedding(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, training=None):
     return _embed(layer, token_ids, position_ids, language_ids, segment_ids)[0]
 
@@ -235,7 +235,7 @@ def _encoder_layer_rows(layer, x, bias):
     return x
 
 
-@emits(("gl",), EncoderLayer)
+@emits(("gl", "gpu"), EncoderLayer)
 def _encoder_layer(layer, x, mask=None, attention_mask=None, use_causal_mask=False, training=None):
     """`attention_mask` here is the additive bias `[1, T, 1, T]` that the gl Encoder builds."""
     _check_batch(x)
@@ -261,7 +261,7 @@ def _key_bias(real, allowed):
     return tf.reshape((keep - 1.0) * -_MASKED, [1, length, 1, length])
 
 
-@emits(("gl",), Encoder)
+@emits(("gl", "gpu"), Encoder)
 def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None):
     length = token_ids.shape[1]

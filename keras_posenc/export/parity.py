@@ -2,7 +2,6 @@
 
 import numpy as np
 import tensorflow as tf
-from tensorflow import keras
 
 from keras_posenc.export.conversion import ModelSpec
 from keras_posenc.export.flatbuffer import check_flatbuffer, op_counts
@@ -300,7 +299,8 @@ def run_onnx(onnx_bytes, feeds):
     rows = int(inputs[0].shape[0])
     got = []
     for start in range(0, len(feeds[0]), rows):
-        chunk = {detail.name: np.asarray(feed[start:start + rows], np.int32) for detail, feed in zip(inputs, feeds)}
+        chunk = {detail.name: np.asarray(feed[start:start + rows], np.int32)
+                 for detail, feed in zip(inputs, feeds)}
         got.append(session.run(None, chunk)[0])
     return np.concatenate(got)
 

@@ -102,7 +102,8 @@ def gpu_incompatible_ops(tflite_bytes, backend="opencl"):
 
     Example:
 
-    >>> add = tf.function(lambda x: tf.transpose(x) + 1.0, input_signature=[tf.TensorSpec([2, 3], tf.float32)])
+    >>> add = tf.function(lambda x: tf.transpose(x) + 1.0,
+    ...                   input_signature=[tf.TensorSpec([2, 3], tf.float32)])
     >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
     >>> gpu_incompatible_ops(flat, backend="webgpu"), gpu_incompatible_ops(flat, backend="gl")
     ([], ['TRANSPOSE'])
