@@ -26,8 +26,9 @@ for _name in ("cv2", "matplotlib", "matplotlib.pyplot"):
 
 import numpy as np  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
-from mediapipe.calculators.tensor import inference_calculator_pb2  # noqa: E402, F401  (registers options)
-from mediapipe.calculators.tensor import tensor_converter_calculator_pb2  # noqa: E402, F401
+
+# Imported to register the calculator options that the graph text names.
+from mediapipe.calculators.tensor import inference_calculator_pb2, tensor_converter_calculator_pb2  # noqa: E402, F401
 from mediapipe.framework import calculator_pb2  # noqa: E402
 from mediapipe.python import packet_creator, packet_getter  # noqa: E402
 from mediapipe.python._framework_bindings import calculator_graph, timestamp  # noqa: E402

@@ -145,7 +145,7 @@ def _run_demo(args):
     print("Exporting the demo model to TFLite (float32, GPU-friendly):")
     return _run_export(argparse.Namespace(
         model=os.path.join(args.out, "model.keras"), out=os.path.join(args.out, "model.tflite"),
-        sequence_length=DEMO_SETTINGS["max_length"], batch_size=1, quantize=None, no_gpu_friendly=False,
+        sequence_length=DEMO_SETTINGS["max_length"], batch_size=1, quantize=None, target="gpu",
         require_gpu=True, tolerance=None, token_ids=None))
 
 
@@ -283,8 +283,8 @@ def _add_export_parser(subparsers):
                     "tables as constants, converts with TFLite builtin ops only (never Flex) and prints "
                     "the op histogram, the GPU-delegate verdict, the parity against Keras on a real "
                     "token batch and the file size against the weight bytes. Exit status 1 when the "
-                    "parity exceeds the tolerance or, with --require-gpu, when an op is GPU-incompatible. "
-                    "export/README.md takes the file to a Jetson.")
+                    "parity exceeds the tolerance or, with --require-gpu, when the target's GPU backend "
+                    "does not run every op. export/README.md takes the file to a Jetson.")
     parser.add_argument("model", help="trained model (.keras, .h5 or SavedModel folder)")
     parser.add_argument("--out", required=True,
                         help="output .tflite file (FILE.json with its input shapes is written beside)")
@@ -294,8 +294,9 @@ def _add_export_parser(subparsers):
                         help="fixed batch (1 for the GPU delegate)")
     parser.add_argument("--quantize", choices=("float16", "dynamic_int8"),
                         help="float16 weights (GPU) or int8 dynamic-range weights (CPU)")
-    parser.add_argument("--no-gpu-friendly", action="store_true",
-                        help="keep GATHER lookups (smaller compute, CPU only)")
+    parser.add_argument("--target", choices=("gpu", "gl", "cpu", "tensorrt"), default="gpu",
+                        help="gpu: LiteRT GPU accelerator / OpenCL delegate; gl: OpenGL ES delegate (float "
+                             "inputs); cpu: XNNPACK with GATHER; tensorrt: ONNX for trtexec (default gpu)")
     parser.add_argument("--require-gpu", action="store_true",
                         help="fail when the GPU delegate would reject an op")
     parser.add_argument("--tolerance", type=float,
@@ -341,27 +342,38 @@ def _run_export(args):
 
     model = export.load_model(args.model)
     quantize = args.quantize
-    flat = export.to_tflite(model, sequence_length=args.sequence_length, batch_size=args.batch_size,
-                            quantize=quantize, gpu_friendly=not args.no_gpu_friendly)
     token_ids, language_ids = _export_parity_batch(args, model)
-    report = export.export_report(model, flat, token_ids, language_ids)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    if args.target == "tensorrt":
+        flat = export.to_onnx(model, sequence_length=args.sequence_length, batch_size=args.batch_size)
+        parity = export.check_onnx_parity(model, flat, token_ids, language_ids)
+        report = {"parity": parity, "verdicts": {}}
+        lines = [f"ONNX opset {export.ONNX_OPSET}, static shapes, int32 ids "
+                 f"(trtexec --onnx={args.out} --fp16)",
+                 f"Parity onnxruntime vs Keras: max abs diff {parity:.3g} on real tokens"]
+    else:
+        flat = export.to_tflite(model, sequence_length=args.sequence_length, target=args.target,
+                                batch_size=args.batch_size, quantize=quantize)
+        report = export.export_report(model, flat, token_ids, language_ids, target=args.target)
+        lines = export.format_report(report)
     with open(args.out, "wb") as f:
         f.write(flat)
     with open(args.out + ".json", "w") as f:
         json.dump(export.runtime_metadata(model, args.sequence_length, args.batch_size, quantize=quantize,
-                                          gpu_friendly=not args.no_gpu_friendly), f, indent=1)
-    print(f"Wrote {args.out} ({len(flat)} bytes, quantize={quantize or 'none'}, "
+                                          target=args.target), f, indent=1)
+    print(f"Wrote {args.out} ({len(flat)} bytes, target {args.target}, quantize={quantize or 'none'}, "
           f"batch {args.batch_size} x length {args.sequence_length}) and {args.out}.json")
-    for line in export.format_report(report):
+    for line in lines:
         print(line)
     status = 0
     tolerance = args.tolerance if args.tolerance is not None else EXPORT_TOLERANCE[quantize]
     if tolerance is not None and not report["parity"] <= tolerance:
         print(f"FAILED: parity {report['parity']:.3g} exceeds the tolerance {tolerance:g}.")
         status = 1
-    if args.require_gpu and report["gpu_incompatible"]:
-        print("FAILED: --require-gpu and the GPU delegate rejects " + ", ".join(report["gpu_incompatible"]))
+    backend = export.TARGET_BACKENDS[args.target][0] if report["verdicts"] else None
+    if args.require_gpu and backend and report["verdicts"][backend]:
+        print(f"FAILED: --require-gpu and {export.BACKENDS[backend]} does not run "
+              + ", ".join(report["verdicts"][backend]))
         status = 1
     return status
 

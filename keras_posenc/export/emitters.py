@@ -50,7 +50,8 @@ def emitter_for(layer, target):
 def frozen(layer):
     """The layer's `Frozen` constants (set by the exporter after the weights are copied)."""
     if getattr(layer, "_export_frozen", None) is None:
-        layer._export_frozen = Frozen(layer)
+        with tf.init_scope():  # eager, also while a graph is being traced
+            layer._export_frozen = Frozen(layer)
     return layer._export_frozen
 
 

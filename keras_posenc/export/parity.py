@@ -41,10 +41,12 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, ignore_pa
 
     Example:
 
+    >>> from tensorflow import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
-    >>> flat = to_tflite(model, sequence_length=4, batch_size=2)
+    >>> from keras_posenc.export import to_tflite
+    >>> flat = to_tflite(model, sequence_length=4, target="cpu", batch_size=2)
     >>> batch = np.array([[5, 6, 7, 0], [0, 0, 8, 9], [3, 0, 0, 0], [1, 2, 3, 4]], np.int32)
     >>> check_parity(model, flat, batch) < 1e-5  # 4 rows: two interpreter calls of 2
     True
@@ -121,6 +123,7 @@ def weight_bytes(model):
 
     Example:
 
+    >>> from tensorflow import keras
     >>> weight_bytes(keras.Sequential([keras.layers.Dense(3, input_shape=(4,))]))  # (4 * 3 + 3) * 4
     60
     """
@@ -145,6 +148,7 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
 
     Example:
 
+    >>> from tensorflow import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
@@ -190,6 +194,7 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
 
     Example:
 
+    >>> from tensorflow import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
@@ -231,6 +236,7 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
     Example:
 
     >>> from keras_posenc.export import to_tflite
+    >>> from tensorflow import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
