@@ -194,17 +194,32 @@ def load_model(path):
 
 
 
-class ModelSpec:
-    """What the exporter needs to know about a model: its inputs and the fixed shapes."""
+ROLES = ("token_ids", "language_ids", "position_ids", "segment_ids")
 
-    def __init__(self, model, sequence_length, batch_size, position_layers, needs_languages,
-                 language_rank):
+
+def role_of(name):
+    """The input role (`ROLES`) an input or interpreter tensor name stands for; token ids by default."""
+    return next((role for role in ROLES[1:] if role in name), "token_ids")
+
+
+class ModelSpec:
+    """What the exporter needs to know about a model: its inputs (by role) and the fixed shapes.
+
+    A functional model's inputs are recognised by their names (`keras.Input(name="position_ids")`,
+    `"segment_ids"`, `"language_ids"`); the first input is the token ids, and an unnamed second
+    input of a model with `num_languages` is the language ids. Subclassed models take token ids
+    and, with `num_languages`, `language_ids=`.
+    """
+
+    def __init__(self, model, sequence_length, batch_size, position_layers, roles, ranks):
         self.model = model
         self.sequence_length = sequence_length
         self.batch_size = batch_size
         self.position_layers = position_layers
-        self.needs_languages = needs_languages
-        self.language_rank = language_rank
+        self.roles = roles
+        self.ranks = ranks
+        self.needs_languages = "language_ids" in roles
+        self.language_rank = ranks[roles.index("language_ids")] if self.needs_languages else None
         self.functional = bool(getattr(model, "_is_graph_network", False))
 
     @classmethod
@@ -232,37 +247,55 @@ class ModelSpec:
         if sequence_length > longest:
             raise ValueError(f"`sequence_length`={sequence_length} exceeds the model's max_length={longest}.")
         needs_languages = any(layer.num_languages is not None for layer in positions)
-        language_rank = 2  # subclassed models get per-token language ids, the general case
-        if needs_languages and getattr(model, "_is_graph_network", False):
-            if len(model.inputs) != 2:
+        roles, ranks = ["token_ids"], [2]
+        if getattr(model, "_is_graph_network", False):
+            for index, tensor in enumerate(model.inputs[1:], start=1):
+                role = role_of(model.input_names[index])
+                if role == "token_ids" and index == 1 and needs_languages:
+                    role = "language_ids"
+                if role == "token_ids" or role in roles:
+                    raise ValueError(f"Model '{model.name}': input {index} ('{model.input_names[index]}') is "
+                                     f"not one of {ROLES[1:]}; name the inputs with keras.Input(name=...).")
+                roles.append(role)
+                ranks.append(tensor.shape.rank)
+            if needs_languages and "language_ids" not in roles:
                 raise ValueError(f"Model '{model.name}' scales positions per language: it must take "
                                  f"[token_ids, language_ids] as inputs, got {len(model.inputs)} inputs.")
-            language_rank = model.inputs[1].shape.rank
-        spec = cls(model, sequence_length, batch_size, positions, needs_languages, language_rank)
+        elif needs_languages:
+            roles.append("language_ids")
+            ranks.append(2)  # subclassed models get per-token language ids, the general case
+        spec = cls(model, sequence_length, batch_size, positions, roles, ranks)
         embeddings = [layer for layer in layers if isinstance(layer, TokenAndPositionEmbedding)]
         spec.pad_id = embeddings[0].pad_id if embeddings else None
         spec.vocab_size = embeddings[0].vocab_size if embeddings else None
         return spec
 
     def signature(self, dtype=tf.int32):
-        """Input specs: token ids, then language ids; float32 for the gl target."""
-        specs = [tf.TensorSpec([self.batch_size, self.sequence_length], dtype, name="token_ids")]
-        if self.needs_languages:
-            shape = [self.batch_size, self.sequence_length][:self.language_rank]
-            specs.append(tf.TensorSpec(shape, dtype, name="language_ids"))
-        return specs
+        """Input specs in the model's input order; float32 for the gl target."""
+        return [tf.TensorSpec([self.batch_size, self.sequence_length][:rank], dtype, name=role)
+                for role, rank in zip(self.roles, self.ranks)]
 
     def caller(self, model):
+        """`call(*inputs)` in the order of `roles`, with training=False."""
         functional = bool(getattr(model, "_is_graph_network", False))
 
-        def call(token_ids, language_ids=None):
-            if language_ids is None:
-                return model(token_ids, training=False)
+        def call(*inputs):
+            if len(inputs) == 1:
+                return model(inputs[0], training=False)
             if functional:
-                return model([token_ids, language_ids], training=False)
-            return model(token_ids, language_ids=language_ids, training=False)
+                return model(list(inputs), training=False)
+            return model(inputs[0], language_ids=inputs[1], training=False)
 
         return call
+
+    def feeds(self, token_ids, **others):
+        """The arrays of `token_ids` and `others` (by role) in input order; ValueError if one is missing."""
+        arrays = {"token_ids": token_ids, **others}
+        missing = [role for role in self.roles if arrays.get(role) is None]
+        if missing:
+            raise ValueError(f"Model '{self.model.name}' takes {list(self.roles)}: pass "
+                             + ", ".join(f"`{role}`" for role in missing) + ".")
+        return [np.asarray(arrays[role]).astype(np.int32) for role in self.roles]
 
 
 def _all_layers(model):

@@ -70,7 +70,8 @@ def install(model, target, layers):
         emitter = emitter_for(layer, target)
         if emitter is None:
             continue
-        layer.call = functools.partial(emitter, layer)
+        # Plain Python: autograph would convert the emitters, which have no data-dependent control flow.
+        layer.call = tf.autograph.experimental.do_not_convert(functools.partial(emitter, layer))
 
 
 def static_structure(length, segment_ids=None, attention_mask=None, use_causal_mask=False):

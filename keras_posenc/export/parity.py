@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.conversion import ModelSpec
+from keras_posenc.export.conversion import ROLES, ModelSpec, role_of
 from keras_posenc.export.flatbuffer import check_flatbuffer, op_counts
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
@@ -15,7 +15,8 @@ TARGET_BACKENDS = {"gpu": ("webgpu", "opencl", "gl"), "gl": ("gl", "webgpu"), "c
                    "tensorrt": ()}
 
 
-def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, ignore_padding=True):
+def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
+                 ignore_padding=True):
     """Max absolute difference between the Keras model and the TFLite interpreter.
 
     Rows are fed through the interpreter in chunks of its fixed batch size;
@@ -34,6 +35,8 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, ignore_pa
             exported batch size.
         language_ids: int array `[n]` or `[n, sequence_length]` for models
             with per-language scaling.
+        position_ids, segment_ids: int arrays `[n, sequence_length]` for
+            models that take them as inputs.
         ignore_padding: bool, compare real-token positions only.
 
     Returns:
@@ -57,13 +60,10 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, ignore_pa
         raise ValueError(f"`token_ids` must be an int array [batch, length], got shape {token_ids.shape} "
                          f"and dtype {token_ids.dtype}.")
     spec = ModelSpec.of(model, token_ids.shape[1], 1)
-    if spec.needs_languages and language_ids is None:
-        raise ValueError("The model scales positions per language: pass `language_ids`.")
-    feeds = [token_ids.astype(np.int32)]
-    if spec.needs_languages:
-        feeds.append(np.asarray(language_ids).astype(np.int32))
+    feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
+                       segment_ids=segment_ids)
     expected = np.asarray(spec.caller(model)(*[tf.constant(f) for f in feeds]), np.float64)
-    got = run_interpreter(tflite_bytes, feeds).astype(np.float64).reshape(expected.shape)
+    got = run_interpreter(tflite_bytes, feeds, spec.roles).astype(np.float64).reshape(expected.shape)
     difference = np.abs(got - expected)
     if ignore_padding and spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
         difference = difference[token_ids != spec.pad_id]
@@ -71,14 +71,16 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, ignore_pa
 
 
 
-def run_interpreter(tflite_bytes, feeds):
+def run_interpreter(tflite_bytes, feeds, roles=None):
     """Runs the TFLite model on `feeds` (one array per input), in chunks of its batch size.
 
     Args:
         tflite_bytes: a TFLite flatbuffer (bytes).
-        feeds: a list of numpy arrays, token ids first and language ids
-            second; each of the exported shape except the first axis, which
-            is a multiple of the exported batch size.
+        feeds: a list of numpy arrays in the order of `roles`; each of the
+            exported shape except the first axis, which is a multiple of the
+            exported batch size.
+        roles: the input roles of `feeds` (`ModelSpec.roles`); default
+            token ids, then language ids.
 
     Returns:
         A numpy array: the model's first output for all rows, concatenated.
@@ -93,7 +95,7 @@ def run_interpreter(tflite_bytes, feeds):
     interpreter = tf.lite.Interpreter(model_content=bytes(tflite_bytes))
     interpreter.allocate_tensors()
     # Token ids first, language ids second, whatever order the converter gave the inputs.
-    inputs = sorted(interpreter.get_input_details(), key=lambda detail: "language_ids" in detail["name"])
+    inputs = _in_role_order(interpreter.get_input_details(), lambda detail: detail["name"], roles)
     if len(inputs) != len(feeds):
         raise ValueError(f"The TFLite model has {len(inputs)} inputs, got {len(feeds)} arrays.")
     rows = int(inputs[0]["shape"][0])
@@ -110,6 +112,15 @@ def run_interpreter(tflite_bytes, feeds):
         got.append(interpreter.get_tensor(output))
     return np.concatenate(got)
 
+
+
+def _in_role_order(details, name_of, roles):
+    """Runtime input details in the order of `roles` (default: token ids, language ids, ...)."""
+    found = {role_of(name_of(detail)): detail for detail in details}
+    roles = roles or ROLES[:len(details)]
+    if len(found) != len(details) or set(found) != set(roles):
+        return list(details)  # unnamed inputs: the converter's order
+    return [found[role] for role in roles]
 
 
 def weight_bytes(model):
@@ -286,7 +297,7 @@ def format_report(report):
     return lines
 
 
-def run_onnx(onnx_bytes, feeds):
+def run_onnx(onnx_bytes, feeds, roles=None):
     """Runs an ONNX model with onnxruntime (CPU) on `feeds` (token ids, language ids), row chunks.
 
     Args:
@@ -299,7 +310,7 @@ def run_onnx(onnx_bytes, feeds):
     import onnxruntime
 
     session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
-    inputs = sorted(session.get_inputs(), key=lambda detail: "language_ids" in detail.name)
+    inputs = _in_role_order(session.get_inputs(), lambda detail: detail.name, roles)
     if len(inputs) != len(feeds):
         raise ValueError(f"The ONNX model has {len(inputs)} inputs, got {len(feeds)} arrays.")
     rows = int(inputs[0].shape[0])
@@ -311,13 +322,15 @@ def run_onnx(onnx_bytes, feeds):
     return np.concatenate(got)
 
 
-def check_onnx_parity(model, onnx_bytes, token_ids, language_ids=None, *, ignore_padding=True):
+def check_onnx_parity(model, onnx_bytes, token_ids, language_ids=None, *, position_ids=None,
+                      segment_ids=None, ignore_padding=True):
     """Max abs difference between the Keras model and onnxruntime on real tokens (see `check_parity`)."""
     token_ids = np.asarray(token_ids, np.int32)
     spec = ModelSpec.of(model, token_ids.shape[1], 1)
-    feeds = [token_ids] + ([np.asarray(language_ids, np.int32)] if spec.needs_languages else [])
+    feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
+                       segment_ids=segment_ids)
     expected = np.asarray(spec.caller(model)(*[tf.constant(f) for f in feeds]), np.float64)
-    difference = np.abs(run_onnx(onnx_bytes, feeds).astype(np.float64) - expected)
+    difference = np.abs(run_onnx(onnx_bytes, feeds, spec.roles).astype(np.float64) - expected)
     if ignore_padding and spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
         difference = difference[token_ids != spec.pad_id]
     return float(np.max(difference)) if difference.size else 0.0
