@@ -1,5 +1,6 @@
 """EncoderLayer: one Transformer encoder block (self-attention + feed-forward)."""
 
+import numpy as np
 import tensorflow as tf
 from tensorflow import keras
 
@@ -353,6 +354,62 @@ class EncoderLayer(keras.layers.Layer):
         probabilities = attention._dropout_layer(ops.cast(scores, self.compute_dtype), training=training)
         output = ops.einsum("bhqk,bkhd->bqhd", probabilities, value)
         return attention._output_dense(output), ops.cast(scores, self.compute_dtype)
+
+    # Constants for exporters ----------------------------------------------------------------
+    # RoPE logits and ALiBi biases depend on positions only through differences. The per-sample
+    # ids of a left-padded row are 0..T-1 shifted by the padding, and those of a packed row are
+    # shifted once per segment, across which attention is masked: constants for positions
+    # 0..T-1 give every real token the outputs of the per-sample ids.
+    def export_rotation(self, length):
+        """RoPE of one head as constants: `q_rotated = q * cos + (q @ turn) * sin`, or None.
+
+        Args:
+            length: int, the exported sequence length T.
+
+        Returns:
+            None without RoPE, else float32 numpy `(cos, sin, turn)`: `cos` and
+            `sin` `[T, head_dim]` of positions `0 .. T-1` in the layer's layout
+            (YaRN's attention factor included), `turn` `[head_dim, head_dim]`
+            the signed permutation taking each pair `(a, b)` to `(-b, a)`.
+
+        Example:
+
+        >>> layer = EncoderLayer(d_model=8, num_heads=2, dff=16, position="rope")
+        >>> cos, sin, turn = layer.export_rotation(3)
+        >>> cos.shape, turn[2].tolist()  # half layout, head_dim 4: pair (0, 2) -> (-x2, x0)
+        ((3, 4), [-1.0, 0.0, 0.0, 0.0])
+        """
+        if self.rotary is None:
+            return None
+        head_dim = self.d_model // self.num_heads
+        cos, sin = self.rotary.cos_sin_tables(length, head_dim)
+        half = head_dim // 2
+        if self.rotary.layout == "half":
+            pairs = [(k, k + half) for k in range(half)]
+            columns = np.arange(head_dim) % half
+        else:
+            pairs = [(2 * k, 2 * k + 1) for k in range(half)]
+            columns = np.arange(head_dim) // 2
+        turn = np.zeros([head_dim, head_dim], np.float32)
+        for a, b in pairs:
+            turn[b, a], turn[a, b] = -1.0, 1.0
+        factor = np.float32(self.rotary.attention_factor)
+        return cos[:, columns] * factor, sin[:, columns] * factor, turn
+
+    def export_attention_bias(self, length):
+        """The ALiBi bias of positions `0 .. T-1` as a float32 `[num_heads, T, T]` constant, or None.
+
+        Example:
+
+        >>> layer = EncoderLayer(d_model=8, num_heads=2, dff=16, position="alibi")
+        >>> (layer.export_attention_bias(3)[0] * 16).tolist()  # slope 1/16
+        [[0.0, -1.0, -2.0], [-1.0, 0.0, -1.0], [-2.0, -1.0, 0.0]]
+        """
+        if self.slopes is None:
+            return None
+        positions = np.arange(length, dtype=np.float64)
+        distance = np.abs(positions[None, :] - positions[:, None])
+        return (0.0 - self.slopes[:, None, None] * distance).astype(np.float32)
 
     def compute_mask(self, x, mask=None):
         return mask

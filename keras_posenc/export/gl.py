@@ -192,16 +192,25 @@ def _attention(layer, x, bias):
                                         (attention._query_dense, attention._key_dense,
                                          attention._value_dense))
     scale = 1.0 / math.sqrt(float(head_dim))
+    # RoPE and ALiBi (position="rope" | "alibi") as constants of positions 0..T-1, see the hooks.
+    rotation = layer.export_rotation(length)
+    alibi = layer.export_attention_bias(length)
     outputs = []
     for head in range(heads):
         q = linear(x, query_kernel[:, head, :], query_bias[head])
         k = linear(x, key_kernel[:, head, :], key_bias[head])
         v = linear(x, value_kernel[:, head, :], value_bias[head])
+        if rotation is not None:
+            cos, sin, turn = tf.constant(rotation[0][None]), tf.constant(rotation[1][None]), rotation[2]
+            q = q * cos + linear(q, turn) * sin
+            k = k * cos + linear(k, turn) * sin
         queries = _broadcast_rows(tf.reshape(q, [1, length, 1, head_dim]), length, axis=2)
         keys = _broadcast_rows(tf.reshape(k, [1, 1, length, head_dim]), length, axis=1)
         summed = tf.constant(np.full([1, 1, head_dim, 1], scale, np.float32))
         scores = tf.nn.conv2d(queries * keys, summed, strides=1, padding="VALID")  # [1, T, T, 1]
         scores = tf.reshape(scores, [1, length, 1, length]) + bias
+        if alibi is not None:
+            scores = scores + tf.constant(alibi[head].reshape(1, length, 1, length))
         weights = tf.nn.softmax(scores, axis=-1)  # over the keys, in channels
         spread = tf.constant(np.ones([1, 1, 1, head_dim], np.float32))
         weights = tf.nn.conv2d(tf.reshape(weights, [1, length, length, 1]), spread, strides=1,
@@ -269,6 +278,9 @@ def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids
         allowed, _ = static_structure(length, segment_ids, attention_mask, use_causal_mask)
     except ValueError as error:
         raise ValueError(f"The gl target needs constant segment_ids and attention_mask ({error}).") from None
+    if position_ids is not None and layer.position in ("rope", "alibi"):
+        raise ValueError(f"The {layer.position} encoder exports with the ids it derives from padding and "
+                         "segments; explicit position_ids are not supported on the gl and gpu targets.")
     x, real = _embed(layer.embedding, token_ids, position_ids, language_ids, segment_ids)
     bias = _key_bias(real, allowed)
     for encoder_layer in layer.encoder_layers:

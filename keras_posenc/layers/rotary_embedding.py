@@ -371,10 +371,11 @@ class RotaryEmbedding(keras.layers.Layer):
                              f"{tuple(input_shape)}.")
         self.dim = int(dim)
         self._frequencies = self.frequencies(self.dim)
+        # NumPy, made a tensor at each call: a constant inside every traced graph rather than a
+        # captured eager tensor (which graph exporters such as tf2onnx turn into an input).
         self._tables = None
         if self.max_length is not None:
-            cos, sin = self.cos_sin_tables(self.max_length, self.dim)
-            self._tables = (ops.convert_to_tensor(cos), ops.convert_to_tensor(sin))
+            self._tables = self.cos_sin_tables(self.max_length, self.dim)
         super().build(input_shape)
 
     def call(self, inputs, position_ids=None, mask=None, segment_ids=None, offset=0):
@@ -400,7 +401,7 @@ class RotaryEmbedding(keras.layers.Layer):
             ids = with_checks(ids, check(in_range, "Position ids must be in [0, max_length="
                                          + str(self.max_length) + ") of RotaryEmbedding '" + self.name
                                          + "', got min {} and max {}.", low, high))
-        cos, sin = self._tables
+        cos, sin = (ops.convert_to_tensor(table) for table in self._tables)
         return ops.take(cos, ids, axis=0), ops.take(sin, ids, axis=0)
 
     def compute_mask(self, inputs, mask=None):

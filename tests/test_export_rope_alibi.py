@@ -1,0 +1,69 @@
+"""RoPE and ALiBi models on every export target: constants only (no SIN/COS), parity with Keras."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc import EncoderLayer, export
+from keras_posenc.layers import RotaryEmbedding
+from keras_posenc.models import CausalLM
+
+LENGTH = 10
+# A full row, a left-padded row and a right-padded row.
+ROWS = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+                 [0, 0, 0, 5, 6, 7, 8, 9, 10, 11],
+                 [5, 6, 7, 8, 0, 0, 0, 0, 0, 0]], np.int32)
+MODELS = {
+    "rope": {"position": "rope"},
+    "rope-yarn-interleave": {"position": "rope", "position_config": {
+        "layout": "interleave", "scaling": "yarn", "scaling_factor": 2.0, "original_length": 8}},
+    "alibi": {"position": "alibi"},
+}
+
+
+def _model(name):
+    tf.keras.utils.set_random_seed(0)
+    model = CausalLM({"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 20,
+                      "max_length": 16, **MODELS[name]})
+    model.build_on_dummy()
+    return model
+
+
+@pytest.mark.parametrize("target", ["gpu", "gl", "cpu"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tflite_targets_freeze_positions_and_match_keras(name, target):
+    model = _model(name)
+    flat = export.to_tflite(model, sequence_length=LENGTH, target=target)
+    ops = export.op_counts(flat)
+    assert not {"SIN", "COS"} & set(ops), ops
+    if target in ("gpu", "gl"):
+        assert not {"CUMSUM", "GATHER"} & set(ops), ops
+        assert export.gpu_incompatible_ops(flat, backend="webgpu" if target == "gpu" else "gl") == []
+    # The gpu/gl targets run batch 1: every row separately.
+    parity = max(export.check_parity(model, flat, row[None]) for row in ROWS)
+    assert parity <= 1e-5, parity
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tensorrt_onnx_matches_keras(name):
+    pytest.importorskip("tf2onnx")
+    pytest.importorskip("onnxruntime")
+    model = _model(name)
+    onnx = export.to_onnx(model, sequence_length=LENGTH)
+    assert max(export.check_onnx_parity(model, onnx, row[None]) for row in ROWS) <= 1e-4
+
+
+@pytest.mark.parametrize("config", [{}, {"layout": "interleave", "scaling": "yarn", "scaling_factor": 4.0,
+                                         "original_length": 8}])
+def test_export_rotation_constants_reproduce_the_layer(config):
+    layer = EncoderLayer(d_model=16, num_heads=2, dff=8, position="rope", position_config=config)
+    cos, sin, turn = layer.export_rotation(LENGTH)
+    q = np.random.default_rng(0).normal(size=[1, LENGTH, 8]).astype(np.float32)
+    expected = RotaryEmbedding(**config)(q).numpy()
+    np.testing.assert_allclose(q * cos + (q @ turn) * sin, expected, atol=1e-6)
+
+
+def test_gl_rejects_explicit_position_ids_with_rope():
+    model = _model("rope")
+    with pytest.raises(ValueError, match="explicit position_ids are not supported"):
+        export.gl._encoder(model.encoder, tf.zeros([1, LENGTH]), position_ids=tf.range(LENGTH)[None])
