@@ -25,10 +25,11 @@ True
 """
 
 import builtins
+import contextlib
 import types
 
-__all__ = ["backend_name", "dtype_name", "is_keras3", "is_tensorflow", "is_symbolic", "is_tracer",
-           "keras", "keras_version", "no_autocast", "ops", "static_int", "widest_float"]
+__all__ = ["backend_name", "dtype_name", "eager_scope", "is_keras3", "is_tensorflow", "is_symbolic",
+           "is_tracer", "keras", "keras_version", "no_autocast", "ops", "static_int", "widest_float"]
 
 
 def _keras_major():
@@ -115,6 +116,24 @@ def static_int(x):
         value = tf.get_static_value(x)
         return None if value is None else int(value)
     return None
+
+
+def eager_scope():
+    """A context in which tensors are concrete values, even while a graph or `jax.jit` traces.
+
+    Layers create their constant tables under it in `build`, which Keras 3 may
+    run inside a `tf.function` or a JAX trace: a constant made there would be
+    a graph tensor or tracer that dies with the trace.
+    """
+    if is_tensorflow():
+        import tensorflow as tf
+
+        return tf.init_scope()
+    if backend_name() == "jax":
+        import jax
+
+        return jax.ensure_compile_time_eval()
+    return contextlib.nullcontext()
 
 
 def widest_float():
@@ -228,10 +247,12 @@ if not _KERAS3:
         return tf.transpose(x, axes)
 
     def max(x, axis=None, keepdims=False, initial=None):  # noqa: A001 - keras.ops name
-        return tf.reduce_max(x, axis=_axis_list(axis), keepdims=keepdims)
+        result = tf.reduce_max(x, axis=_axis_list(axis), keepdims=keepdims)
+        return result if initial is None else tf.maximum(result, tf.cast(initial, result.dtype))
 
     def min(x, axis=None, keepdims=False, initial=None):  # noqa: A001 - keras.ops name
-        return tf.reduce_min(x, axis=_axis_list(axis), keepdims=keepdims)
+        result = tf.reduce_min(x, axis=_axis_list(axis), keepdims=keepdims)
+        return result if initial is None else tf.minimum(result, tf.cast(initial, result.dtype))
 
     def sum(x, axis=None, keepdims=False):  # noqa: A001 - keras.ops name
         return tf.reduce_sum(x, axis=_axis_list(axis), keepdims=keepdims)

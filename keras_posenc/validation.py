@@ -284,9 +284,14 @@ def _check_python(condition, template, values):
     return []
 
 
-def _plain(array):
-    """A numpy value as `tf.strings.format` prints it: scalars bare, arrays as `[1 2 3]`."""
-    return array.item() if array.ndim == 0 else array
+def _plain(array, summarize=6):
+    """A numpy value as `tf.strings.format` prints it: scalars bare, arrays as `[0 -2 3]`."""
+    if array.ndim == 0:
+        return array.item()
+    items = [_plain(a, summarize) for a in array]
+    if len(items) > summarize:
+        items = items[:summarize // 2] + ["..."] + items[-(summarize // 2):]
+    return "[" + " ".join(str(item) for item in items) + "]"
 
 
 def with_checks(tensor, checks):

@@ -3,9 +3,12 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from layer_test_helper import run_layer_test
+from layer_test_helper import requires_tf, run_layer_test
 
 from keras_posenc.layers import LearnedPositionEmbedding
+
+# Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.
+pytestmark = requires_tf
 
 DEPTH = 4
 MASK = tf.constant([[True, True, True, False, False], [False, False, True, True, True]])

@@ -3,11 +3,14 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from layer_test_helper import run_layer_test
+from layer_test_helper import requires_tf, run_layer_test
 
 from keras_posenc import Encoder
 from keras_posenc.layers import IntegerPositionEmbedding, TokenAndPositionEmbedding, ZeroPositionEmbedding
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
+
+# Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.
+pytestmark = requires_tf
 
 LEFT_PADDED = tf.constant([[True, True, True, True, False], [False, False, True, True, True]])
 

@@ -3,8 +3,12 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from layer_test_helper import requires_tf
 
 from keras_posenc import position_ids
+
+# Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.
+pytestmark = requires_tf
 
 SIGNATURE = [tf.TensorSpec([None, None], tf.bool), tf.TensorSpec([None, None], tf.int32),
              tf.TensorSpec([None], tf.int32)]

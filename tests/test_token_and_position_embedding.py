@@ -5,12 +5,16 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from layer_test_helper import run_layer_test
+from layer_test_helper import requires_tf, run_layer_test
 from tensorflow import keras
 
 from keras_posenc import position_ids
+from keras_posenc.backend import is_keras3
 from keras_posenc.layers import TokenAndPositionEmbedding
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
+
+# Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.
+pytestmark = requires_tf
 
 D_MODEL = 8
 TOKENS = tf.constant([[5, 6, 7, 0, 0], [0, 0, 3, 4, 9]])
@@ -80,16 +84,19 @@ def test_left_padding_packing_and_decoding_per_token(position, mode):
     packed_call = three_modes(lambda t, s: emb(t, segment_ids=s), [ids_spec, ids_spec])[mode]
     with_ids = three_modes(lambda t, p: emb(t, position_ids=p), [ids_spec, ids_spec])[mode]
 
+    # XLA on Keras 3 may contract the scale and the add into one FMA for some shapes only (1 ulp).
+    assert_same = (np.testing.assert_array_equal if mode != "xla" or not is_keras3() else
+                   lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6))
     row = tf.constant([[3, 4, 9, 11]])
     unpadded = plain(row).numpy()
     left = plain(tf.constant([[0, 0, 3, 4, 9, 11]])).numpy()
-    np.testing.assert_array_equal(left[:, 2:], unpadded)
+    assert_same(left[:, 2:], unpadded)
 
     other = tf.constant([[7, 8, 2]])
     packed = packed_call(tf.constant([[3, 4, 9, 11, 7, 8, 2, 0]]),
                          tf.constant([[1, 1, 1, 1, 2, 2, 2, 2]])).numpy()
-    np.testing.assert_array_equal(packed[:, :4], unpadded)
-    np.testing.assert_array_equal(packed[:, 4:7], plain(other).numpy())
+    assert_same(packed[:, :4], unpadded)
+    assert_same(packed[:, 4:7], plain(other).numpy())
 
     batch = tf.constant([[0, 0, 3, 4, 9, 11], [5, 6, 7, 8, 9, 10]])
     full = plain(batch).numpy()
@@ -98,7 +105,7 @@ def test_left_padding_packing_and_decoding_per_token(position, mode):
         step_tokens = batch[:, t:t + 1]
         step_ids = position_ids(step_tokens != 0, offset=tf.constant(decoded))
         step = with_ids(step_tokens, step_ids).numpy()
-        np.testing.assert_array_equal(step[:, 0], full[:, t])
+        assert_same(step[:, 0], full[:, t])
         decoded += (step_tokens.numpy()[:, 0] != 0)
 
 

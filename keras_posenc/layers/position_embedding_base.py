@@ -9,7 +9,7 @@ dispatch and the cast to the compute dtype. It is written with
 with the TensorFlow or JAX backend.
 """
 
-from keras_posenc.backend import dtype_name, is_tensorflow, keras, no_autocast, ops, static_int
+from keras_posenc.backend import dtype_name, eager_scope, is_tensorflow, keras, no_autocast, ops, static_int
 from keras_posenc.validation import check, check_choice, check_positive_int, check_rate, with_checks
 
 __all__ = ["DEFAULT_FUSE_MIN_TOKENS", "OVERFLOW_MODES", "PositionEmbeddingBase"]
@@ -51,6 +51,16 @@ def _add_rows(inputs, table, ids, min_tokens):
     return tf.cond(tf.size(ids) >= min_tokens,
                    lambda: _fused_gather_add(inputs, table, ids),
                    lambda: inputs + tf.gather(table, ids))
+
+
+def _int_max(x):
+    """max of an int32 tensor; -2**31 when it is empty (as `tf.reduce_max`), on every backend."""
+    return ops.max(x, initial=-2**31)
+
+
+def _int_min(x):
+    """min of an int32 tensor; 2**31 - 1 when it is empty."""
+    return ops.min(x, initial=2**31 - 1)
 
 
 def _numpy_style(dims):
@@ -230,16 +240,17 @@ class PositionEmbeddingBase(keras.layers.Layer):
         if depth is None:
             raise ValueError(f"The last dimension of `inputs` must be known, got shape {input_shape}.")
         self.depth = int(depth)
-        self._build_table(self.depth)
-        self._lookup_table = None
-        table = self._constant_table()
-        if table is not None:
-            # Stored in the compute dtype (fewer bytes to gather, no cast at the add) unless the
-            # language scale needs float32 rows first.
-            dtype = "float32" if self.num_languages is not None else self.compute_dtype
-            zero_row = ops.zeros([1, self.depth], "float32")
-            self._lookup_table = ops.cast(ops.concatenate([zero_row, ops.cast(table, "float32")], 0),
-                                          dtype)
+        with eager_scope():  # constants, not tensors of the graph or trace that builds the layer
+            self._build_table(self.depth)
+            self._lookup_table = None
+            table = self._constant_table()
+            if table is not None:
+                # Stored in the compute dtype (fewer bytes to gather, no cast at the add) unless
+                # the language scale needs float32 rows first.
+                dtype = "float32" if self.num_languages is not None else self.compute_dtype
+                zero_row = ops.zeros([1, self.depth], "float32")
+                self._lookup_table = ops.cast(
+                    ops.concatenate([zero_row, ops.cast(table, "float32")], 0), dtype)
         if self.num_languages is not None:
             self.language_scale = self.add_weight(
                 name="language_scale", shape=[self.num_languages], initializer="ones",
@@ -267,7 +278,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
             # Inclusive count of real tokens so far: a real token at position p (as
             # `position_ids(mask)` numbers it) holds p + 1, and each row ends on its length.
             counts = ops.cumsum(ops.cast(mask, "int32"), axis=1)
-            counts = with_checks(counts, self._length_checks(ops.max(counts)))
+            counts = with_checks(counts, self._length_checks(_int_max(counts)))
             if fused:
                 return _add_rows(inputs, self._lookup_table, ops.where(mask, counts, 0),
                                  self.fuse_min_tokens)
@@ -320,7 +331,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
         if self.overflow == "error":
             return gathered()
         # "extend": positions past the table are computed, not gathered.
-        return ops.cond(ops.max(ids_plus_one) <= self.max_length, gathered,
+        return ops.cond(_int_max(ids_plus_one) <= self.max_length, gathered,
                         lambda: ops.cast(multiplied(), self._lookup_table.dtype))
 
     def compute_mask(self, inputs, mask=None):
@@ -383,7 +394,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
         if len(ids.shape) == 1:
             ids = ids[None]
         upper = None if self.overflow == "extend" else self.max_length
-        low, high = ops.min(ids), ops.max(ids)
+        low, high = _int_min(ids), _int_max(ids)
         range_text = "[0, inf)" if upper is None else f"[0, max_length={upper})"
         template = "`position_ids` must be in " + range_text + ", got min {} and max {}."
         in_range = low >= 0 if upper is None else ops.logical_and(low >= 0, high < upper)
@@ -418,7 +429,7 @@ class PositionEmbeddingBase(keras.layers.Layer):
             raise ValueError(f"`language_ids` must have shape [batch] or [batch, length], "
                              f"got shape {tuple(language_ids.shape)}.")
         language_ids = ops.cast(language_ids, "int32")
-        low, high = ops.min(language_ids), ops.max(language_ids)
+        low, high = _int_min(language_ids), _int_max(language_ids)
         in_range = ops.logical_or(
             ops.equal(ops.size(language_ids), 0),
             ops.logical_and(low >= 0, high < self.num_languages))
