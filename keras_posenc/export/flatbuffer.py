@@ -10,7 +10,8 @@ from tensorflow.lite.tools import flatbuffer_utils
 
 __all__ = ["check_flatbuffer", "op_counts", "operators"]
 
-Operator = collections.namedtuple("Operator", ["name", "version", "inputs", "outputs"])
+Operator = collections.namedtuple("Operator", ["name", "version", "inputs", "outputs", "input_tensors",
+                                               "output_tensors"])
 
 
 def check_flatbuffer(tflite_bytes):
@@ -39,9 +40,10 @@ def operators(tflite_bytes):
         tflite_bytes: a TFLite flatbuffer (bytes).
 
     Returns:
-        A list of `Operator(name, version, inputs, outputs)`; `inputs` and
-        `outputs` are lists of `(shape tuple, is_constant)` (shape None for an
-        omitted optional input).
+        A list of `Operator(name, version, inputs, outputs, input_tensors,
+        output_tensors)`; `inputs` and `outputs` are lists of
+        `(shape tuple, is_constant)` (shape None for an omitted optional
+        input), `input_tensors` and `output_tensors` the tensor indices.
 
     Example:
 
@@ -80,7 +82,9 @@ def operators(tflite_bytes):
 
         for op in graph.operators or []:
             name, version = codes[op.opcodeIndex]
-            result.append(Operator(name, version, describe(op.inputs), describe(op.outputs)))
+            result.append(Operator(name, version, describe(op.inputs), describe(op.outputs),
+                                   [int(i) for i in (op.inputs if op.inputs is not None else [])],
+                                   [int(i) for i in (op.outputs if op.outputs is not None else [])]))
     return result
 
 
