@@ -109,13 +109,13 @@ def _position_rows(layer, x, real, position_ids=None, language_ids=None, segment
         ids = tf.reshape(tf.cast(position_ids, tf.float32), [1, length])
         rows = constants.table
     else:
-        runs = np.ones([length, length], bool)
-        if segment_ids is not None:
-            try:
+        if segment_ids is not None and tf.get_static_value(segment_ids) is None:
+            ids = _segment_positions(real, segment_ids)
+        else:
+            runs = np.ones([length, length], bool)
+            if segment_ids is not None:
                 _, runs = static_structure(length, segment_ids=segment_ids)
-            except ValueError as error:
-                raise ValueError(f"The gl target needs constant segment_ids ({error}).") from None
-        ids = linear(real, exclusive_count_matrix(runs))
+            ids = linear(real, exclusive_count_matrix(runs))
         rows = constants.table[:length]
     if layer.zero_padding:
         ids = (ids + 1.0) * real - 1.0  # padding -> -1 -> a zero one-hot row -> pe exactly 0
@@ -260,13 +260,48 @@ def _encoder_layer(layer, x, mask=None, attention_mask=None, use_causal_mask=Fal
     return _encoder_layer_rows(layer, x, bias)
 
 
-def _key_bias(real, allowed):
-    """Additive bias `[1, T, 1, T]`: 0 where `allowed[q, k]` and key k is real, else -1e9."""
+def _pairs(values, weights):
+    """`[1, T]` -> `[1, T * T]` with entry (q, k) = sum_a values[a] * weights[a, q, k] (constant weights)."""
+    length = weights.shape[0]
+    return linear(values, weights.reshape(length, length * length).astype(np.float32))
+
+
+def _same_segment(segment_ids):
+    """`[1, T * T]`: 1.0 where tokens q and k carry the same (runtime) segment id, else 0.0."""
+    segments = tf.reshape(tf.cast(segment_ids, tf.float32), [1, -1])
+    length = segments.shape[1]
+    eye = np.eye(length, dtype=np.float32)
+    of_query = _pairs(segments, np.einsum("aq,k->aqk", eye, np.ones(length, np.float32)))
+    of_key = _pairs(segments, np.einsum("ak,q->aqk", eye, np.ones(length, np.float32)))
+    return _not(tf.abs(of_query - of_key))
+
+
+def _segment_positions(real, segment_ids):
+    """Position ids that restart per segment, from runtime segment ids (real tokens before, same id).
+
+    Segments are told apart by their id, so a packed row must not reuse an id for two runs
+    (packing numbers them 1, 2, 3, ...).
+    """
+    length = real.shape[1]
+    before = np.arange(length)[:, None] < np.arange(length)[None, :]  # [key j, query i]
+    eye = np.eye(length, dtype=np.float32)
+    # (i, j) -> real[j] if j < i: the count of real tokens before i in i's segment, summed over j.
+    real_before = _pairs(real, np.einsum("aj,ji->aij", eye, before.astype(np.float32)))
+    counted = tf.reshape(real_before * _same_segment(segment_ids), [1, length, length, 1])
+    summed = tf.nn.avg_pool2d(counted, ksize=[1, length], strides=[1, 1], padding="VALID") * float(length)
+    return tf.reshape(summed, [1, length])
+
+
+def _key_bias(real, allowed, same_segment=None):
+    """Additive bias `[1, T, 1, T]`: 0 where `allowed[q, k]`, key k is real (and, with
+    `same_segment` `[1, T * T]`, q and k share a segment), else -1e9."""
     length = len(allowed)
     spread = np.zeros([length, length, length], np.float32)  # [key', query, key]
     for key in range(length):
         spread[key, :, key] = allowed[:, key]
-    keep = linear(real, spread.reshape(length, length * length))
+    keep = _pairs(real, spread)
+    if same_segment is not None:
+        keep = keep * same_segment
     return tf.reshape((keep - 1.0) * -_MASKED, [1, length, 1, length])
 
 
@@ -274,15 +309,17 @@ def _key_bias(real, allowed):
 def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None):
     length = token_ids.shape[1]
+    runtime_segments = segment_ids is not None and tf.get_static_value(segment_ids) is None
     try:
-        allowed, _ = static_structure(length, segment_ids, attention_mask, use_causal_mask)
+        allowed, _ = static_structure(length, None if runtime_segments else segment_ids, attention_mask,
+                                      use_causal_mask)
     except ValueError as error:
-        raise ValueError(f"The gl target needs constant segment_ids and attention_mask ({error}).") from None
+        raise ValueError(f"The gl and gpu targets need a constant attention_mask ({error}).") from None
     if position_ids is not None and layer.position in ("rope", "alibi"):
         raise ValueError(f"The {layer.position} encoder exports with the ids it derives from padding and "
                          "segments; explicit position_ids are not supported on the gl and gpu targets.")
     x, real = _embed(layer.embedding, token_ids, position_ids, language_ids, segment_ids)
-    bias = _key_bias(real, allowed)
+    bias = _key_bias(real, allowed, _same_segment(segment_ids) if runtime_segments else None)
     for encoder_layer in layer.encoder_layers:
         x = _encoder_layer_rows(encoder_layer, x, bias)
     if layer.final_norm is not None:
