@@ -225,16 +225,15 @@ def attention_by_distance(encoder, token_ids, language_ids=None):
     real_query = mask.numpy()[:, :, None]
     per_layer = []
     for layer in encoder.encoder_layers:
-        query = _attention_input(layer, tf.identity(x))
-        _, scores = layer.attention(query, query, attention_mask=merged, return_attention_scores=True,
-                                    training=False)
+        # The layer's own attention, RoPE and ALiBi included.
+        next_x, scores = layer(x, attention_mask=merged, training=False, return_attention_scores=True)
         weights = scores.numpy().astype(np.float64).mean(axis=1)  # [B, T, T] averaged over heads
         keep = valid & real_query
         sums = np.bincount(np.broadcast_to(distance, keep.shape)[keep], weights=weights[keep],
                            minlength=length)
         counts = np.bincount(np.broadcast_to(distance, keep.shape)[keep], minlength=length)
         per_layer.append(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan))
-        x = layer(x, attention_mask=merged, training=False)
+        x = next_x
     return per_layer
 
 
