@@ -1,4 +1,4 @@
-"""Train-step throughput of one EncoderLayer against keras-nlp and TF Model Garden blocks.
+"""Train-step throughput of one EncoderLayer against keras-nlp / keras-hub and TF Model Garden blocks.
 
 One encoder block each, same shape (default d_model 256, 4 heads, dff 1024,
 batch 32, length 128), on the CPU:
@@ -25,6 +25,13 @@ package's tests), e.g. tensorflow 2.12.0, keras-nlp 0.5.2 and
 tf-models-official 2.12.0 (see requirements/). A missing peer is reported and
 skipped.
 
+On Keras 3 (requirements/tf221.txt) the peer is keras-hub's
+`TransformerEncoder` (`padding_mask=`), on the TensorFlow backend and on JAX
+(KERAS_BACKEND=jax). Both blocks are wrapped in the same functional model
+(inputs x and mask) and trained by the same driver, `train_on_batch` with
+Adam and the padding mask as sample weights: a `tf.function` without XLA on
+TensorFlow, `jax.jit` on JAX.
+
 Run from the repository root: python benchmarks/bench_encoder.py [--reps N] [--steps N]
 """
 
@@ -38,9 +45,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from keras_posenc import EncoderLayer  # noqa: E402
+from keras_posenc.backend import backend_name, is_keras3, keras, keras_version  # noqa: E402
 
 
 def build_blocks(d_model, heads, dff, dropout):
@@ -55,6 +62,7 @@ def build_blocks(d_model, heads, dff, dropout):
     except ImportError as error:
         print(f"skipped keras-nlp: {error}")
     try:
+        import tensorflow as tf
         from official.nlp.modeling import layers as mg_layers
         layer = mg_layers.TransformerEncoderBlock(
             num_attention_heads=heads, inner_dim=dff, inner_activation="relu",
@@ -70,7 +78,36 @@ def build_blocks(d_model, heads, dff, dropout):
     return blocks
 
 
+def build_keras3_blocks(d_model, heads, dff, dropout):
+    """Keras 3: name -> (layer, call) for ours and keras-hub's TransformerEncoder."""
+    blocks = {"ours": (EncoderLayer(d_model, heads, dff, dropout=dropout),
+                       lambda layer, x, mask: layer(x, mask=mask))}
+    try:
+        import keras_hub
+        layer = keras_hub.layers.TransformerEncoder(dff, heads, dropout=dropout)
+        blocks[f"keras-hub {keras_hub.__version__} TransformerEncoder"] = (
+            layer, lambda layer, x, mask: layer(x, padding_mask=mask))
+    except ImportError as error:
+        print(f"skipped keras-hub: {error}")
+    return blocks
+
+
+def make_keras3_step(layer, call, shape):
+    """One `train_on_batch` of a functional model around the block (same driver for every block)."""
+    x_in = keras.Input(shape[1:], name="x")
+    mask_in = keras.Input(shape[1:2], dtype="bool", name="mask")
+    model = keras.Model([x_in, mask_in], call(layer, x_in, mask_in))
+    model.compile(keras.optimizers.Adam(1e-4), loss="mse", jit_compile=backend_name() == "jax")
+
+    def train_step(x, mask, target):
+        return model.train_on_batch([x, mask], target, sample_weight=mask.astype("float32"))
+
+    return train_step
+
+
 def make_train_step(layer, call):
+    import tensorflow as tf
+
     optimizer = tf.keras.optimizers.Adam(1e-4)
 
     @tf.function
@@ -98,20 +135,30 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
 
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     rng = np.random.RandomState(0)
     shape = (args.batch, args.length, args.d_model)
-    x = tf.constant(rng.normal(size=shape).astype("float32"))
-    target = tf.constant(rng.normal(size=shape).astype("float32"))
+    x = rng.normal(size=shape).astype("float32")
+    target = rng.normal(size=shape).astype("float32")
     lengths = rng.randint(args.length // 2, args.length + 1, size=args.batch)
-    mask = tf.constant(np.arange(args.length)[None, :] < lengths[:, None])
+    mask = np.arange(args.length)[None, :] < lengths[:, None]
 
-    blocks = build_blocks(args.d_model, args.heads, args.dff, args.dropout)
     steps = {}
-    for name, (layer, call) in blocks.items():
-        steps[name] = make_train_step(layer, call)
-        loss = steps[name](x, mask, target)  # traces and builds
-        print(f"{name}: {layer.count_params()} parameters, first loss {float(loss):.3f}")
+    if is_keras3():
+        for name, (layer, call) in build_keras3_blocks(args.d_model, args.heads, args.dff,
+                                                       args.dropout).items():
+            steps[name] = make_keras3_step(layer, call, shape)
+            loss = steps[name](x, mask, target)  # traces and builds
+            print(f"{name}: {layer.count_params()} parameters, first loss {float(loss):.3f}")
+    else:
+        import tensorflow as tf
+
+        x, target, mask = tf.constant(x), tf.constant(target), tf.constant(mask)
+        for name, (layer, call) in build_blocks(args.d_model, args.heads, args.dff,
+                                                args.dropout).items():
+            steps[name] = make_train_step(layer, call)
+            loss = steps[name](x, mask, target)  # traces and builds
+            print(f"{name}: {layer.count_params()} parameters, first loss {float(loss):.3f}")
 
     names = list(steps)
     tokens = args.batch * args.length * args.steps
@@ -128,8 +175,8 @@ def main():
             cpu_rates[name].append(tokens / (time.process_time() - cpu_start))
 
     print(f"\nB{args.batch} T{args.length} d_model {args.d_model} heads {args.heads} dff {args.dff}, "
-          f"{args.reps} reps x {args.steps} steps, tf {tf.__version__}, "
-          f"{tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()} CPU threads")
+          f"{args.reps} reps x {args.steps} steps, Keras {keras_version()} ({backend_name()}), "
+          f"{os.cpu_count()} CPU cores")
     for label, table in (("wall-clock", rates), ("process CPU time", cpu_rates)):
         print(f" {label}:")
         for name in names:

@@ -1,9 +1,11 @@
 """Cost of SinusoidalPositionEmbedding on padded batches, as ratios to a bare add.
 
-Everything runs on the CPU inside `tf.function`s traced once with dynamic
+Everything runs on the CPU. On the TensorFlow backend (Keras 2, or Keras 3
+with KERAS_BACKEND=tensorflow) inside `tf.function`s traced once with dynamic
 shapes (`input_signature` with None batch and length), the way a Keras model
-with variable-length batches runs. The padded batches pass their mask to the
-layer as a Keras mask would arrive (`layer(x, mask=mask)`).
+with variable-length batches runs; on JAX (KERAS_BACKEND=jax) inside
+`jax.jit`. The padded batches pass their mask to the layer as a Keras mask
+would arrive (`layer(x, mask=mask)`).
 
 Printed ratios (medians over interleaved repetitions of the ratio within each
 repetition, all measured in this run):
@@ -14,6 +16,7 @@ repetition, all measured in this run):
       ours: sin and cos evaluated per element from per-sample positions.
 
 Run: python benchmarks/bench_layers.py [--reps N]
+     KERAS_BACKEND=jax python benchmarks/bench_layers.py  (Keras 3)
 """
 
 import argparse
@@ -24,9 +27,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
-import tensorflow as tf
 
 from keras_posenc import sinusoidal_table
+from keras_posenc.backend import backend_name, keras_version, ops
 from keras_posenc.layers import SinusoidalPositionEmbedding
 
 DEPTH = 512
@@ -44,13 +47,13 @@ def per_element_reference(x, mask, base=10000.0):
     them. Angles are float32, as in those libraries.
     """
     depth = x.shape[-1]
-    real = tf.cast(mask, x.dtype)
-    positions = tf.cumsum(real, axis=1, exclusive=True)
-    columns = tf.range(depth)
-    timescales = tf.pow(1.0 / base, tf.cast(2 * (columns // 2), x.dtype) / depth)
+    real = ops.cast(mask, x.dtype)
+    positions = ops.cumsum(real, axis=1) - real
+    columns = ops.arange(depth)
+    timescales = ops.power(1.0 / base, ops.cast(2 * (columns // 2), x.dtype) / depth)
     angles = positions[:, :, None] * timescales
-    is_cos = tf.cast(columns % 2, x.dtype)
-    encoding = tf.sin(angles) * (1.0 - is_cos) + tf.cos(angles) * is_cos
+    is_cos = ops.cast(columns % 2, x.dtype)
+    encoding = ops.sin(angles) * (1.0 - is_cos) + ops.cos(angles) * is_cos
     return x + encoding * real[:, :, None]
 
 
@@ -68,11 +71,19 @@ def padded_batches(batch, length, seed=0):
     left_mask = steps >= (length - lengths)[:, None]
     right = rng.standard_normal((batch, length, DEPTH)).astype(np.float32)
     left = np.stack([np.roll(row, length - n, axis=0) for row, n in zip(right, lengths)])
-    return ((tf.constant(right), tf.constant(right_mask)),
-            (tf.constant(left), tf.constant(left_mask)))
+    convert = ops.convert_to_tensor
+    return ((convert(right), convert(right_mask)), (convert(left), convert(left_mask)))
 
 
 def compiled(fn):
+    """`fn` as the backend runs a model: a dynamic-shape tf.function, or jax.jit (waits for the result)."""
+    if backend_name() == "jax":
+        import jax
+
+        jitted = jax.jit(fn)
+        return lambda *args: jax.block_until_ready(jitted(*args))
+    import tensorflow as tf
+
     signature = [tf.TensorSpec([None, None, DEPTH], tf.float32), tf.TensorSpec([None, None], tf.bool)]
     return tf.function(fn, input_signature=signature)
 
@@ -104,22 +115,23 @@ def main():
                         help="repetitions per case (default: 101 at batch 32, 1001 at batch 1)")
     args = parser.parse_args()
 
-    table = tf.constant(sinusoidal_table(MAX_LENGTH, DEPTH))
+    table = ops.convert_to_tensor(sinusoidal_table(MAX_LENGTH, DEPTH))
     layer = SinusoidalPositionEmbedding(max_length=MAX_LENGTH)
     layer.build([None, None, DEPTH])
-    bare = compiled(lambda x, mask: x + table[:tf.shape(x)[1]])
+    bare = compiled(lambda x, mask: x + table[:ops.shape(x)[1]])
     ours = compiled(lambda x, mask: layer(x, mask=mask))
     reference = compiled(per_element_reference)
 
-    print(f"CPU, {os.cpu_count()} cores, TF {tf.__version__}, T={LENGTH} D={DEPTH} "
+    print(f"CPU, {os.cpu_count()} cores, Keras {keras_version()} ({backend_name()}), T={LENGTH} D={DEPTH} "
           f"max_length={MAX_LENGTH}, real lengths in [T/2, T]")
     for batch in (32, 1):
         right, left = padded_batches(batch, LENGTH)
         # The left-padded rows are the right-padded ones shifted: same per-token output.
-        expected = reference(*left).numpy()[left[1].numpy()]
-        np.testing.assert_allclose(ours(*left).numpy()[left[1].numpy()], expected, atol=1e-3)
-        np.testing.assert_array_equal(ours(*left).numpy()[left[1].numpy()],
-                                      ours(*right).numpy()[right[1].numpy()])
+        numpy = ops.convert_to_numpy
+        left_real, right_real = numpy(left[1]), numpy(right[1])
+        expected = numpy(reference(*left))[left_real]
+        np.testing.assert_allclose(numpy(ours(*left))[left_real], expected, atol=1e-3)
+        np.testing.assert_array_equal(numpy(ours(*left))[left_real], numpy(ours(*right))[right_real])
         reps = args.reps or (101 if batch > 1 else 1001)
         t = interleaved_times({
             "bare": (bare, right),
