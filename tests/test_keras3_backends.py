@@ -220,3 +220,14 @@ CONTRACT_CASES = {
 def test_keras_contract_config_keras_file_fit_and_mixed_precision(case, tmp_path):
     layer_cls, kwargs, inputs = CONTRACT_CASES[case]
     run_layer_test(layer_cls, kwargs, inputs, tmp_dir=tmp_path)
+
+
+@pytest.mark.skipif(backend_name() == "tensorflow", reason="the applications run on the TensorFlow backend")
+def test_cli_applications_say_in_one_line_that_they_need_tensorflow(capsys):
+    from keras_posenc import cli
+
+    for command in (["demo"], ["train", "--steps", "1"], ["inspect", "model.tflite"], ["ablate", "--quick"]):
+        assert cli.main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"keras-posenc: error: `{command[0]}` needs KERAS_BACKEND=tensorflow "
+                       f"(this process runs Keras on {backend_name()})."], err
