@@ -260,12 +260,13 @@ def test_cpu_file_lists_its_missing_gl_ops(fp32_model):
     flat = export.to_tflite(fp32_model, sequence_length=LENGTH, target="cpu")
     ops = set(export.op_counts(flat))
     missing = export.gpu_incompatible_ops(flat, "gl")
-    # Exactly the ops without a GL shader, plus MEAN, whose shader cannot reduce channels.
-    assert set(missing) == (ops - export.GL_SHADER_OPS) | {"MEAN"}
+    # The ops without a GL shader, MEAN (its shader cannot reduce channels) and the ops on int32
+    # tensors (the delegate: "ADD: OP is supported, but tensor type/shape isn't compatible").
+    assert set(missing) == (ops - export.GL_SHADER_OPS) | {"MEAN", "ADD", "RESHAPE"}
     assert {"GATHER", "TRANSPOSE", "SPLIT", "CAST", "MEAN"} <= set(missing)
     line = export.verdict_line(flat, "gl")
     assert line.startswith("OpenGL ES (Jetson + tflite-runtime): NOT fully accelerated")
-    assert "MEAN (over channels)" in line and "GATHER" in line
+    assert "MEAN (over channels)" in line and "ADD (int or bool tensors)" in line and "GATHER" in line
     assert export.gpu_incompatible_ops(flat, "webgpu") == ["GATHER", "SELECT_V2"]
 
 
@@ -404,8 +405,8 @@ def test_export_command_names_the_backend_and_fails_on_request(tmp_path, capsys)
     printed = capsys.readouterr().out
     flat = open(out, "rb").read()
     count = len(export.operators(flat))
-    assert f"LiteRT GPU accelerator (ai-edge-litert CompiledModel; WebGPU over Vulkan, JetPack 6): all {count} " \
-           "ops run on the GPU" in printed
+    assert (f"LiteRT GPU accelerator (ai-edge-litert CompiledModel; WebGPU over Vulkan, JetPack 6): "
+            f"all {count} ops run on the GPU") in printed
     assert "OpenGL ES (Jetson + tflite-runtime): NOT fully accelerated; runs on the CPU: CAST" in printed
     parity = float(printed.split("max abs diff ")[1].split()[0])
     assert parity <= 1e-4

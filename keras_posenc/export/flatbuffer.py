@@ -42,8 +42,9 @@ def operators(tflite_bytes):
     Returns:
         A list of `Operator(name, version, inputs, outputs, input_tensors,
         output_tensors)`; `inputs` and `outputs` are lists of
-        `(shape tuple, is_constant)` (shape None for an omitted optional
-        input), `input_tensors` and `output_tensors` the tensor indices.
+        `(shape tuple, is_constant, dtype name)` (shape None for an omitted
+        optional input), `input_tensors` and `output_tensors` the tensor
+        indices.
 
     Example:
 
@@ -71,13 +72,13 @@ def operators(tflite_bytes):
             described = []
             for index in (indices if indices is not None else []):
                 if index < 0:
-                    described.append((None, False))
+                    described.append((None, False, None))
                     continue
                 tensor = tensors[index]
                 constant = bool(model.buffers[tensor.buffer].data is not None and
                                 len(model.buffers[tensor.buffer].data))
                 shape = tuple(int(n) for n in tensor.shape) if tensor.shape is not None else ()
-                described.append((shape, constant))
+                described.append((shape, constant, flatbuffer_utils.type_to_name(tensor.type)))
             return described
 
         for op in graph.operators or []:

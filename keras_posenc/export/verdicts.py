@@ -13,9 +13,14 @@ Three backends, each judged from the op support of its own runtime:
   shader registry is `tensorflow/lite/delegates/gpu/gl/kernels/registry.cc` (`GL_SHADER_OPS`):
   the parser accepts more ops than GL has shaders for, and the delegate then fails in Prepare
   ("No shader implementation for transpose") and drops the whole graph to the CPU. Op limits of
-  the GL kernels: MEAN over height and width only (`gl/kernels/mean.cc`), a MUL of two runtime
-  tensors only when one is at least the other in every dimension (`gl/kernels/mul.cc`), no SUB
-  of two runtime tensors that broadcast.
+  the GL kernels: float tensors only (the delegate says "OP is supported, but tensor type/shape
+  isn't compatible" for an int32 ADD or RESHAPE), MEAN over height and width only
+  (`gl/kernels/mean.cc`), a MUL of two runtime tensors only when one is at least the other in
+  every dimension (`gl/kernels/mul.cc`), no SUB of two runtime tensors that broadcast.
+
+The webgpu/opencl verdict uses TFLite 2.12's op list, which is older than LiteRT 2.3's parser:
+it may name an op that LiteRT accepts (SELECT_V2), never the reverse for the ops our exports
+contain (tests/edge checks each verdict against the runtime's own messages).
 
 `tests/edge/` runs these verdicts against the running runtimes (LiteRT on Mesa lavapipe, the GL
 delegate of mediapipe on Mesa llvmpipe): a file with an empty verdict must be fully accelerated
@@ -65,13 +70,22 @@ SPACE_TO_DEPTH SQRT SQUARE SQUARED_DIFFERENCE SUB TANH TILE TRANSPOSE_CONV
 """.split())
 
 _ANALYZER_OP = re.compile(r"^\s*Op#(\d+)\s+([A-Z0-9_]+)\(")
+_FLOAT_TYPES = ("float32", "float16")
 _ANALYZER_WARNING = "GPU COMPATIBILITY WARNING"
 _ANALYZER_SUMMARY = re.compile(r"Subgraph#\d+ has GPU delegate compatibility issues")
 
 
-def _gl_limits(op):
-    """Why the GL backend refuses this instance of a supported op, or None."""
-    runtime = [shape for shape, constant in op.inputs if shape is not None and not constant]
+def _gl_limits(op, folded=frozenset()):
+    """Why the GL backend refuses this instance of a supported op, or None.
+
+    `folded`: tensors that the delegate folds into constants (DEQUANTIZE of float16 weights).
+    """
+    inputs = [(shape, constant or tensor in folded, dtype)
+              for (shape, constant, dtype), tensor in zip(op.inputs, op.input_tensors)]
+    runtime = [shape for shape, constant, _ in inputs if shape is not None and not constant]
+    tensors = [dtype for shape, constant, dtype in inputs + op.outputs if shape is not None and not constant]
+    if op.name != "DEQUANTIZE" and any(dtype.lower() not in _FLOAT_TYPES for dtype in tensors):
+        return "int or bool tensors"
     if op.name == "MEAN":
         # The last axis is the GPU's channel axis, which the GL MEAN shader cannot reduce.
         source, result = op.inputs[0][0], op.outputs[0][0]
@@ -111,45 +125,48 @@ def gpu_incompatible_ops(tflite_bytes, backend="opencl"):
     if backend not in BACKENDS:
         raise ValueError(f"`backend` must be one of {tuple(BACKENDS)}, got backend={backend!r}.")
     flagged = set()
+    folded = _folded_tensors(operators(tflite_bytes))
     for op in operators(tflite_bytes):
         if backend == "gl":
-            if op.name not in GL_SHADER_OPS or _gl_limits(op):
+            if op.name not in GL_SHADER_OPS or _gl_limits(op, folded):
                 flagged.add(op.name)
         elif op.name not in GPU_PARSER_OPS or op.version > _PARSER_MAX_VERSION.get(op.name, op.version):
             flagged.add(op.name)
     if backend != "gl":
-        folded = _reads_folded_weights(operators(tflite_bytes))
+        readers = {index for index, op in enumerate(operators(tflite_bytes))
+                   if folded & set(op.input_tensors)}
         current = index = None
         for line in analyzer_report(tflite_bytes).splitlines():
             match = _ANALYZER_OP.match(line)
             if match:
                 index, current = int(match.group(1)), match.group(2)
             elif _ANALYZER_WARNING in line and not _ANALYZER_SUMMARY.search(line):
-                if index in folded and "runtime input" in line:
+                if index in readers and "runtime input" in line:
                     continue
                 flagged.add(current or "UNKNOWN")
     return sorted(flagged)
 
 
-def _reads_folded_weights(ops):
-    """Indices of ops that read a DEQUANTIZE of constant (float16) weights.
+def _folded_tensors(ops):
+    """Outputs of DEQUANTIZE ops of constant (float16) weights.
 
     The delegates fold those DEQUANTIZE ops into constant weights (float16 models are a
     documented GPU path); TFLite 2.12's analyzer counts their outputs as runtime inputs instead
     ("Expected 1 or 2 input tensor(s), but node has 3 runtime inputs"). LiteRT 2.3 on lavapipe
     runs such a file fully accelerated (tests/edge).
     """
-    dequantized = {tensor for op in ops if op.name == "DEQUANTIZE" and all(c for _, c in op.inputs)
-                   for tensor in op.output_tensors}
-    return {index for index, op in enumerate(ops) if dequantized & set(op.input_tensors)}
+    return {tensor for op in ops if op.name == "DEQUANTIZE" and all(c for _, c, _ in op.inputs)
+            for tensor in op.output_tensors}
 
 
 def gl_limit_reasons(tflite_bytes):
     """`{op name: reason}` for supported GL ops refused by a shader limit (MEAN axis, broadcasts)."""
     reasons = {}
-    for op in operators(tflite_bytes):
-        if op.name in GL_SHADER_OPS and _gl_limits(op):
-            reasons.setdefault(op.name, _gl_limits(op))
+    ops = operators(tflite_bytes)
+    folded = _folded_tensors(ops)
+    for op in ops:
+        if op.name in GL_SHADER_OPS and _gl_limits(op, folded):
+            reasons.setdefault(op.name, _gl_limits(op, folded))
     return reasons
 
 

@@ -1,0 +1,98 @@
+"""Runs exported files on the CPU-emulated GPU runtimes of the edge cache, as subprocesses.
+
+- `run_litert`: ai-edge-litert 2.3 `CompiledModel` (GPU = the WebGPU accelerator over Vulkan,
+  here Mesa lavapipe), see edge/probe_litert.py;
+- `run_gl`: the classic TFLite GPU delegate's OpenGL ES backend bundled in mediapipe 0.10.21,
+  on Mesa llvmpipe (EGL surfaceless), see edge/probe_gl.py.
+
+Each returns a `Run`: the exit status, the probe's JSON line, the runtime's own log (stderr) and
+the first output. `edge/bootstrap.sh` (run by `make test-edge`) fills the cache.
+"""
+
+import collections
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("EDGE_CACHE", os.path.join(ROOT, ".edge-cache"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+PARTS = ("mesa/.stamp", "venv-litert/.stamp", "venv-mediapipe/.stamp", "onnx-site/.stamp")
+
+Run = collections.namedtuple("Run", ["returncode", "info", "log", "output"])
+
+# The lines in which the runtimes say that an op does not run on the GPU.
+_REFUSALS = re.compile(r"not supported by GPU delegate|Operation is not supported|No shader implementation|"
+                       r"Max version supported|failed to prepare|will run on the CPU|"
+                       r"Some ops are not accelerated|isn't compatible|Not supported")
+
+
+def missing_parts():
+    """The parts of the cache that are not bootstrapped (empty when everything is there)."""
+    return [part for part in PARTS if not os.path.isfile(os.path.join(CACHE, part))]
+
+
+def onnx_site():
+    """The folder with tf2onnx + onnxruntime to put on `sys.path` of .venv."""
+    return os.path.join(CACHE, "onnx-site")
+
+
+def _environment(scratch):
+    lib = os.path.join(CACHE, "mesa", "usr", "lib", "x86_64-linux-gnu")
+    env = dict(os.environ, VK_ICD_FILENAMES=os.path.join(CACHE, "mesa", "lvp_icd.json"),
+               XDG_RUNTIME_DIR=scratch, EGL_PLATFORM="surfaceless")
+    env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    return env
+
+
+def _probe(venv, script, model_path, feeds, flags, timeout):
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs, output = os.path.join(scratch, "inputs.npz"), os.path.join(scratch, "output.npy")
+        np.savez(inputs, **feeds)
+        env = _environment(scratch)
+        if venv == "venv-mediapipe":  # llvmpipe from the system's Mesa, not lavapipe's libdrm
+            env.pop("LD_LIBRARY_PATH")
+        command = [os.path.join(CACHE, venv, "bin", "python"), os.path.join(HERE, script), model_path,
+                   inputs, output] + flags
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        info = None
+        if result.returncode == 0 and result.stdout.strip():
+            info = json.loads(result.stdout.strip().splitlines()[-1])
+        data = np.load(output) if os.path.isfile(output) else None
+        return Run(result.returncode, info, result.stderr, data)
+
+
+def run_litert(model_path, feeds, *, accelerator="gpu", allow_cpu=False, timeout=600):
+    """Runs `model_path` with LiteRT's CompiledModel; GPU-only unless `allow_cpu`.
+
+    `feeds`: {"token_ids": array, "language_ids": array, ...} matched to the inputs by name.
+    A GPU-only compilation fails (non-zero exit, the runtime's reason in the log) when any op
+    does not run on the GPU.
+    """
+    flags = ["--accelerator", accelerator] + (["--allow-cpu"] if allow_cpu else [])
+    return _probe("venv-litert", "probe_litert.py", model_path, feeds, flags, timeout)
+
+
+def run_gl(model_path, feeds, *, cpu=False, timeout=600):
+    """Runs `model_path` on the GL delegate (or TFLite's CPU kernels with `cpu=True`) via mediapipe."""
+    return _probe("venv-mediapipe", "probe_gl.py", model_path, feeds, ["--cpu"] if cpu else [], timeout)
+
+
+def refusals(log):
+    """The runtime's own lines saying that ops do not run on the GPU."""
+    return [line.strip() for line in log.splitlines() if _REFUSALS.search(line)]
+
+
+def refused_ops(log):
+    """Op names the runtime's messages name (upper-case TFLite names, e.g. GATHER, TRANSPOSE)."""
+    names = set()
+    for line in refusals(log) + [line for line in log.splitlines() if re.match(r"^[A-Z0-9_]+: ", line)]:
+        names.update(re.findall(r"\b([A-Z][A-Z0-9_]{2,})\b(?=:| op|\b)", line))
+        shader = re.search(r"No shader implementation for (\w+)", line)
+        if shader:
+            names.add(shader.group(1).upper())
+    return names - {"ERROR", "INFO", "WARNING", "GPU", "CPU", "OK"}
