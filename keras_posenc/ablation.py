@@ -1,10 +1,7 @@
 """Position-encoding ablation and length extrapolation (`keras-posenc ablate`).
 
-Source article 000 (section 4.2) trains the same small next-word model with
-four position encodings and reports sin/cos 0.38 < learned 0.42 < increasing
-integer 0.95 < all-zero 1.27. Article 002 (section 2.2) claims that
-sinusoidal encodings extrapolate past the training length and learned tables
-do not. `run_ablation` regenerates such evidence on this package's layers:
+`run_ablation` compares position encodings on this package's layers, and
+how far each carries a model past its training length:
 
 - every variant of `VARIANTS` trains the same causal Transformer LM
   (`keras_posenc.Encoder` + a softmax head) with the same data order, budget
@@ -14,7 +11,7 @@ do not. `run_ablation` regenerates such evidence on this package's layers:
   (`overflow="extend"`); a learned table has no rows past T, so it reports
   "cannot extrapolate" instead of a number;
 - attention focus: the mean last-layer attention weight by query-key
-  distance `i - j` on held-out text (000 section 4.2's analysis);
+  distance `i - j` on held-out text;
 - `write_report` writes `ablation.md` (mean ± std over seeds), `ablation.json`
   and three PNGs (loss curves, extrapolation, attention focus).
 
@@ -39,17 +36,15 @@ Example:
 >>> uniform_attention_by_distance(2).tolist()  # row 0: [1], row 1: [1/2, 1/2]
 [0.75, 0.5]
 
-A whole ablation trains models for seconds (`--quick`) to minutes, so it
-is exercised by `tests/test_ablation.py` rather than by a doctest::
+A whole ablation trains many models, so it is exercised by
+`tests/test_ablation.py` rather than by a doctest::
 
-    keras-posenc ablate --quick --out runs/ablation-quick   # tiny model, seconds
-    keras-posenc ablate --out runs/ablation                 # about 10 minutes on 2 CPU cores
+    keras-posenc ablate --quick --out runs/ablation-quick   # tiny model
+    keras-posenc ablate --out runs/ablation
 
 References:
-    - Source article 000 §4.2 (the four-encoding comparison and the
-      attention-by-distance analysis) and source article 002 §2.2 (the
-      extrapolation claim); `docs/source-article-faults.md` lists where they
-      are wrong.
+    - `docs/articles-behind-the-tools.md`: the source articles' comparison
+      and extrapolation claims that this ablation re-measures.
     - Press et al., "Train Short, Test Long: Attention with Linear Biases
       Enables Input Length Extrapolation", ICLR 2022,
       https://arxiv.org/abs/2108.12409 (evaluating past the training
@@ -553,7 +548,7 @@ def run_ablation(corpus=None, config=AblationConfig(), *, log=print):
         keras-posenc ablate --quick --out runs/ablation-quick
 
     References:
-        - Source article 000 §4.2 and source article 002 §2.2.
+        - `docs/articles-behind-the-tools.md`.
     """
     corpus = corpus or data.default_corpus_path()
     started = time.perf_counter()

@@ -24,16 +24,20 @@ The subcommands that train or convert models are exercised by
 """
 
 import argparse
+import dataclasses
 import os
 import sys
+import warnings
 
-__all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "EXPORT_TOLERANCE", "build_parser", "main"]
+__all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "EXPORT_TOLERANCE", "build_parser", "export_model",
+           "main"]
 
 DEMO_OUT = os.path.join("runs", "demo")
-# Small enough to finish in well under 5 minutes on 2 CPU cores, big enough to beat a unigram model.
+# The demo's `TrainConfig` fields: small enough to finish in well under 5 minutes on 2 CPU cores, big
+# enough to beat a unigram model.
 DEMO_SETTINGS = {
-    "vocab_size": 1000, "max_length": 48, "steps": 1000, "batch_size": 32, "num_layers": 2, "d_model": 64,
-    "num_heads": 4, "dff": 128, "dropout": 0.0, "warmup_steps": 150, "lr_scale": 1.0,
+    "out": DEMO_OUT, "vocab_size": 1000, "max_length": 48, "steps": 1000, "batch_size": 32, "num_layers": 2,
+    "d_model": 64, "num_heads": 4, "dff": 128, "dropout": 0.0, "warmup_steps": 150, "lr_scale": 1.0,
     "checkpoint_every": 250, "log_every": 10,
 }
 
@@ -52,61 +56,47 @@ def _positive_int(text):
     return value
 
 
-def _add_model_flags(parser, defaults):
-    from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
-    from keras_posenc.tables import TABLE_KINDS
-
-    group = parser.add_argument_group("model")
-    group.add_argument("--num-layers", type=_positive_int, default=defaults["num_layers"])
-    group.add_argument("--d-model", type=_positive_int, default=defaults["d_model"])
-    group.add_argument("--num-heads", type=_positive_int, default=defaults["num_heads"])
-    group.add_argument("--dff", type=_positive_int, default=defaults["dff"], help="feed-forward width")
-    group.add_argument("--dropout", type=float, default=defaults["dropout"])
-    group.add_argument("--norm-first", action="store_true", help="pre-LN blocks")
-    group.add_argument("--position", choices=sorted(POSITION_LAYERS), default="sinusoidal",
-                       help="position embedding kind")
-    group.add_argument("--table", choices=TABLE_KINDS, default="full",
-                       help="sinusoidal table storage (only for --position sinusoidal)")
-    group.add_argument("--max-length", type=_positive_int, default=defaults["max_length"],
-                       help="longest input sequence in tokens (independent of --vocab-size)")
+_FLAG_TYPES = {int: _positive_int, float: float, str: str}
 
 
-def _add_training_flags(parser, defaults):
-    group = parser.add_argument_group("training")
-    group.add_argument("--vocab-size", type=_positive_int, default=defaults["vocab_size"],
-                       help="SentencePiece vocabulary size")
-    group.add_argument("--steps", type=_positive_int, default=defaults["steps"], help="total optimizer steps")
-    group.add_argument("--batch-size", type=_positive_int, default=defaults["batch_size"],
-                       help="global batch size (split across replicas)")
-    group.add_argument("--warmup-steps", type=_positive_int, default=defaults["warmup_steps"])
-    group.add_argument("--lr-scale", type=float, default=defaults["lr_scale"],
-                       help="factor on the warmup schedule")
-    group.add_argument("--seed", type=int, default=0, help="makes the run deterministic")
-    group.add_argument("--checkpoint-every", type=_positive_int, default=defaults["checkpoint_every"])
-    group.add_argument("--log-every", type=_positive_int, default=defaults["log_every"],
-                       help="TensorBoard logging interval in steps")
-    group.add_argument("--strategy", choices=("default", "mirrored", "multiworker"), default="default",
-                       help="tf.distribute strategy; multiworker reads TF_CONFIG")
-    group.add_argument("--no-bos", action="store_true", help="do not start sequences with <s>")
-    group.add_argument("--no-eos", action="store_true", help="do not end sequences with </s>")
-    group.add_argument("--quiet", action="store_true", help="no progress bar")
+def _add_config_flags(parser, config, names=None):
+    """Adds a flag for each field of the dataclass `config` whose metadata has a help text.
+
+    Names, types, choices and help come from the fields (`train._option`);
+    defaults are `config`'s values, shown in `--help`. A bool field, or a
+    field with `const` metadata, is a switch; `dest` is the field name.
+
+    Args:
+        parser: an `argparse.ArgumentParser`.
+        config: a dataclass instance (e.g. `TrainConfig()`), the defaults.
+        names: optional collection of field names to add (default: all).
+    """
+    groups = {}
+    for field in dataclasses.fields(config):
+        meta = field.metadata
+        if "help" not in meta or (names is not None and field.name not in names):
+            continue
+        if meta["group"] not in groups:
+            groups[meta["group"]] = parser.add_argument_group(meta["group"])
+        default = getattr(config, field.name)
+        flag = meta["flag"] or "--" + field.name.replace("_", "-")
+        options = {"dest": field.name, "default": default, "help": meta["help"]}
+        if field.type is bool or meta.get("const") is not None:
+            const = meta.get("const") if meta.get("const") is not None else not default
+            options.update(action="store_const", const=const, help=meta["help"] + " (default: off)")
+        else:
+            options["type"] = meta["type"] or _FLAG_TYPES[field.type]
+            if meta["choices"]:
+                options["choices"] = list(meta["choices"])
+            if default is not None:  # a None default is explained by the help text itself
+                options["help"] += f" (default: {default})"
+        groups[meta["group"]].add_argument(flag, **options)
 
 
-def _train_config(args, **overrides):
-    from keras_posenc.train import TrainConfig
-
-    config = TrainConfig(
-        corpus=getattr(args, "corpus", None), out=args.out, corpus_format=getattr(args, "format", "text"),
-        skip_bad_lines=getattr(args, "skip_bad_lines", False), vocab_size=args.vocab_size,
-        max_length=args.max_length, add_bos=not args.no_bos, add_eos=not args.no_eos, steps=args.steps,
-        batch_size=args.batch_size, num_layers=args.num_layers, d_model=args.d_model,
-        num_heads=args.num_heads, dff=args.dff, dropout=args.dropout, norm_first=args.norm_first,
-        position=args.position, table=args.table, warmup_steps=args.warmup_steps, lr_scale=args.lr_scale,
-        seed=args.seed, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
-        resume=getattr(args, "resume", False), strategy=args.strategy, verbose=0 if args.quiet else 1)
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return config
+def _train_config(args, defaults):
+    """The `TrainConfig` of parsed flags: `defaults` with every field that has a flag in `args`."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(defaults) if hasattr(args, f.name)}
+    return dataclasses.replace(defaults, **values)
 
 
 def _print_summary(report, out):
@@ -119,62 +109,60 @@ def _print_summary(report, out):
     print("artifacts:")
     for name in ("model.keras", "spm.model", "report.json", "loss.png", "logs", "checkpoints"):
         print(f"  {os.path.join(out, name)}")
+    if not report["beats_unigram"]:
+        print(f"WARNING: the eval loss {report['eval_loss']:.4f} is not below the unigram baseline "
+              f"{report['unigram_eval_loss']:.4f}: the model predicts no better than word frequencies. "
+              f"Train longer (--steps) or check --warmup-steps ({report['warmup_steps']}) and --lr-scale.")
 
 
 # demo ---------------------------------------------------------------------------------------
+def _demo_config():
+    from keras_posenc.train import TrainConfig
+
+    return TrainConfig(**DEMO_SETTINGS)
+
+
 def _add_demo_parser(subparsers):
     parser = subparsers.add_parser(
         "demo", help="train a small LM on the embedded corpus (a few minutes on a CPU)",
-        description="Trains a small causal LM on the embedded English corpus and writes the model, "
-                    "tokenizer, report and loss plot.")
-    parser.add_argument("--out", default=DEMO_OUT, help=f"output folder (default {DEMO_OUT})")
-    parser.add_argument("--steps", type=_positive_int, default=DEMO_SETTINGS["steps"])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+        description="Trains a small causal LM on the embedded English corpus, writes the model, "
+                    "tokenizer, report and loss plot, and exports the model to TFLite.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_config_flags(parser, _demo_config(), names=("out", "steps", "seed", "verbose"))
 
 
 def _run_demo(args):
-    from keras_posenc.train import TrainConfig, train
+    from keras_posenc.train import train
 
-    settings = dict(DEMO_SETTINGS, steps=args.steps)
-    config = TrainConfig(corpus=None, out=args.out, seed=args.seed, verbose=0 if args.quiet else 1,
-                         **settings)
-    print(f"Training a causal LM on the embedded corpus for {config.steps} steps; writing to {args.out}")
+    config = _train_config(args, _demo_config())
+    print(f"Training a causal LM on the embedded corpus for {config.steps} steps; writing to {config.out}")
     report = train(config)
-    _print_summary(report, args.out)
-    print("Exporting the demo model to TFLite (float32, GPU-friendly):")
-    return _run_export(argparse.Namespace(
-        model=os.path.join(args.out, "model.keras"), out=os.path.join(args.out, "model.tflite"),
-        sequence_length=DEMO_SETTINGS["max_length"], batch_size=1, quantize=None, target="gpu",
-        require_gpu=True, tolerance=None, token_ids=None))
+    _print_summary(report, config.out)
+    print("Exporting the demo model to TFLite (float32, GPU target):")
+    return export_model(os.path.join(config.out, "model.keras"), os.path.join(config.out, "model.tflite"),
+                        config.max_length, require_gpu=True)
 
 
 # train --------------------------------------------------------------------------------------
 def _add_train_parser(subparsers):
     from keras_posenc.train import TrainConfig
 
-    defaults = {f.name: f.default for f in __import__("dataclasses").fields(TrainConfig)}
     parser = subparsers.add_parser(
         "train", help="train a causal LM on a text or TSV corpus",
         description="Trains a causal next-token LM. A TSV corpus (source<TAB>target) is trained as "
-                    "'source <sep> target' with language ids 0/1 and a position scale per language.")
-    parser.add_argument("--corpus", help="corpus file (default: the embedded English corpus)")
-    parser.add_argument("--format", choices=("text", "tsv"), default="text",
-                        help="text: one document or sentence per line; tsv: source<TAB>target")
-    parser.add_argument("--skip-bad-lines", action="store_true", help="skip TSV lines without one tab")
-    parser.add_argument("--out", default=defaults["out"], help="output folder")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    _add_model_flags(parser, defaults)
-    _add_training_flags(parser, defaults)
+                    "'source <sep> target' with language ids 0/1 and a position scale per language. "
+                    "Without --warmup-steps the warmup is min(4000, max(1, steps // 10)).")
+    _add_config_flags(parser, TrainConfig())
 
 
 def _run_train(args):
-    from keras_posenc.train import train
+    from keras_posenc.train import TrainConfig, train
 
-    if args.format == "tsv" and args.corpus is None:
+    config = _train_config(args, TrainConfig())
+    if config.corpus_format == "tsv" and config.corpus is None:
         raise _Error("--format tsv needs --corpus PATH (the embedded corpus is plain text).")
-    report = train(_train_config(args))
-    _print_summary(report, args.out)
+    report = train(config)
+    _print_summary(report, config.out)
     return 0
 
 
@@ -187,7 +175,7 @@ def _add_inspect_parser(subparsers):
     parser.add_argument("model", help="path of model.keras (spm.model beside it is used for text)")
     parser.add_argument("--out", help="folder for the PNGs and inspect.json (default: beside the model)")
     parser.add_argument("--text", action="append",
-                        help="probe sentence (repeatable; default: sentences of the embedded corpus)")
+                        help="probe sentence, repeatable (default: sentences of the embedded corpus)")
 
 
 def _run_inspect(args):
@@ -215,7 +203,7 @@ ABLATE_OUT = os.path.join("runs", "ablation")
 
 
 def _add_ablate_parser(subparsers):
-    from keras_posenc.ablation import VARIANTS
+    from keras_posenc import ablation
 
     parser = subparsers.add_parser(
         "ablate", help="position-encoding ablation and length extrapolation (article 000 §4.2)",
@@ -225,14 +213,20 @@ def _add_ablate_parser(subparsers):
                     "attention_focus.png. The default run takes about 10 minutes on 2 CPU cores; "
                     "--quick trains a tiny model for a few steps (seconds; for tests).")
     parser.add_argument("--corpus", help="plain-text corpus (default: the embedded English corpus)")
-    parser.add_argument("--steps", type=_positive_int, help="optimizer steps per run")
-    parser.add_argument("--seeds", type=_positive_int, help="number of seeds (0, 1, ..., N-1)")
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="subset of the variants")
-    parser.add_argument("--out", default=ABLATE_OUT, help=f"output folder (default {ABLATE_OUT})")
-    parser.add_argument("--quick", action="store_true", help="tiny model, 4 steps, 2 seeds")
+    full, quick = ablation.AblationConfig(), ablation.QUICK
+    parser.add_argument("--steps", type=_positive_int,
+                        help=f"optimizer steps per run (default: {full.steps}; --quick {quick.steps})")
+    parser.add_argument("--seeds", type=_positive_int, help=f"number of seeds 0, 1, ..., N-1 (default: "
+                                                            f"{len(full.seeds)}; --quick {len(quick.seeds)})")
+    parser.add_argument("--variants", nargs="+", choices=list(ablation.VARIANTS),
+                        help="subset of the variants (default: all)")
+    parser.add_argument("--out", default=ABLATE_OUT, help=f"output folder (default: {ABLATE_OUT})")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"tiny model, {quick.steps} steps, {len(quick.seeds)} seeds (default: off)")
     parser.add_argument("--no-causal-mask", action="store_true",
                         help="train the unmasked encoder of article 000 on next-token targets "
-                             "(the target is visible in the input: a copy task that needs positions)")
+                             "(the target is visible in the input: a copy task that needs positions) "
+                             "(default: off)")
 
 
 def _run_ablate(args):
@@ -277,6 +271,8 @@ EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "dynamic_int8": None}
 
 
 def _add_export_parser(subparsers):
+    from keras_posenc.export import QUANTIZE_MODES, TARGETS
+
     parser = subparsers.add_parser(
         "export", help="convert a trained model to TFLite for edge GPUs (builtin ops only)",
         description="Rebuilds the model with fixed input shapes under float32, freezes the position "
@@ -291,32 +287,33 @@ def _add_export_parser(subparsers):
     parser.add_argument("--sequence-length", type=_positive_int, required=True,
                         help="fixed input length, at most the model's max_length")
     parser.add_argument("--batch-size", type=_positive_int, default=1,
-                        help="fixed batch (1 for the GPU delegate)")
-    parser.add_argument("--quantize", choices=("float16", "dynamic_int8"),
-                        help="float16 weights (GPU) or int8 dynamic-range weights (CPU)")
-    parser.add_argument("--target", choices=("gpu", "gl", "cpu", "tensorrt"), default="gpu",
+                        help="fixed batch (1 for the GPU delegate) (default: 1)")
+    parser.add_argument("--quantize", choices=[mode for mode in QUANTIZE_MODES if mode],
+                        help="float16 weights (GPU) or int8 dynamic-range weights (CPU) (default: none, "
+                             "float32)")
+    parser.add_argument("--target", choices=TARGETS, default="gpu",
                         help="gpu: LiteRT GPU accelerator / OpenCL delegate; gl: OpenGL ES delegate (float "
-                             "inputs); cpu: XNNPACK with GATHER; tensorrt: ONNX for trtexec (default gpu)")
+                             "inputs); cpu: XNNPACK with GATHER; tensorrt: ONNX for trtexec (default: gpu)")
     parser.add_argument("--require-gpu", action="store_true",
-                        help="fail when the GPU delegate would reject an op")
+                        help="fail when the GPU delegate would reject an op (default: off)")
     parser.add_argument("--tolerance", type=float,
-                        help="max abs parity on real tokens (default 1e-4; float16 2e-2; int8 report only)")
+                        help="max abs parity on real tokens (default: 1e-4; float16 2e-2; int8 report only)")
     parser.add_argument("--token-ids", help="int .npy [n, sequence-length] for the parity check (default: "
                                             "corpus sentences tokenized with spm.model beside the model, "
                                             "else a synthetic padded batch)")
 
 
-def _export_parity_batch(args, model):
+def _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids_path):
     import numpy as np
 
     from keras_posenc import export
 
-    rows = 4 * args.batch_size
-    spm_path = os.path.join(os.path.dirname(os.path.abspath(args.model)), "spm.model")
-    if args.token_ids:
-        token_ids = np.load(args.token_ids)
-        if token_ids.ndim != 2 or token_ids.shape[1] != args.sequence_length:
-            raise _Error(f"--token-ids must hold an int array [n, {args.sequence_length}], "
+    rows = 4 * batch_size
+    spm_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
+    if token_ids_path:
+        token_ids = np.load(token_ids_path)
+        if token_ids.ndim != 2 or token_ids.shape[1] != sequence_length:
+            raise _Error(f"--token-ids must hold an int array [n, {sequence_length}], "
                          f"got shape {token_ids.shape}.")
     elif os.path.isfile(spm_path):
         from keras_posenc import data as data_lib
@@ -325,57 +322,87 @@ def _export_parity_batch(args, model):
         with open(spm_path, "rb") as f:
             sp_model = f.read()
         texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:rows]
-        token_ids, _ = probe_batch(sp_model, texts, args.sequence_length)
-        token_ids = token_ids.numpy()[:, :args.sequence_length]
-        token_ids = np.pad(token_ids, ((0, 0), (0, args.sequence_length - token_ids.shape[1])),
+        token_ids, _ = probe_batch(sp_model, texts, sequence_length)
+        token_ids = token_ids.numpy()[:, :sequence_length]
+        token_ids = np.pad(token_ids, ((0, 0), (0, sequence_length - token_ids.shape[1])),
                            constant_values=data_lib.PAD_ID)
     else:
-        return export.sample_token_batch(model, args.sequence_length, rows=rows)
-    _, languages = export.sample_token_batch(model, args.sequence_length, rows=len(token_ids))
+        return export.sample_token_batch(model, sequence_length, rows=rows)
+    _, languages = export.sample_token_batch(model, sequence_length, rows=len(token_ids))
     return token_ids.astype(np.int32), None if languages is None else np.zeros_like(languages)
 
 
-def _run_export(args):
+def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=None, target="gpu",
+                 require_gpu=False, tolerance=None, token_ids=None):
+    """Exports a trained model and checks it, printing the report; returns the exit status.
+
+    What `keras-posenc export` and the end of `keras-posenc demo` run: converts
+    with `export.to_tflite` (or `export.to_onnx` for `target="tensorrt"`),
+    writes `out` and `out.json` (its runtime metadata), prints the report,
+    and checks the parity against `tolerance` and, with `require_gpu`, the
+    target's GPU verdict.
+
+    Args:
+        model_path: str, the trained model (`.keras`, `.h5` or SavedModel).
+        out: str, the output file.
+        sequence_length: int, the fixed input length.
+        batch_size: int, the fixed batch.
+        quantize: None or one of `export.QUANTIZE_MODES`.
+        target: one of `export.TARGETS`.
+        require_gpu: bool, fail when the target's GPU backend rejects an op.
+        tolerance: float or None (`EXPORT_TOLERANCE[quantize]`), the
+            largest parity error accepted.
+        token_ids: optional path of an int `.npy` `[n, sequence_length]`
+            for the parity check.
+
+    Returns:
+        int, 0 when every check passed, else 1.
+    """
     import json
 
-    from keras_posenc import export, models  # noqa: F401  models registers CausalLM for loading
+    from keras_posenc import export
 
-    model = export.load_model(args.model)
-    quantize = args.quantize
-    token_ids, language_ids = _export_parity_batch(args, model)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    if args.target == "tensorrt":
-        flat = export.to_onnx(model, sequence_length=args.sequence_length, batch_size=args.batch_size)
+    model = export.load_model(model_path)
+    token_ids, language_ids = _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    if target == "tensorrt":
+        flat = export.to_onnx(model, sequence_length=sequence_length, batch_size=batch_size)
         parity = export.check_onnx_parity(model, flat, token_ids, language_ids)
         report = {"parity": parity, "verdicts": {}}
         lines = [f"ONNX opset {export.ONNX_OPSET}, static shapes, int32 ids "
-                 f"(trtexec --onnx={args.out} --fp16)",
+                 f"(trtexec --onnx={out} --fp16)",
                  f"Parity onnxruntime vs Keras: max abs diff {parity:.3g} on real tokens"]
     else:
-        flat = export.to_tflite(model, sequence_length=args.sequence_length, target=args.target,
-                                batch_size=args.batch_size, quantize=quantize)
-        report = export.export_report(model, flat, token_ids, language_ids, target=args.target)
+        flat = export.to_tflite(model, sequence_length=sequence_length, target=target,
+                                batch_size=batch_size, quantize=quantize)
+        report = export.export_report(model, flat, token_ids, language_ids, target=target)
         lines = export.format_report(report)
-    with open(args.out, "wb") as f:
+    with open(out, "wb") as f:
         f.write(flat)
-    with open(args.out + ".json", "w") as f:
-        json.dump(export.runtime_metadata(model, args.sequence_length, args.batch_size, quantize=quantize,
-                                          target=args.target), f, indent=1)
-    print(f"Wrote {args.out} ({len(flat)} bytes, target {args.target}, quantize={quantize or 'none'}, "
-          f"batch {args.batch_size} x length {args.sequence_length}) and {args.out}.json")
+    with open(out + ".json", "w") as f:
+        json.dump(export.runtime_metadata(model, sequence_length, batch_size, quantize=quantize,
+                                          target=target), f, indent=1)
+    print(f"Wrote {out} ({len(flat)} bytes, target {target}, quantize={quantize or 'none'}, "
+          f"batch {batch_size} x length {sequence_length}) and {out}.json")
     for line in lines:
         print(line)
     status = 0
-    tolerance = args.tolerance if args.tolerance is not None else EXPORT_TOLERANCE[quantize]
+    tolerance = tolerance if tolerance is not None else EXPORT_TOLERANCE[quantize]
     if tolerance is not None and not report["parity"] <= tolerance:
         print(f"FAILED: parity {report['parity']:.3g} exceeds the tolerance {tolerance:g}.")
         status = 1
-    backend = export.TARGET_BACKENDS[args.target][0] if report["verdicts"] else None
-    if args.require_gpu and backend and report["verdicts"][backend]:
+    backend = export.TARGET_BACKENDS[target][0] if report["verdicts"] else None
+    if require_gpu and backend and report["verdicts"][backend]:
         print(f"FAILED: --require-gpu and {export.BACKENDS[backend]} does not run "
               + ", ".join(report["verdicts"][backend]))
         status = 1
     return status
+
+
+def _run_export(args):
+    return export_model(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
+                        quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
+                        tolerance=args.tolerance, token_ids=args.token_ids)
 
 
 _SUBCOMMANDS = {
@@ -397,7 +424,7 @@ def build_parser():
     Example:
 
     >>> args = build_parser().parse_args(["train", "--steps", "5", "--position", "learned"])
-    >>> args.command, args.steps, args.position, args.format
+    >>> args.command, args.steps, args.position, args.corpus_format
     ('train', 5, 'learned', 'text')
     """
     parser = argparse.ArgumentParser(prog="keras-posenc", description=__doc__.splitlines()[0])
@@ -405,6 +432,10 @@ def build_parser():
     for add_parser, _ in _SUBCOMMANDS.values():
         add_parser(subparsers)
     return parser
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"keras-posenc: warning: {message}", file=sys.stderr)
 
 
 def main(argv=None):
@@ -426,14 +457,22 @@ def main(argv=None):
     >>> main(["train", "--format", "tsv"])  # the embedded corpus is not TSV; message on stderr
     2
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
+    from keras_posenc.backend import backend_name, is_tensorflow
+
+    if not is_tensorflow():  # tf.data, tf.distribute, checkpoints and TFLite are TensorFlow's
+        print(f"keras-posenc: error: `{args.command}` needs KERAS_BACKEND=tensorflow "
+              f"(this process runs Keras on {backend_name()}).", file=sys.stderr)
+        return 2
+    previous, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         return _SUBCOMMANDS[args.command][1](args)
     except (_Error, ValueError, OSError) as err:
         print(f"keras-posenc: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":

@@ -45,8 +45,8 @@ from keras_posenc.validation import check_choice, check_positive_ints
 __all__ = [
     "BOS_ID", "EOS_ID", "FORMATS", "NUM_RESERVED_IDS", "PAD_ID", "SEP_ID", "SEP_PIECE", "UNK_ID",
     "CorpusError", "corpus_texts", "decode", "default_bucket_boundaries", "default_corpus_path",
-    "lm_dataset", "load_corpus", "read_text_corpus", "read_tsv_corpus", "sentencepiece_vocab_size",
-    "split_corpus", "train_sentencepiece", "unigram_cross_entropy",
+    "lm_dataset", "load_corpus", "parallel_corpus_path", "read_text_corpus", "read_tsv_corpus",
+    "sentencepiece_vocab_size", "split_corpus", "train_sentencepiece", "unigram_cross_entropy",
 ]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
@@ -85,6 +85,27 @@ def default_corpus_path():
     True
     """
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "python_docs_en.txt")
+
+
+def parallel_corpus_path():
+    """Path of the embedded English -> German sample corpus (1,200 `source<TAB>target` pairs, BSD).
+
+    The file is `keras_posenc/data/po_en_de_slice.tsv`: user-interface
+    messages and their human German translations from the gettext `.po`
+    files of Django, Wagtail, Sphinx, django CMS and Oscar, a slice of the
+    corpus that `keras_posenc/data/make_parallel_corpus.py` builds (licences
+    in `LICENSE-PO-CORPUS.txt`).
+
+    Returns:
+        str, an absolute path.
+
+    Example:
+
+    >>> pairs = load_corpus(parallel_corpus_path(), "tsv")
+    >>> len(pairs), all(source and target for source, target in pairs)
+    (1200, True)
+    """
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "po_en_de_slice.tsv")
 
 
 def _read_lines(path):

@@ -1,18 +1,16 @@
-"""Position-embedding diagnostics of a trained model (002 §5.3, 000 §4.2).
+"""Position-embedding diagnostics of a trained model.
 
-- `pe_value_range`: min/max of the position table (002 §5.3 step 1).
-  Sinusoidal rows lie in [-1, 1] (times a language scale); values outside
-  point at a broken table or at raw indices used as embeddings.
+- `pe_value_range`: min/max of the position table. Sinusoidal rows lie in
+  [-1, 1] (times a language scale); values outside point at a broken table
+  or at raw indices used as embeddings.
 - `plot_pe_heatmap`: the table as a `[position, dimension]` image.
-- `positional_contribution`: 002 §5.3's probe: the first attention
-  sublayer run on `token + PE` and on `token` alone; the ratio
-  `||att(tok + PE) - att(tok)|| / ||att(tok + PE)||`, averaged over real tokens.
-  The article's "healthy 0.3-0.7" band is its claim, not a rule: the
-  number is reported, not judged.
+- `positional_contribution`: the first attention sublayer run on
+  `token + PE` and on `token` alone; the ratio
+  `||att(tok + PE) - att(tok)|| / ||att(tok + PE)||`, averaged over real
+  tokens. The number is reported, not judged.
 - `attention_by_distance`: the mean attention weight a query gives a key at
-  distance `|i - j|` (000 §4.2), per layer, averaged over heads, queries and
-  probe sentences; sinusoidal models trained as LMs concentrate it on small
-  distances.
+  distance `|i - j|`, per layer, averaged over heads, queries and probe
+  sentences.
 
 Example:
 
@@ -23,9 +21,8 @@ Example:
 (True, True, True)
 
 References:
-    - Source article 002 §5.3 (PE value-range check, positional-contribution
-      probe) and source article 000 §4.2 (attention by distance); where
-      their code is wrong see `docs/source-article-faults.md`.
+    - `docs/articles-behind-the-tools.md`: the source articles these probes
+      come from.
 """
 
 import json
@@ -97,7 +94,7 @@ def pe_value_range(table, *, bound=1.0, tolerance=1e-5):
     {'min': 0.0, 'max': 3.0, 'mean_abs': 1.5, 'bound': 1.0, 'ok': False}
 
     References:
-        - Source article 002 §5.3, step 1.
+        - `docs/articles-behind-the-tools.md` (where this probe comes from).
     """
     table = np.asarray(table, np.float64)
     low, high = float(table.min()), float(table.max())
@@ -141,7 +138,7 @@ def _attention_input(encoder_layer, x):
 
 
 def positional_contribution(encoder, token_ids, language_ids=None):
-    """002 §5.3: relative change of the first attention output when PE is removed.
+    """Relative change of the first attention output when PE is removed.
 
     Returns the mean over real query tokens of
     `||att(tok + PE) - att(tok)|| / ||att(tok + PE)||`, where `tok` is the
@@ -154,8 +151,7 @@ def positional_contribution(encoder, token_ids, language_ids=None):
             `num_languages`.
 
     Returns:
-        float, the mean ratio (0 when the position layer adds nothing). The
-        article calls 0.3-0.7 healthy; that band is its claim, not a rule.
+        float, the mean ratio (0 when the position layer adds nothing).
 
     Example:
 
@@ -168,7 +164,7 @@ def positional_contribution(encoder, token_ids, language_ids=None):
     True
 
     References:
-        - Source article 002 §5.3.
+        - `docs/articles-behind-the-tools.md` (where this probe comes from).
     """
     embedding = encoder.embedding
     mask = tf.not_equal(token_ids, encoder.pad_id)
@@ -195,10 +191,7 @@ def attention_by_distance(encoder, token_ids, language_ids=None):
     a causal mask only keys `j <= i` exist.
 
     Args:
-        encoder: a built `keras_posenc.Encoder`.
-        token_ids: int tensor `[batch, length]`, padding = `encoder.pad_id`.
-        language_ids: optional int tensor, for a position layer with
-            `num_languages`.
+        encoder, token_ids, language_ids: as for `positional_contribution`.
 
     Returns:
         list (one per encoder layer) of float64 arrays `[length]`; NaN at
@@ -214,7 +207,7 @@ def attention_by_distance(encoder, token_ids, language_ids=None):
     (2, (5,), 5.0)
 
     References:
-        - Source article 000 §4.2.
+        - `docs/articles-behind-the-tools.md` (where this probe comes from).
     """
     mask = tf.not_equal(token_ids, encoder.pad_id)
     length = int(token_ids.shape[1])
@@ -238,15 +231,12 @@ def attention_by_distance(encoder, token_ids, language_ids=None):
 
 
 def plot_attention_by_distance(per_layer, path, max_distance=32):
-    """Saves the mean attention weight against distance, one line per layer; returns the path.
+    """Saves the mean attention weight against distance, one line per layer; returns `path`.
 
     Args:
         per_layer: list of arrays `[length]`, from `attention_by_distance`.
-        path: str, the PNG file to write.
+        path: str, where the PNG goes.
         max_distance: int, largest distance shown.
-
-    Returns:
-        str, `path`.
 
     Example:
 
@@ -325,7 +315,7 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
         keras-posenc inspect runs/demo/model.keras --out runs/demo/inspect
 
     References:
-        - Source article 002 §5.3 and source article 000 §4.2.
+        - `docs/articles-behind-the-tools.md` (where this probe comes from).
     """
     from tensorflow import keras
 

@@ -28,12 +28,11 @@ than by a doctest. From the command line (`keras_posenc.cli`)::
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 400 --resume  # continue to step 400
 
 References:
-    - Vaswani et al., "Attention Is All You Need", 2017, section 5.3
-      (Adam and the warmup schedule), https://arxiv.org/abs/1706.03762.
-    - TensorFlow, "Custom training with tf.distribute.Strategy", loss
-      scaling by the global batch,
+    - TensorFlow, "Training checkpoints" (`tf.train.CheckpointManager`),
+      https://www.tensorflow.org/guide/checkpoint.
+    - TensorFlow, "tf.data: checkpointing", https://www.tensorflow.org/guide/data#checkpointing.
+    - TensorFlow, "Custom training with tf.distribute.Strategy" (`strategy.run`),
       https://www.tensorflow.org/tutorials/distribute/custom_training.
-    - TensorFlow, "Training checkpoints", https://www.tensorflow.org/guide/checkpoint.
 """
 
 import dataclasses
@@ -43,6 +42,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -50,13 +50,51 @@ from tensorflow import keras
 
 from keras_posenc import data as data_lib
 from keras_posenc._plotting import pyplot, save_figure
+from keras_posenc.encoder import NAMED_POSITIONS, named_position
 from keras_posenc.models import CausalLM, transformer_adam
+from keras_posenc.tables import TABLE_KINDS
 from keras_posenc.validation import check_choice, check_positive_ints
 
-__all__ = ["STRATEGIES", "StepLog", "TrainConfig", "list_checkpoints", "make_strategy", "train"]
+__all__ = ["STRATEGIES", "StepLog", "TrainConfig", "default_warmup_steps", "list_checkpoints",
+           "make_strategy", "train"]
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 _CONFIG_FILE = "config.json"
+_SCHEDULE_FILE = "schedule.json"
+
+
+def _option(default, group, help, *, flag=None, choices=None, type=None, const=None):
+    """A config field and its command-line flag: the one place for its name, default and help.
+
+    `keras_posenc.cli` builds the flags of `keras-posenc train` from these
+    fields: the flag is `--<name with dashes>` unless `flag` is given; a
+    bool field is a switch that flips its default (`--norm-first`,
+    `--no-bos`), a field with `const` a switch that sets it (`--quiet`
+    sets `verbose` to 0); an int field takes a positive int unless `type`
+    says otherwise.
+    """
+    metadata = {"group": group, "help": help, "flag": flag, "choices": choices, "type": type, "const": const}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def default_warmup_steps(steps):
+    """The warmup used when none is given: `min(4000, max(1, steps // 10))`.
+
+    A tenth of the run, at most the paper's 4000: a short run leaves warmup
+    and trains at its peak learning rate for most of its steps.
+
+    Args:
+        steps: int, the run's total optimizer steps.
+
+    Returns:
+        int >= 1.
+
+    Example:
+
+    >>> default_warmup_steps(300), default_warmup_steps(5), default_warmup_steps(100_000)
+    (30, 1, 4000)
+    """
+    return min(4000, max(1, steps // 10))
 
 
 @dataclasses.dataclass
@@ -65,7 +103,8 @@ class TrainConfig:
 
     The fields are the flags of `keras-posenc train` (`--vocab-size` is
     `vocab_size`, `--format` is `corpus_format`, `--no-bos` is
-    `add_bos=False`, `--quiet` is `verbose=0`).
+    `add_bos=False`, `--quiet` is `verbose=0`); each field's metadata holds
+    its help text and choices.
 
     Args:
         corpus: str or None, the corpus file (None: `data.default_corpus_path()`).
@@ -86,10 +125,12 @@ class TrainConfig:
         dff: int, feed-forward width.
         dropout: float, dropout rate.
         norm_first: bool, pre-LN blocks.
-        position: str, position layer name (`"sinusoidal"`, `"learned"`,
-            ...).
+        position: str, one of `encoder.NAMED_POSITIONS` (`"sinusoidal"`,
+            `"learned"`, `"rope"`, `"rope-ntk"`, `"alibi"`, ...).
         table: str, sinusoidal table storage (only for `"sinusoidal"`).
-        warmup_steps: int, `WarmupSchedule` warmup.
+        warmup_steps: int or None, `WarmupSchedule` warmup; None derives it
+            from `steps` (`default_warmup_steps`) or, on resume, takes the
+            checkpoint's.
         lr_scale: float, factor on the schedule.
         seed: int, seed of the split, data order, initialization and dropout.
         checkpoint_every: int, steps between checkpoints.
@@ -106,34 +147,39 @@ class TrainConfig:
     (32, 100, 2, 'full')
     """
 
-    corpus: str = None
-    out: str = "runs/train"
-    corpus_format: str = "text"
-    skip_bad_lines: bool = False
-    vocab_size: int = 2000
-    max_length: int = 64
-    add_bos: bool = True
-    add_eos: bool = True
-    eval_fraction: float = 0.05
-    steps: int = 1000
-    batch_size: int = 32
-    num_layers: int = 2
-    d_model: int = 64
-    num_heads: int = 4
-    dff: int = 256
-    dropout: float = 0.1
-    norm_first: bool = False
-    position: str = "sinusoidal"
-    table: str = "full"
-    warmup_steps: int = 4000
-    lr_scale: float = 1.0
-    seed: int = 0
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    log_every: int = 10
-    resume: bool = False
-    strategy: str = "default"
-    verbose: int = 1
+    corpus: str = _option(None, "data", "corpus file (default: the embedded English corpus)")
+    out: str = _option("runs/train", "data", "output folder")
+    corpus_format: str = _option("text", "data", "text: one document or sentence per line; "
+                                 "tsv: source<TAB>target", flag="--format", choices=data_lib.FORMATS)
+    skip_bad_lines: bool = _option(False, "data", "skip TSV lines without exactly one tab")
+    vocab_size: int = _option(2000, "data", "SentencePiece vocabulary size")
+    add_bos: bool = _option(True, "data", "do not start sequences with <s>", flag="--no-bos")
+    add_eos: bool = _option(True, "data", "do not end sequences with </s>", flag="--no-eos")
+    eval_fraction: float = _option(0.05, "data", "share of examples held out for evaluation")
+    max_length: int = _option(64, "model", "longest input sequence in tokens (independent of --vocab-size)")
+    num_layers: int = _option(2, "model", "encoder layers")
+    d_model: int = _option(64, "model", "model width")
+    num_heads: int = _option(4, "model", "attention heads")
+    dff: int = _option(256, "model", "feed-forward width")
+    dropout: float = _option(0.1, "model", "dropout rate")
+    norm_first: bool = _option(False, "model", "pre-LN blocks")
+    position: str = _option("sinusoidal", "model", "position encoding", choices=NAMED_POSITIONS)
+    table: str = _option("full", "model", "sinusoidal table storage (only for --position sinusoidal)",
+                         choices=TABLE_KINDS)
+    steps: int = _option(1000, "training", "total optimizer steps (a resumed run continues to it)")
+    batch_size: int = _option(32, "training", "global batch size (split across replicas)")
+    warmup_steps: int = _option(None, "training", "learning-rate warmup steps (default: "
+                                "min(4000, max(1, steps // 10)), so short runs leave warmup)")
+    lr_scale: float = _option(1.0, "training", "factor on the warmup schedule")
+    seed: int = _option(0, "training", "seed of the split, data order, initialization and dropout",
+                        type=int)
+    checkpoint_every: int = _option(100, "training", "steps between checkpoints")
+    keep_checkpoints: int = _option(3, "training", "how many checkpoints to keep")
+    log_every: int = _option(10, "training", "TensorBoard logging interval in steps")
+    resume: bool = _option(False, "training", "continue from the latest checkpoint in --out")
+    strategy: str = _option("default", "training", "tf.distribute strategy; multiworker reads TF_CONFIG",
+                            choices=STRATEGIES)
+    verbose: int = _option(1, "training", "no progress bar", flag="--quiet", const=0)
 
     def model_config(self, vocab_size):
         """The keyword arguments of `Encoder`; a checkpoint only fits this exact config.
@@ -144,12 +190,13 @@ class TrainConfig:
         Returns:
             dict, the `encoder_config` of `CausalLM`.
         """
+        position, position_config = named_position(self.position, self.max_length)
         config = {
             "num_layers": self.num_layers, "d_model": self.d_model, "num_heads": self.num_heads,
             "dff": self.dff, "vocab_size": vocab_size, "max_length": self.max_length, "dropout": self.dropout,
-            "norm_first": self.norm_first, "pad_id": data_lib.PAD_ID, "position": self.position,
+            "norm_first": self.norm_first, "pad_id": data_lib.PAD_ID, "position": position, **position_config,
         }
-        if self.position == "sinusoidal":
+        if position == "sinusoidal":
             config["table"] = self.table
         if self.corpus_format == "tsv":
             config["num_languages"] = 2
@@ -362,9 +409,25 @@ def make_strategy(name):
 # Training ----------------------------------------------------------------------------------
 def _check_config(cfg):
     check_positive_ints((name, getattr(cfg, name)) for name in (
-        "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length",
-        "warmup_steps"))
+        "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length"))
+    if cfg.warmup_steps is not None:
+        check_positive_ints([("warmup_steps", cfg.warmup_steps)])
     check_choice("format", cfg.corpus_format, data_lib.FORMATS)
+
+
+def _warmup_steps(cfg, ckpt_dir):
+    """The run's warmup: explicit, else the checkpoint's on resume, else `default_warmup_steps`."""
+    path = os.path.join(ckpt_dir, _SCHEDULE_FILE)
+    if cfg.warmup_steps is not None:
+        if cfg.warmup_steps >= cfg.steps:
+            warnings.warn(f"--warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning rate "
+                          "never leaves warmup and the run may learn little. Leave --warmup-steps out to "
+                          f"use {default_warmup_steps(cfg.steps)} (a tenth of the steps).", stacklevel=3)
+        return cfg.warmup_steps
+    if cfg.resume and os.path.isfile(path):  # resuming with more --steps keeps the schedule it started with
+        with open(path) as f:
+            return json.load(f)["warmup_steps"]
+    return default_warmup_steps(cfg.steps)
 
 
 def _prepare_data(cfg, resuming):
@@ -390,7 +453,7 @@ def train(cfg):
 
     Reads and splits the corpus, trains SentencePiece on the training split
     (or reuses `out/spm.model` on resume), trains `CausalLM` under the
-    strategy (Keras callbacks, `train_step` per replica), evaluates on the held-out split against an
+    strategy (`train_step` per replica, Keras callbacks), evaluates on the held-out split against an
     add-one unigram baseline, and writes `model.keras`, `spm.model`,
     `report.json`, `loss.png`, `logs/` and `checkpoints/` to `cfg.out`
     (workers other than the chief write no artifacts). Runs are
@@ -440,9 +503,11 @@ def train(cfg):
     model_config = cfg.model_config(vocab_size)
     if cfg.resume:
         _check_checkpoint_config(ckpt_dir, model_config)
-    elif chief:
+    warmup_steps = _warmup_steps(cfg, ckpt_dir)
+    if chief and not cfg.resume:
         os.makedirs(ckpt_dir, exist_ok=True)
         _write_json_atomically(os.path.join(ckpt_dir, _CONFIG_FILE), model_config)
+        _write_json_atomically(os.path.join(ckpt_dir, _SCHEDULE_FILE), {"warmup_steps": warmup_steps})
 
     dataset_kwargs = {"max_length": cfg.max_length, "add_bos": cfg.add_bos, "add_eos": cfg.add_eos}
     train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True,
@@ -451,7 +516,7 @@ def train(cfg):
     with strategy.scope():
         model = CausalLM(model_config, name="causal_lm")
         model.build_on_dummy()
-        optimizer = transformer_adam(cfg.d_model, cfg.warmup_steps, scale=cfg.lr_scale)
+        optimizer = transformer_adam(cfg.d_model, warmup_steps, scale=cfg.lr_scale)
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
@@ -513,6 +578,8 @@ def train(cfg):
         "num_replicas": strategy.num_replicas_in_sync,
         "model_config": model_config,
         "train_config": dataclasses.asdict(cfg),
+        "warmup_steps": warmup_steps,
+        "beats_unigram": bool(eval_loss < unigram_loss),
     }
     if chief:
         report["loss_plot"] = _plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
@@ -544,18 +611,19 @@ def _fit(model, strategy, batches, steps, callbacks, verbose):
         outputs = strategy.run(replica_step, args=(next(iterator),))
         return {k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in outputs.items()}
 
-    callback_list = keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, model=model,
-                                                 verbose=verbose, epochs=1, steps=steps)
-    model.stop_training = False
-    callback_list.on_train_begin()
-    callback_list.on_epoch_begin(0)
+    progress = keras.utils.Progbar(steps, verbose=verbose) if verbose else None
+    for callback in callbacks:
+        callback.set_model(model)
+        callback.on_train_begin()
     logs = {}
     for batch in range(steps):
-        callback_list.on_train_batch_begin(batch)
         logs = {k: v.numpy() for k, v in train_step(batches).items()}
-        callback_list.on_train_batch_end(batch, logs)
-    callback_list.on_epoch_end(0, logs)
-    callback_list.on_train_end(logs)
+        for callback in callbacks:
+            callback.on_train_batch_end(batch, logs)
+        if progress:
+            progress.update(batch + 1, [("loss", logs["loss"])])
+    for callback in callbacks:
+        callback.on_train_end(logs)
 
 
 def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):
@@ -573,6 +641,8 @@ def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=Non
         ax.axhline(eval_loss, color="C2", ls="--", label=f"eval loss {eval_loss:.3f}")
     if unigram_loss is not None:
         ax.axhline(unigram_loss, color="C3", ls=":", label=f"unigram baseline {unigram_loss:.3f}")
+    if eval_loss is not None and unigram_loss is not None and not eval_loss < unigram_loss:
+        ax.set_title("eval loss is NOT below the unigram baseline", color="C3")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.legend()

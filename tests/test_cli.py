@@ -1,13 +1,26 @@
 """The `keras-posenc` command line: train on TSV pairs, inspect, demo flags, clear errors."""
 
+import argparse
+import dataclasses
+import inspect
 import json
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from tensorflow import keras
 
 from keras_posenc import cli, data
+from keras_posenc import train as train_lib
+from keras_posenc.encoder import NAMED_POSITIONS
+from keras_posenc.export import TARGETS
+from keras_posenc.tables import TABLE_KINDS
+from keras_posenc.train import STRATEGIES, TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PAIRS = [("the house is small", "das Haus ist klein"), ("the cat sleeps", "die Katze schläft"),
          ("I read a book", "ich lese ein Buch"), ("the water is cold", "das Wasser ist kalt"),
@@ -87,12 +100,125 @@ def test_demo_defaults_use_the_embedded_corpus_and_a_small_model():
 def test_train_flags_map_to_the_config(tmp_path):
     args = cli.build_parser().parse_args(
         ["train", "--corpus", "c.tsv", "--format", "tsv", "--position", "learned", "--table", "factorized",
-         "--no-bos", "--strategy", "mirrored", "--seed", "7", "--out", str(tmp_path), "--resume"])
-    config = cli._train_config(args)
+         "--no-bos", "--strategy", "mirrored", "--seed", "7", "--out", str(tmp_path), "--resume", "--quiet"])
+    config = cli._train_config(args, TrainConfig())
     assert (config.corpus, config.corpus_format, config.position, config.table) == (
         "c.tsv", "tsv", "learned", "factorized")
-    assert (config.add_bos, config.add_eos, config.strategy, config.seed, config.resume) == (
-        False, True, "mirrored", 7, True)
+    assert (config.add_bos, config.add_eos, config.strategy, config.seed, config.resume, config.verbose) == (
+        False, True, "mirrored", 7, True, 0)
+    assert cli._train_config(cli.build_parser().parse_args(["train"]), TrainConfig()) == TrainConfig()
+
+
+def _actions(argv):
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a for a in subparsers.choices[argv]._actions if a.dest != "help"}
+
+
+def test_every_config_field_is_a_flag_with_the_modules_own_choices():
+    actions = _actions("train")
+    assert set(actions) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert actions["position"].choices == list(NAMED_POSITIONS)
+    assert actions["table"].choices == list(TABLE_KINDS)
+    assert actions["corpus_format"].choices == list(data.FORMATS)
+    assert actions["strategy"].choices == list(STRATEGIES)
+    assert _actions("export")["target"].choices == TARGETS
+    demo = _actions("demo")
+    assert set(demo) == {"out", "steps", "seed", "verbose"}
+    assert (demo["out"].default, demo["steps"].default) == (cli.DEMO_OUT, cli.DEMO_SETTINGS["steps"])
+
+
+def _help_entries(text):
+    """`{flag: its help text}` of an argparse help listing (continuation lines joined)."""
+    entries, flag = {}, None
+    for line in text.splitlines():
+        match = re.match(r"^  (--?[\w-]+)", line)
+        if match:
+            flag = match.group(1)
+            entries[flag] = line
+        elif flag and line.startswith("    "):
+            entries[flag] += " " + line.strip()
+        else:
+            flag = None
+    return {flag: " ".join(entry.split()) for flag, entry in entries.items()}
+
+
+@pytest.mark.parametrize("command", ["train", "demo", "export", "ablate", "inspect"])
+def test_help_shows_every_default(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    entries = _help_entries(capsys.readouterr().out)
+    optional = [a for a in _actions(command).values() if a.option_strings and not a.required]
+    assert {a.option_strings[0] for a in optional} <= set(entries)
+    for action in optional:
+        assert "(default: " in entries[action.option_strings[0]], entries[action.option_strings[0]]
+    if command == "train":
+        assert entries["--warmup-steps"].endswith("learning-rate warmup steps (default: min(4000, max(1, "
+                                                  "steps // 10)), so short runs leave warmup)")
+        assert entries["--d-model"] == "--d-model D_MODEL model width (default: 64)"
+        assert entries["--no-bos"] == "--no-bos do not start sequences with <s> (default: off)"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
+def test_help_prints_no_tensorflow_log_line(argv):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run([sys.executable, "-m", "keras_posenc.cli"] + argv, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "keras-posenc" in result.stdout
+    assert result.stderr == ""
+    # A library import leaves the log level as importing TensorFlow alone does.
+    code = "import os, {}; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
+    levels = [subprocess.run([sys.executable, "-c", code.format(module)], env=env, capture_output=True,
+                             text=True, timeout=120).stdout.strip()
+              for module in ("tensorflow", "keras_posenc")]
+    assert levels[0] == levels[1] != "2"
+
+
+def test_demo_trains_the_demo_config_and_calls_the_exporter(monkeypatch, tmp_path, capsys):
+    calls = {}
+
+    def fake_train(config):
+        calls["config"] = config
+        return {"steps": config.steps, "final_train_loss": 1.0, "eval_loss": 2.0, "eval_perplexity": 7.4,
+                "unigram_eval_loss": 3.0, "unigram_eval_perplexity": 20.1, "tokens_per_second": None,
+                "beats_unigram": True, "warmup_steps": config.warmup_steps}
+
+    def fake_export(model_path, out, sequence_length, **options):
+        calls["export"] = (model_path, out, sequence_length, options)
+        return 0
+
+    monkeypatch.setattr(train_lib, "train", fake_train)
+    monkeypatch.setattr(cli, "export_model", fake_export)
+    out = str(tmp_path / "demo")
+    assert cli.main(["demo", "--out", out, "--steps", "7", "--quiet"]) == 0
+    expected = dataclasses.replace(TrainConfig(**cli.DEMO_SETTINGS), out=out, steps=7, verbose=0)
+    assert calls["config"] == expected
+    assert calls["export"] == (os.path.join(out, "model.keras"), os.path.join(out, "model.tflite"),
+                               cli.DEMO_SETTINGS["max_length"], {"require_gpu": True})
+    assert "argparse.Namespace" not in inspect.getsource(cli)
+
+
+def test_a_run_that_does_not_beat_the_unigram_baseline_is_flagged(tsv_corpus, tmp_path, capsys):
+    flags = [f for f in TINY_FLAGS]
+    flags[flags.index("--steps") + 1] = "1"
+    flags[flags.index("--lr-scale") + 1] = "0.001"
+    code = cli.main(["train", "--corpus", tsv_corpus, "--format", "tsv", "--skip-bad-lines", "--vocab-size",
+                     "60", "--out", str(tmp_path)] + flags)
+    assert code == 0
+    report = json.load(open(tmp_path / "report.json"))
+    assert report["beats_unigram"] is False and report["eval_loss"] >= report["unigram_eval_loss"]
+    out = capsys.readouterr().out
+    assert "WARNING: the eval loss" in out and "is not below the unigram baseline" in out
+
+
+def test_explicit_warmup_past_the_last_step_prints_a_warning(tsv_corpus, tmp_path, capsys):
+    flags = [f for f in TINY_FLAGS]
+    flags[flags.index("--warmup-steps") + 1] = "6"
+    assert cli.main(["train", "--corpus", tsv_corpus, "--format", "tsv", "--skip-bad-lines", "--vocab-size",
+                     "60", "--out", str(tmp_path)] + flags) == 0
+    err = capsys.readouterr().err
+    assert "keras-posenc: warning: --warmup-steps 6 >= --steps 6" in err
 
 
 def test_inspect_prints_diagnostics_and_writes_plots(tsv_run, capsys):
@@ -105,3 +231,16 @@ def test_inspect_prints_diagnostics_and_writes_plots(tsv_run, capsys):
         assert os.path.isfile(os.path.join(out, name))
     summary = json.load(open(os.path.join(out, "inspect.json")))
     assert summary["pe_range"]["ok"] and summary["probe_sentences"] == 2
+
+
+def test_default_flags_learn_in_300_steps_on_the_shipped_parallel_corpus(tmp_path, capsys):
+    """Acceptance: `train --corpus <pairs>.tsv --format tsv --steps 300`, every other flag at its default."""
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--corpus", data.parallel_corpus_path(), "--format", "tsv", "--steps", "300",
+                     "--out", out, "--quiet"]) == 0
+    report = json.load(open(os.path.join(out, "report.json")))
+    assert report["warmup_steps"] == 30 and report["train_config"]["warmup_steps"] is None
+    assert report["beats_unigram"]
+    assert report["eval_loss"] < report["unigram_eval_loss"] - 0.15, (report["eval_loss"],
+                                                                      report["unigram_eval_loss"])
+    assert "WARNING" not in capsys.readouterr().out
