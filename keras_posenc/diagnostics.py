@@ -169,9 +169,10 @@ def positional_contribution(encoder, token_ids, language_ids=None):
     embedding = encoder.embedding
     mask = tf.not_equal(token_ids, encoder.pad_id)
     with_pe = embedding(token_ids, language_ids=language_ids, training=False)
-    tokens_only = embedding.token_embedding(token_ids)
-    if embedding.scale_embeddings:
-        tokens_only = tokens_only * tf.cast(np.sqrt(embedding.d_model), tokens_only.dtype)
+    # The embedding is `tok + PE`; the position layer on zeros gives the same PE rows.
+    pe = embedding.position_embedding(tf.zeros_like(with_pe), language_ids=language_ids, mask=mask,
+                                      training=False)
+    tokens_only = with_pe - pe
     merged = merge_attention_masks(tf.shape(token_ids)[1], mask=mask, use_causal_mask=True)
     layer = encoder.encoder_layers[0]
     outputs = []
