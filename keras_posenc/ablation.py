@@ -552,7 +552,8 @@ def run_ablation(corpus=None, config=AblationConfig(), *, log=print):
     """
     corpus = corpus or data.default_corpus_path()
     started = time.perf_counter()
-    keras.backend.experimental.enable_tf_random_generator()
+    if hasattr(keras.backend, "experimental"):  # Keras 2 only; Keras 3 seeds its own generators
+        keras.backend.experimental.enable_tf_random_generator()
     tf.config.experimental.enable_op_determinism()
     prepared = prepare_data(corpus, config)
     with open(corpus, "rb") as f:

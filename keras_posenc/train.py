@@ -489,7 +489,8 @@ def train(cfg):
                          f"got batch_size={cfg.batch_size}.")
     chief = strategy.extended.should_checkpoint
     keras.utils.set_random_seed(cfg.seed)
-    keras.backend.experimental.enable_tf_random_generator()
+    if hasattr(keras.backend, "experimental"):  # Keras 2 only; Keras 3 seeds its own generators
+        keras.backend.experimental.enable_tf_random_generator()
     tf.config.experimental.enable_op_determinism()
     os.makedirs(cfg.out, exist_ok=True)
     ckpt_dir = _checkpoint_dir(cfg.out)
