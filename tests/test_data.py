@@ -195,3 +195,40 @@ def test_pipeline_argument_errors(sp_model):
         data.lm_dataset(TEXTS, sp_model, max_length=0, batch_size=2)
     with pytest.raises(data.CorpusError, match="empty list"):
         data.lm_dataset([], sp_model, max_length=8, batch_size=2)
+
+
+def test_shipped_parallel_corpus_is_clean_unique_and_licensed():
+    import re
+
+    pairs = data.load_corpus(data.parallel_corpus_path(), "tsv")
+    assert len(pairs) == 1200
+    assert len({source for source, _ in pairs}) == len(pairs)
+    placeholder = re.compile(r"%\(|%[sd]\b|\{\d*\}|<[a-z/]")
+    for source, target in pairs:
+        assert source.strip() == source and target.strip() == target and source and target
+        assert not placeholder.search(source) and not placeholder.search(target), (source, target)
+    licence_path = os.path.join(os.path.dirname(data.parallel_corpus_path()), "LICENSE-PO-CORPUS.txt")
+    licences = open(licence_path, encoding="utf-8").read()
+    for wheel in ("Django-4.2.16", "wagtail-6.2", "sphinx-7.4.7", "django_cms-4.1.2", "django_oscar-3.2.4"):
+        assert f"{wheel}-py" in licences, wheel
+    assert licences.count("Redistribution and use in source and binary forms") >= 5
+
+
+def test_parallel_corpus_builder_reads_po_entries_and_strips_placeholders():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(data.parallel_corpus_path()), "make_parallel_corpus.py")
+    spec = importlib.util.spec_from_file_location("make_parallel_corpus", path)
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+
+    text = ('msgid ""\nmsgstr "Content-Type: text/plain"\n\n'
+            '#, python-format\nmsgid "Delete %(name)s"\nmsgstr "%(name)s löschen"\n\n'
+            '#, fuzzy\nmsgid "Close"\nmsgstr "Schließen"\n\n'
+            'msgid "%(count)s"\nmsgstr "%(count)s"\n\n'
+            'msgid "One item"\nmsgid_plural "%(n)s items"\n'
+            'msgstr[0] "Ein Eintrag"\nmsgstr[1] "%(n)s Einträge"\n')
+    entries = builder.po_entries(text)
+    assert entries == [("Delete %(name)s", "%(name)s löschen", False), ("Close", "Schließen", True),
+                       ("%(count)s", "%(count)s", False), ("One item", "Ein Eintrag", False)]
+    assert [builder.clean(s) for s, _, _ in entries] == ["Delete", "Close", "", "One item"]
