@@ -3,6 +3,7 @@
 import tensorflow as tf
 from tensorflow import keras
 
+from keras_posenc.backend import ops
 from keras_posenc.encoder_layer import (
     ATTENTION_POSITIONS,
     EncoderLayer,
@@ -213,7 +214,7 @@ class Encoder(keras.layers.Layer):
         return x
 
     def compute_mask(self, token_ids, mask=None):
-        return tf.not_equal(token_ids, self.pad_id)
+        return ops.not_equal(token_ids, self.pad_id)  # keras ops: token_ids may be a Keras 3 KerasTensor
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape(input_shape).concatenate([self.d_model])
