@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from keras_posenc.backend import is_tensorflow, keras, ops
+from keras_posenc.backend import backend_name, is_tensorflow, keras, ops
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check, check_base, check_choice, check_positive_int, with_checks
 
@@ -130,9 +130,10 @@ def rotary_attention_factor(scaling=None, scaling_factor=1.0):
 def rotary_cos_sin(position_ids, frequencies):
     """float32 cos and sin `[..., dim // 2]` of `position_ids * frequencies`, angles in float64.
 
-    The angles are computed in float64 wherever the backend has it (NumPy
-    inputs, TensorFlow); a float32 angle is already off by ~5e-4 at position
-    8192. On JAX without `jax_enable_x64` they are float32.
+    The angles are computed in float64: by TensorFlow, or by NumPy for NumPy
+    inputs and concrete tensors of other backends. A float32 angle is already
+    off by ~5e-4 at position 8192; only ids traced by a JAX `jit` (a model
+    compiled on JAX without `max_length`) get float32 angles.
 
     Args:
         position_ids: int array or tensor, any shape.
@@ -151,9 +152,24 @@ def rotary_cos_sin(position_ids, frequencies):
     if isinstance(position_ids, (np.ndarray, list, tuple, int)):
         angles = np.asarray(position_ids, np.float64)[..., None] * frequencies
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    dtype = "float64" if is_tensorflow() else "float32"
-    angles = ops.cast(position_ids, dtype)[..., None] * ops.convert_to_tensor(frequencies.astype(dtype))
-    return ops.cast(ops.cos(angles), "float32"), ops.cast(ops.sin(angles), "float32")
+    if is_tensorflow():
+        angles = ops.cast(position_ids, "float64")[..., None] * ops.convert_to_tensor(frequencies)
+        return ops.cast(ops.cos(angles), "float32"), ops.cast(ops.sin(angles), "float32")
+    if not _is_traced(position_ids):
+        cos, sin = rotary_cos_sin(ops.convert_to_numpy(position_ids), frequencies)
+        return ops.convert_to_tensor(cos), ops.convert_to_tensor(sin)
+    frequencies = ops.convert_to_tensor(frequencies.astype(np.float32))
+    angles = ops.cast(position_ids, "float32")[..., None] * frequencies
+    return ops.cos(angles), ops.sin(angles)
+
+
+def _is_traced(tensor):
+    """True for a JAX tracer (inside `jit`), whose values NumPy cannot read."""
+    if backend_name() != "jax":
+        return False
+    import jax
+
+    return isinstance(tensor, jax.core.Tracer)
 
 
 def apply_rotary(x, cos, sin, layout="half"):
@@ -280,7 +296,8 @@ class RotaryEmbedding(keras.layers.Layer):
     `mixed_bfloat16`, and only the result is cast to the compute dtype.
     With `max_length`, the cos/sin tables of positions `0 .. max_length - 1`
     are constants gathered by id (an exported model holds no SIN/COS op);
-    without it they are computed for the ids of every call.
+    without it they are computed for the ids of every call (in float32 only
+    inside a JAX `jit`; set `max_length` there).
 
     Args:
         max_wavelength: float > 1, the base of the frequencies (10000 in
@@ -394,13 +411,13 @@ class RotaryEmbedding(keras.layers.Layer):
     def _cos_sin(self, ids):
         if self._tables is None:
             return rotary_cos_sin(ids, self._frequencies)
-        if is_tensorflow():  # ValueError in eager mode, InvalidArgumentError in a graph
-            low, high = ops.min(ids), ops.max(ids)
-            in_range = ops.logical_or(ops.equal(ops.size(ids), 0),
-                                      ops.logical_and(low >= 0, high < self.max_length))
-            ids = with_checks(ids, check(in_range, "Position ids must be in [0, max_length="
-                                         + str(self.max_length) + ") of RotaryEmbedding '" + self.name
-                                         + "', got min {} and max {}.", low, high))
+        # ValueError in eager mode, InvalidArgumentError in a TF graph (see `validation.check`).
+        low, high = ops.min(ids), ops.max(ids)
+        in_range = ops.logical_or(ops.equal(ops.size(ids), 0),
+                                  ops.logical_and(low >= 0, high < self.max_length))
+        ids = with_checks(ids, check(in_range, "Position ids must be in [0, max_length="
+                                     + str(self.max_length) + ") of RotaryEmbedding '" + self.name
+                                     + "', got min {} and max {}.", low, high))
         cos, sin = (ops.convert_to_tensor(table) for table in self._tables)
         return ops.take(cos, ids, axis=0), ops.take(sin, ids, axis=0)
 
