@@ -5,6 +5,7 @@
 #   make test-keras2 lint, then pytest in .venv (TF 2.12 / Keras 2, requirements/tf212.txt)
 #   make test-keras3 lint, then pytest in .venv-keras3 (TF 2.21 / Keras 3, requirements/tf221.txt):
 #                    the suite on KERAS_BACKEND=tensorflow, the layer tests again on jax
+#   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache)
 #   make lint        ruff check . and hadolint docker/Dockerfile
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
 #   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)
@@ -58,10 +59,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
-        pytest-keras3
+        pytest-keras3 test-edge
 
 help:
-	@sed -n '3,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
@@ -161,6 +162,15 @@ test-keras2: lint
 
 test-keras3: lint
 	@$(MAKE) pytest-keras3
+
+# --- edge GPU runtimes -------------------------------------------------------------------
+# edge/bootstrap.sh fills .edge-cache/ (Mesa lavapipe, ai-edge-litert, mediapipe's GL delegate,
+# tf2onnx + onnxruntime) once; tests/edge/edge_*.py then run the exported files on them.
+EDGE_TESTS := $(sort $(wildcard tests/edge/edge_*.py))
+
+test-edge: venv
+	PY=$(PY) edge/bootstrap.sh
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(EDGE_TESTS) $(PYTEST_ARGS)
 
 # Into the interpreter $(PY) itself: meant for a virtualenv/conda env of yours, e.g.
 # `make install PY=~/envs/posenc/bin/python`. Refuses a system interpreter unless SYSTEM=1.

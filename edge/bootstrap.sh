@@ -30,6 +30,17 @@ pypi() {  # pip install with a clear message when PyPI is unreachable
   fi
 }
 
+# --- EGL + GLES on llvmpipe for the GL delegate (system packages) ---------------------------
+# libgl1-mesa-dri also brings libLLVM-15, which bookworm-backports' lavapipe links against.
+if ! ldconfig -p | grep -q libGLESv2.so.2 || ! ldconfig -p | grep -q libEGL_mesa.so.0 \
+   || ! ldconfig -p | grep -q libLLVM-15.so.1; then
+  echo "edge bootstrap: apt-get install $GL_PACKAGES"
+  # shellcheck disable=SC2086
+  if ! { apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y $GL_PACKAGES; }; then
+    fail "apt-get install $GL_PACKAGES failed: is deb.debian.org reachable, and are you root?"
+  fi
+fi
+
 # --- Mesa 25 lavapipe from bookworm-backports, with a private apt state ---------------------
 if [ ! -f "$CACHE/mesa/.stamp" ]; then
   echo "edge bootstrap: Mesa lavapipe (bookworm-backports) -> $CACHE/mesa"
@@ -56,17 +67,13 @@ SOURCES
   icd=$(ls "$CACHE"/mesa/usr/share/vulkan/icd.d/lvp_icd*.json | head -1)
   lib=$(ls "$CACHE"/mesa/usr/lib/x86_64-linux-gnu/libvulkan_lvp.so)
   sed -i "s#\"library_path\": *\"[^\"]*\"#\"library_path\": \"$lib\"#" "$icd"
+  missing=$(LD_LIBRARY_PATH="$CACHE/mesa/usr/lib/x86_64-linux-gnu" ldd "$lib" | grep "not found" || true)
+  if [ -n "$missing" ]; then
+    fail "lavapipe ($lib) misses system libraries (install them with apt-get, e.g. libllvm15):
+$missing"
+  fi
   cp "$icd" "$CACHE/mesa/lvp_icd.json"
   touch "$CACHE/mesa/.stamp"
-fi
-
-# --- EGL + GLES on llvmpipe for the GL delegate (system packages) ---------------------------
-if ! ldconfig -p | grep -q libGLESv2.so.2 || ! ldconfig -p | grep -q libEGL_mesa.so.0; then
-  echo "edge bootstrap: apt-get install $GL_PACKAGES"
-  # shellcheck disable=SC2086
-  if ! { apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y $GL_PACKAGES; }; then
-    fail "apt-get install $GL_PACKAGES failed: is deb.debian.org reachable, and are you root?"
-  fi
 fi
 
 # --- ai-edge-litert 2.3.0 -----------------------------------------------------------------
