@@ -295,11 +295,12 @@ def test_packed_segments_with_positions_in_attention(position):
 
 def reference_scores(layer, x, positions, allowed):
     """Attention probabilities of `layer` from its weights, in float64 numpy (RoPE half layout / ALiBi)."""
-    weights = {"/".join(w.name.split(":")[0].split("/")[-2:]): w.numpy().astype(np.float64)
-               for w in layer.attention.weights}
+    def project(dense):
+        kernel, bias = (np.asarray(v, np.float64) for v in (dense.kernel, dense.bias))
+        return np.einsum("btd,dhk->bthk", x, kernel) + bias
+
     x = np.asarray(x, np.float64)
-    q = np.einsum("btd,dhk->bthk", x, weights["query/kernel"]) + weights["query/bias"]
-    k = np.einsum("btd,dhk->bthk", x, weights["key/kernel"]) + weights["key/bias"]
+    q, k = project(layer.attention._query_dense), project(layer.attention._key_dense)
     heads, head_dim = q.shape[2], q.shape[3]
     if layer.position == "rope":
         half = head_dim // 2
@@ -338,7 +339,8 @@ def test_return_attention_scores_of_the_plain_layer():
     mask = tf.constant([[True, True, True, False]])
     x = random_inputs([1, 4, 16])
     y, scores = layer(x, mask=mask, return_attention_scores=True)
-    np.testing.assert_array_equal(y, layer(x, mask=mask))
+    # Keras 3 may take a fused attention kernel when no scores are asked for: equal up to rounding.
+    np.testing.assert_allclose(y, layer(x, mask=mask), atol=1e-5)
     assert scores.shape == (1, 2, 4, 4)
     np.testing.assert_allclose(tf.reduce_sum(scores, -1), 1.0, atol=1e-6)
     np.testing.assert_array_equal(scores[..., 3], 0.0)
