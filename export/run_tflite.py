@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
 """Runs an exported keras_posenc `.tflite` model and prints latency percentiles and an output checksum.
 
-Depends only on numpy and a TFLite runtime: `tflite-runtime` (JetPack 5,
-Python 3.8) or `ai-edge-litert` (JetPack 6); falls back to TensorFlow's
-`tf.lite.Interpreter` where neither is installed (development machines).
+Two runtimes, the first one installed:
 
-Token ids come from `--token-ids FILE.npy` (int, `[batch, length]` of the
-model), else random ids drawn with `--seed` from `[1, vocab_size)`, the vocab
-size read from `MODEL.tflite.json` (written by `keras-posenc export`) or
-given with `--vocab-size`. Language ids, when the model has that input, are
-0 unless `--language-ids FILE.npy` is given.
+- `ai-edge-litert` (JetPack 6, Python 3.10): its `CompiledModel`; `--accelerator gpu` is the
+  LiteRT GPU accelerator (WebGPU over Vulkan, part of L4T r36), run GPU-only, so a file that
+  is not fully accelerated fails to compile instead of running half on the CPU;
+- `tflite-runtime` (JetPack 5, Python 3.8): its `Interpreter`; `--accelerator gpu` needs
+  `--delegate libtensorflowlite_gpu_delegate.so` (the classic delegate, OpenGL ES on a Jetson).
+
+TensorFlow's `tf.lite.Interpreter` is the CPU fallback on development machines.
+
+Token ids come from `--token-ids FILE.npy` (int, `[batch, length]` of the model), else random
+ids drawn with `--seed` from `[1, vocab_size)`, the vocab size read from `MODEL.tflite.json`
+(written by `keras-posenc export`) or given with `--vocab-size`. Language ids, when the model has
+that input, are 0 unless `--language-ids FILE.npy` is given. Inputs are fed in the model's input
+dtype (float32 for a `--target gl` export, int32 otherwise).
 
 Usage:
-    python3 run_tflite.py model.tflite [--delegate libtensorflowlite_gpu_delegate.so]
+    python3 run_tflite.py model.tflite [--accelerator cpu|gpu] [--delegate libtensorflowlite_gpu_delegate.so]
                                        [--iterations 200] [--warmup 10] [--threads 4] [--json]
 """
 
@@ -25,37 +31,98 @@ import time
 import numpy as np
 
 
-def load_runtime():
-    """`(name, Interpreter class, load_delegate function)` of the first runtime installed."""
-    try:
-        from tflite_runtime.interpreter import Interpreter, load_delegate
-        return "tflite_runtime", Interpreter, load_delegate
-    except ImportError:
-        pass
-    try:
-        from ai_edge_litert.interpreter import Interpreter, load_delegate
-        return "ai_edge_litert", Interpreter, load_delegate
-    except ImportError:
-        pass
-    try:
-        import tensorflow as tf
-    except ImportError:
-        raise SystemExit("No TFLite runtime: pip install tflite-runtime (JetPack 5) or ai-edge-litert "
-                         "(JetPack 6).") from None
-    return "tensorflow", tf.lite.Interpreter, tf.lite.experimental.load_delegate
+class LiteRtRunner:
+    """ai-edge-litert's CompiledModel on the CPU or, GPU-only, on the LiteRT GPU accelerator."""
+
+    name = "ai_edge_litert.CompiledModel"
+
+    def __init__(self, path, accelerator, threads, precision):
+        from ai_edge_litert.compiled_model import CompiledModel
+        from ai_edge_litert.cpu_options import CpuOptions
+        from ai_edge_litert.gpu_options import GpuOptions
+        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        from ai_edge_litert.options import Options
+
+        if accelerator == "gpu":
+            options = Options(hardware_accelerators=HardwareAccelerator.GPU,
+                              gpu_options=GpuOptions(enforce_f32=precision == "fp32"))
+        else:
+            options = Options(hardware_accelerators=HardwareAccelerator.CPU,
+                              cpu_options=CpuOptions(num_threads=threads) if threads else None)
+        self.model = CompiledModel.from_file(path, options=options)
+        self.key = next(iter(self.model.get_signature_list()))
+        details = self.model.get_input_tensor_details(self.key)
+        self.inputs = [dict(detail, dtype=np.dtype(detail["dtype"])) for detail in details.values()]
+        output = self.model.get_output_tensor_details(self.key)
+        self.output_shape = list(next(iter(output.values()))["shape"])
+        self.input_buffers = self.model.create_input_buffers(0)
+        self.output_buffers = self.model.create_output_buffers(0)
+        self.fully_accelerated = self.model.is_fully_accelerated()
+
+    def set_inputs(self, arrays):
+        for buffer, array in zip(self.input_buffers, arrays):
+            buffer.write(np.ascontiguousarray(array))
+
+    def invoke(self):
+        self.model.run_by_index(0, self.input_buffers, self.output_buffers)
+
+    def output(self):
+        size = int(np.prod(self.output_shape))
+        return self.output_buffers[0].read(size, np.float32).reshape(self.output_shape)
+
+
+class InterpreterRunner:
+    """The classic `Interpreter` (tflite-runtime or TensorFlow), with an optional delegate library."""
+
+    def __init__(self, path, delegate, threads):
+        try:
+            from tflite_runtime.interpreter import Interpreter, load_delegate
+            self.name = "tflite_runtime"
+        except ImportError:
+            try:
+                import tensorflow as tf
+            except ImportError:
+                raise SystemExit("No TFLite runtime: pip install ai-edge-litert (JetPack 6) or "
+                                 "tflite-runtime (JetPack 5).") from None
+            Interpreter, load_delegate = tf.lite.Interpreter, tf.lite.experimental.load_delegate
+            self.name = "tensorflow"
+        delegates = [load_delegate(delegate)] if delegate else None
+        kwargs = {"num_threads": threads} if threads else {}
+        self.interpreter = Interpreter(model_path=path, experimental_delegates=delegates, **kwargs)
+        self.interpreter.allocate_tensors()
+        self.inputs = [dict(detail, shape=list(detail["shape"]), dtype=np.dtype(detail["dtype"]))
+                       for detail in self.interpreter.get_input_details()]
+        self.fully_accelerated = None  # the classic API does not say; benchmark_model prints it
+
+    def set_inputs(self, arrays):
+        for detail, array in zip(self.inputs, arrays):
+            self.interpreter.set_tensor(detail["index"], array)
+
+    def invoke(self):
+        self.interpreter.invoke()
+
+    def output(self):
+        return self.interpreter.get_tensor(self.interpreter.get_output_details()[0]["index"])
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help=".tflite file from `keras-posenc export`")
-    parser.add_argument("--delegate", help="delegate library, e.g. libtensorflowlite_gpu_delegate.so")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu (XNNPACK) or gpu (LiteRT GPU accelerator, or --delegate); default cpu")
+    parser.add_argument("--delegate", help="tflite-runtime only: delegate library, e.g. "
+                                           "libtensorflowlite_gpu_delegate.so")
+    parser.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+                        help="LiteRT GPU precision (fp32 = enforce_f32, the parity setting); default fp32")
     parser.add_argument("--iterations", type=int, default=100, help="timed runs (default 100)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
-    parser.add_argument("--threads", type=int, help="CPU threads of the interpreter")
+    parser.add_argument("--threads", type=int, help="CPU threads")
     parser.add_argument("--token-ids", help="int .npy of the model's input shape")
     parser.add_argument("--language-ids", help="int .npy for the language input, if the model has one")
     parser.add_argument("--vocab-size", type=int, help="for random ids (default: from MODEL.tflite.json)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    parser.add_argument("--runtime", choices=("auto", "litert", "interpreter"), default="auto",
+                        help="auto: ai-edge-litert's CompiledModel when installed, else the Interpreter")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
@@ -73,12 +140,12 @@ def read_metadata(model_path):
         return json.load(f)
 
 
-def make_inputs(details, args, metadata):
-    """One array per interpreter input, matched by name (token_ids / language_ids)."""
+def make_inputs(inputs, args, metadata):
+    """One array per model input, matched by name (token_ids / language_ids), in its dtype."""
     rng = np.random.default_rng(args.seed)
-    feeds = {}
-    for detail in details:
-        shape, dtype = tuple(int(n) for n in detail["shape"]), detail["dtype"]
+    arrays = []
+    for detail in inputs:
+        shape = tuple(int(n) for n in detail["shape"])
         if "language_ids" in detail["name"]:
             values = np.load(args.language_ids) if args.language_ids else np.zeros(shape)
         elif args.token_ids:
@@ -91,32 +158,43 @@ def make_inputs(details, args, metadata):
             values = rng.integers(1, vocab, size=shape)
         if tuple(values.shape) != shape:
             raise SystemExit(f"Input '{detail['name']}' needs shape {shape}, got {tuple(values.shape)}.")
-        feeds[detail["index"]] = values.astype(dtype)
-    return feeds
+        arrays.append(values.astype(detail["dtype"]))
+    return arrays
+
+
+def make_runner(args):
+    litert = args.runtime == "litert" or (args.runtime == "auto" and not args.delegate)
+    if litert:
+        try:
+            return LiteRtRunner(args.model, args.accelerator, args.threads, args.precision)
+        except ImportError:
+            if args.runtime == "litert":
+                raise SystemExit("--runtime litert: pip install ai-edge-litert") from None
+    if args.accelerator == "gpu" and not args.delegate:
+        raise SystemExit("--accelerator gpu without ai-edge-litert needs --delegate "
+                         "libtensorflowlite_gpu_delegate.so (see export/README.md).")
+    return InterpreterRunner(args.model, args.delegate if args.accelerator == "gpu" else None, args.threads)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    runtime, interpreter_class, load_delegate = load_runtime()
-    delegates = [load_delegate(args.delegate)] if args.delegate else None
-    kwargs = {"num_threads": args.threads} if args.threads else {}
-    interpreter = interpreter_class(model_path=args.model, experimental_delegates=delegates, **kwargs)
-    interpreter.allocate_tensors()
-    feeds = make_inputs(interpreter.get_input_details(), args, read_metadata(args.model))
-    output = interpreter.get_output_details()[0]
-    for index, values in feeds.items():
-        interpreter.set_tensor(index, values)
+    try:
+        runner = make_runner(args)
+    except RuntimeError as error:  # LiteRT: e.g. "Some ops are not accelerated" on a GPU-only compile
+        raise SystemExit(f"{args.accelerator.upper()} compilation failed: {error}") from None
+    runner.set_inputs(make_inputs(runner.inputs, args, read_metadata(args.model)))
     for _ in range(args.warmup):
-        interpreter.invoke()
+        runner.invoke()
     times = []
     for _ in range(args.iterations):
         start = time.perf_counter()
-        interpreter.invoke()
+        runner.invoke()
         times.append(time.perf_counter() - start)
-    result = interpreter.get_tensor(output["index"]).astype(np.float64)
+    result = np.asarray(runner.output(), np.float64)
     p50, p90, p99 = (float(np.percentile(times, q)) * 1e3 for q in (50, 90, 99))
     summary = {
-        "runtime": runtime, "delegate": args.delegate, "iterations": args.iterations,
+        "runtime": runner.name, "accelerator": args.accelerator, "delegate": args.delegate,
+        "fully_accelerated": runner.fully_accelerated, "iterations": args.iterations,
         "p50_ms": p50, "p90_ms": p90, "p99_ms": p99,
         "output_shape": list(result.shape), "checksum": float(result.sum()),
         "mean_abs": float(np.abs(result).mean()),
@@ -124,7 +202,8 @@ def main(argv=None):
     if args.json:
         print(json.dumps(summary))
         return 0
-    print(f"runtime: {runtime}  delegate: {args.delegate or 'none (CPU, XNNPACK)'}")
+    where = args.delegate or ("LiteRT GPU accelerator" if args.accelerator == "gpu" else "CPU (XNNPACK)")
+    print(f"runtime: {runner.name}  on: {where}  fully accelerated: {runner.fully_accelerated}")
     print(f"latency over {args.iterations} runs: p50 {p50:.3f} ms  p90 {p90:.3f} ms  p99 {p99:.3f} ms")
     print(f"output {tuple(result.shape)}: checksum (sum) {summary['checksum']:.6f}  "
           f"mean |x| {summary['mean_abs']:.6f}")

@@ -46,7 +46,8 @@ def test_given_token_ids_give_the_keras_checksum(exported):
     assert summary["checksum"] == pytest.approx(float(expected.astype(np.float64).sum()), abs=1e-4)
     assert summary["mean_abs"] == pytest.approx(float(np.abs(expected).mean()), abs=1e-6)
     assert 0 < summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"]
-    assert summary["runtime"] in ("tflite_runtime", "ai_edge_litert", "tensorflow")
+    assert summary["runtime"] in ("tflite_runtime", "ai_edge_litert.CompiledModel", "tensorflow")
+    assert summary["accelerator"] == "cpu"
 
 
 def test_random_ids_from_the_metadata_and_text_output(exported):
@@ -55,6 +56,14 @@ def test_random_ids_from_the_metadata_and_text_output(exported):
     assert result.returncode == 0, result.stderr
     assert "p50" in result.stdout and "p90" in result.stdout and "p99" in result.stdout
     assert "checksum (sum)" in result.stdout
+
+
+def test_gpu_without_litert_needs_a_delegate(exported):
+    path, _, _ = exported
+    result = run(path, "--accelerator", "gpu", "--runtime", "interpreter")
+    assert result.returncode != 0
+    assert "--accelerator gpu without ai-edge-litert needs --delegate libtensorflowlite_gpu_delegate.so" \
+        in result.stderr
 
 
 def test_bad_input_is_reported(exported, tmp_path):

@@ -1,0 +1,58 @@
+"""The Jetson kit's runner (export/run_tflite.py) on ai-edge-litert: GPU-only on lavapipe, as on JetPack 6."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc import export
+from keras_posenc.models import CausalLM
+
+RUNNER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "export", "run_tflite.py")
+
+
+def run(edge, python, *args):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        env = edge._environment(scratch)
+        result = subprocess.run([python, RUNNER, *args], capture_output=True, text=True, timeout=600, env=env)
+    return result
+
+
+def test_runner_gpu_checksum_equals_the_training_machine(edge, tmp_path):
+    tf.keras.utils.set_random_seed(3)
+    model = CausalLM(dict(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=500, max_length=32,
+                          dropout=0.0), name="lm")
+    model.build_on_dummy()
+    path = str(tmp_path / "model.tflite")
+    open(path, "wb").write(export.to_tflite(model, sequence_length=32))
+    json.dump(export.runtime_metadata(model, 32), open(path + ".json", "w"))
+    litert = os.path.join(edge.CACHE, "venv-litert", "bin", "python")
+    on_gpu = run(edge, litert, path, "--accelerator", "gpu", "--iterations", "3", "--json")
+    assert on_gpu.returncode == 0, on_gpu.stderr[-3000:]
+    gpu = json.loads(on_gpu.stdout.strip().splitlines()[-1])
+    assert gpu["runtime"] == "ai_edge_litert.CompiledModel" and gpu["fully_accelerated"] is True
+    here = run(edge, sys.executable, path, "--runtime", "interpreter", "--iterations", "3", "--json")
+    assert here.returncode == 0, here.stderr[-3000:]
+    cpu = json.loads(here.stdout.strip().splitlines()[-1])
+    assert gpu["output_shape"] == cpu["output_shape"] == [1, 32, 500]
+    assert abs(gpu["checksum"] - cpu["checksum"]) <= 1e-4 * max(1.0, abs(cpu["checksum"])) + 1e-2
+    assert np.isclose(gpu["mean_abs"], cpu["mean_abs"], rtol=1e-5)
+
+
+def test_runner_refuses_a_file_not_fully_accelerated(edge, tmp_path):
+    tf.keras.utils.set_random_seed(3)
+    model = CausalLM(dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=50, max_length=16,
+                          dropout=0.0), name="lm")
+    model.build_on_dummy()
+    path = str(tmp_path / "cpu.tflite")
+    open(path, "wb").write(export.to_tflite(model, sequence_length=16, target="cpu"))
+    litert = os.path.join(edge.CACHE, "venv-litert", "bin", "python")
+    result = run(edge, litert, path, "--accelerator", "gpu", "--iterations", "1", "--vocab-size", "50")
+    assert result.returncode != 0
+    assert "GPU compilation failed" in result.stderr and "not accelerated" in result.stderr
