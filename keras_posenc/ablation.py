@@ -30,7 +30,7 @@ is the same for every variant.
 Example:
 
 >>> sorted(VARIANTS)[:3]
-['integer', 'integer-raw', 'learned']
+['alibi', 'integer', 'integer-raw']
 >>> variant_kwargs("integer", AblationConfig(max_length=32))
 {'position': 'integer', 'scale': 0.03125}
 >>> uniform_attention_by_distance(2).tolist()  # row 0: [1], row 1: [1/2, 1/2]

@@ -131,7 +131,8 @@ class CausalLM(keras.Model):
             local_sum, local_count = self._token_losses(data, training=True)
             global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
             loss = local_sum / tf.maximum(global_count, 1.0)
-        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        gradients = tape.gradient(loss, self.trainable_variables)  # Keras 3 optimizers have no `minimize`
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
         # Per-replica shares; Keras sums them over replicas (distribute_reduction_method="sum").
         return {"loss": loss, "tokens": local_count}
 

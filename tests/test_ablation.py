@@ -83,13 +83,15 @@ def test_factorized_table_gives_the_full_table_results(quick_run):
 
 def test_positions_below_the_training_length_do_not_depend_on_the_evaluated_length(quick_run):
     # Causal mask: position p sees only positions <= p, so the first T losses of a 4T window are
-    # those of the T window with the same start; only the positions past T can differ.
+    # those of the T window with the same start; only the positions past T can differ. NTK and YaRN
+    # change every frequency when evaluated past T (scaling factor L / T), so they are left out.
     _, results = quick_run
     t = ablation.QUICK.max_length
+    rescaled = {"rope-ntk", "rope-yarn"}
     for name, entry in results["variants"].items():
         for run in entry["runs"]:
             short = run["position_losses"][str(t)]
-            if name != "learned":
+            if name != "learned" and name not in rescaled:
                 np.testing.assert_allclose(run["position_losses"][str(4 * t)][:t], short, atol=1e-5)
                 beyond = np.mean(run["position_losses"][str(4 * t)][t:])
                 np.testing.assert_allclose(run["beyond_train_length"][str(4 * t)], beyond, rtol=1e-12)
@@ -144,7 +146,7 @@ def test_too_small_corpus_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"variants": ("sinusoidal", "rope")}, r"`variants` must be a non-empty subset of .*'rope'"),
+    ({"variants": ("sinusoidal", "t5-bias")}, r"`variants` must be a non-empty subset of .*'t5-bias'"),
     ({"variants": ()}, r"`variants` must be a non-empty subset"),
     ({"steps": 0}, r"`steps` must be a positive int, got steps=0"),
     ({"seeds": ()}, r"`seeds` must be a non-empty list of ints"),
@@ -157,9 +159,9 @@ def test_config_rejects_bad_values(kwargs, match):
 
 def test_cli_rejects_an_unknown_variant(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["ablate", "--quick", "--variants", "rope"])
+        cli.main(["ablate", "--quick", "--variants", "t5-bias"])
     assert exit_info.value.code == 2
-    assert "invalid choice: 'rope'" in capsys.readouterr().err
+    assert "invalid choice: 't5-bias'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("causal", [True, False])
