@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Builds (or loads) a TensorRT engine for a `--target tensorrt` ONNX export and times it.
+
+Needs the TensorRT Python API (`import tensorrt`: part of JetPack, or `pip install tensorrt` on
+an x86 GPU machine), numpy and either cuda-python (`from cuda import cudart`) or PyCUDA for the
+device buffers. Prints p50/p90/p99 latency and the same output checksum as
+`run_tflite.py`/`keras-posenc export` print for the same token ids (same `--seed`, same vocab
+from `MODEL.onnx.json`).
+
+Usage:
+    python3 run_tensorrt.py model.onnx [--fp16] [--save model.engine] [--iterations 200] [--json]
+    python3 run_tensorrt.py model.engine [--iterations 200]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help=".onnx from `keras-posenc export --target tensorrt`, or a .engine")
+    parser.add_argument("--fp16", action="store_true",
+                        help="allow fp16 kernels when building (as trtexec --fp16)")
+    parser.add_argument("--save", help="write the built engine to this file")
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--token-ids", help="int .npy of the model's input shape")
+    parser.add_argument("--vocab-size", type=int, help="for random ids (default: from MODEL.json)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if not os.path.isfile(args.model):
+        parser.error(f"model file not found: {args.model}")
+    if args.iterations < 1 or args.warmup < 0:
+        parser.error("--iterations must be >= 1 and --warmup >= 0")
+    return args
+
+
+def build_engine(trt, path, fp16):
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    with open(path, "rb") as f:
+        if not parser.parse(f.read()):
+            errors = "\n".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise SystemExit(f"TensorRT could not parse {path}:\n{errors}")
+    config = builder.create_builder_config()
+    if fp16:
+        config.set_flag(trt.BuilderFlag.FP16)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise SystemExit("TensorRT failed to build the engine (see the log above).")
+    return bytes(serialized)
+
+
+class Device:
+    """Device buffers and copies through cuda-python, else PyCUDA."""
+
+    def __init__(self):
+        try:
+            from cuda import cudart
+            self.cudart, self.pycuda = cudart, None
+        except ImportError:
+            try:
+                import pycuda.autoinit  # noqa: F401
+                import pycuda.driver
+            except ImportError:
+                raise SystemExit("Needs cuda-python (pip install cuda-python) or PyCUDA for device "
+                                 "buffers.") from None
+            self.cudart, self.pycuda = None, pycuda.driver
+
+    def alloc(self, nbytes):
+        if self.pycuda:
+            return self.pycuda.mem_alloc(nbytes)
+        error, pointer = self.cudart.cudaMalloc(nbytes)
+        assert int(error) == 0, error
+        return pointer
+
+    def to_device(self, pointer, array):
+        if self.pycuda:
+            self.pycuda.memcpy_htod(pointer, array)
+        else:
+            self.cudart.cudaMemcpy(pointer, array.ctypes.data, array.nbytes,
+                                   self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
+
+    def to_host(self, array, pointer):
+        if self.pycuda:
+            self.pycuda.memcpy_dtoh(array, pointer)
+        else:
+            self.cudart.cudaMemcpy(array.ctypes.data, pointer, array.nbytes,
+                                   self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+
+    def synchronize(self):
+        if self.pycuda:
+            self.pycuda.Context.synchronize()
+        else:
+            self.cudart.cudaDeviceSynchronize()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise SystemExit("No TensorRT Python API: it ships with JetPack (python3-libnvinfer), or "
+                         "pip install tensorrt on an x86 GPU machine.") from None
+    if args.model.endswith(".onnx"):
+        engine_bytes = build_engine(trt, args.model, args.fp16)
+        if args.save:
+            with open(args.save, "wb") as f:
+                f.write(engine_bytes)
+    else:
+        with open(args.model, "rb") as f:
+            engine_bytes = f.read()
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(engine_bytes)
+    context = engine.create_execution_context()
+    device = Device()
+    metadata_path = (args.model + ".json" if args.model.endswith(".onnx")
+                     else os.path.splitext(args.model)[0] + ".onnx.json")
+    metadata = json.load(open(metadata_path)) if os.path.isfile(metadata_path) else {}
+    rng = np.random.default_rng(args.seed)
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    host, pointers, output = {}, {}, None
+    for name in names:
+        shape = tuple(engine.get_tensor_shape(name))
+        dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
+        if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+            if "language_ids" in name:
+                values = np.zeros(shape)
+            elif args.token_ids:
+                values = np.load(args.token_ids)
+            else:
+                vocab = args.vocab_size or metadata.get("vocab_size")
+                if not vocab:
+                    raise SystemExit("Pass --vocab-size or --token-ids, or keep MODEL.onnx.json beside "
+                                     "the model.")
+                values = rng.integers(1, vocab, size=shape)
+            host[name] = np.ascontiguousarray(values.astype(dtype))
+        else:
+            host[name] = np.empty(shape, dtype)
+            output = output or name
+        pointers[name] = device.alloc(host[name].nbytes)
+        context.set_tensor_address(name, int(pointers[name]))
+        if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+            device.to_device(pointers[name], host[name])
+    stream = 0
+    for _ in range(args.warmup):
+        context.execute_async_v3(stream)
+    device.synchronize()
+    times = []
+    for _ in range(args.iterations):
+        start = time.perf_counter()
+        context.execute_async_v3(stream)
+        device.synchronize()
+        times.append(time.perf_counter() - start)
+    device.to_host(host[output], pointers[output])
+    result = host[output].astype(np.float64)
+    p50, p90, p99 = (float(np.percentile(times, q)) * 1e3 for q in (50, 90, 99))
+    summary = {"runtime": f"tensorrt {trt.__version__}", "fp16": args.fp16, "iterations": args.iterations,
+               "p50_ms": p50, "p90_ms": p90, "p99_ms": p99, "output_shape": list(result.shape),
+               "checksum": float(result.sum()), "mean_abs": float(np.abs(result).mean())}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"runtime: {summary['runtime']}  fp16: {args.fp16}")
+    print(f"latency over {args.iterations} runs: p50 {p50:.3f} ms  p90 {p90:.3f} ms  p99 {p99:.3f} ms")
+    print(f"output {tuple(result.shape)}: checksum (sum) {summary['checksum']:.6f}  "
+          f"mean |x| {summary['mean_abs']:.6f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
