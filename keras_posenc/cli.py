@@ -1,7 +1,10 @@
 """The `keras-posenc` command line: `demo`, `train`, `inspect`, `export`, `ablate`.
 
 Each subcommand is a pair `_add_<name>_parser(subparsers)` (its flags) and
-`_run_<name>(args) -> int` (its work), registered in `_SUBCOMMANDS`.
+`_run_<name>(args) -> int` (its work), registered in `_SUBCOMMANDS`. The
+flags of `train` and `demo` are generated from the fields of
+`train.TrainConfig` (name, type, default, help and choices in one place);
+`demo` and `export` share `export_model`, a plain function.
 
 Exit status: 0 on success, 1 when `export` fails its parity or GPU check,
 2 on a usage or input error (the message goes to stderr, no traceback).
