@@ -1,12 +1,10 @@
 """Encoder: token and position embedding followed by a stack of EncoderLayers."""
 
-import tensorflow as tf
-from tensorflow import keras
-
-from keras_posenc.backend import ops
+from keras_posenc.backend import keras, ops
 from keras_posenc.encoder_layer import (
     ATTENTION_POSITIONS,
     EncoderLayer,
+    _weight_scope,
     merge_attention_masks,
     static_or_dynamic_length,
 )
@@ -119,15 +117,15 @@ class Encoder(keras.layers.Layer):
 
     >>> encoder = Encoder(num_layers=2, d_model=8, num_heads=2, dff=16, vocab_size=50,
     ...                   max_length=16)
-    >>> y = encoder(tf.constant([[5, 6, 7, 0], [0, 8, 9, 4]]))
-    >>> y.shape
-    TensorShape([2, 4, 8])
-    >>> y._keras_mask.numpy().tolist()
+    >>> ids = ops.convert_to_tensor([[5, 6, 7, 0], [0, 8, 9, 4]])
+    >>> tuple(encoder(ids).shape)
+    (2, 4, 8)
+    >>> ops.convert_to_numpy(encoder.compute_mask(ids)).tolist()  # the mask it emits
     [[True, True, True, False], [False, True, True, True]]
     >>> rope = Encoder(num_layers=1, d_model=8, num_heads=2, dff=16, vocab_size=50, max_length=16,
     ...                position="rope", position_config={"scaling": "ntk", "scaling_factor": 2.0})
-    >>> rope(tf.constant([[5, 6, 7, 0]])).shape
-    TensorShape([1, 4, 8])
+    >>> tuple(rope(ids).shape)
+    (2, 4, 8)
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.
@@ -184,19 +182,19 @@ class Encoder(keras.layers.Layer):
                 axis=-1, epsilon=self.epsilon, dtype=policy, name="final_norm")
 
     def build(self, input_shape):
-        input_shape = tf.TensorShape(input_shape)
-        hidden_shape = input_shape.concatenate([self.d_model])
+        input_shape = tuple(input_shape)
+        hidden_shape = input_shape + (self.d_model,)
         sublayers = [(self.embedding, input_shape)] + [(layer, hidden_shape) for layer in self.encoder_layers]
         if self.final_norm is not None:
             sublayers.append((self.final_norm, hidden_shape))
         for layer, shape in sublayers:
-            with tf.name_scope(layer.name):  # unique weight names for the legacy h5 format
+            with _weight_scope(layer.name):  # unique weight names for the legacy h5 format
                 layer.build(shape)
         super().build(input_shape)
 
     def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None):
-        padding_mask = tf.not_equal(token_ids, self.pad_id)
+        padding_mask = ops.not_equal(token_ids, self.pad_id)
         in_attention = self.position in ATTENTION_POSITIONS
         if in_attention and position_ids is None:
             position_ids = derive_position_ids(padding_mask, segment_ids=segment_ids)
@@ -217,7 +215,7 @@ class Encoder(keras.layers.Layer):
         return ops.not_equal(token_ids, self.pad_id)  # keras ops: token_ids may be a Keras 3 KerasTensor
 
     def compute_output_shape(self, input_shape):
-        return tf.TensorShape(input_shape).concatenate([self.d_model])
+        return tuple(input_shape) + (self.d_model,)
 
     def get_config(self):
         config = super().get_config()

@@ -1,11 +1,11 @@
 """EncoderLayer: one Transformer encoder block (self-attention + feed-forward)."""
 
+import contextlib
+
 import numpy as np
-import tensorflow as tf
-from tensorflow import keras
 
 from keras_posenc.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
-from keras_posenc.backend import ops
+from keras_posenc.backend import dtype_name, is_keras3, is_tensorflow, keras, ops
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import (
@@ -40,10 +40,10 @@ def static_or_dynamic_length(tensor):
 
     Example:
 
-    >>> static_or_dynamic_length(tf.zeros([2, 5]))
+    >>> static_or_dynamic_length(ops.zeros([2, 5]))
     5
     """
-    return tensor.shape[1] if tensor.shape[1] is not None else tf.shape(tensor)[1]
+    return ops.shape(tensor)[1]
 
 
 def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mask=False,
@@ -75,13 +75,14 @@ def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mas
 
     Example:
 
-    >>> mask = tf.constant([[True, True, False]])
-    >>> merge_attention_masks(3, mask=mask, use_causal_mask=True)[0].numpy().astype(int).tolist()
+    >>> def as_ints(merged):
+    ...     return ops.convert_to_numpy(merged)[0].astype(int).tolist()
+    >>> mask = ops.convert_to_tensor([[True, True, False]])
+    >>> as_ints(merge_attention_masks(3, mask=mask, use_causal_mask=True))
     [[1, 0, 0], [1, 1, 0], [1, 1, 0]]
-    >>> merge_attention_masks(3, mask=mask).shape
-    TensorShape([1, 1, 3])
-    >>> segments = tf.constant([[1, 1, 2]])
-    >>> merge_attention_masks(3, segment_ids=segments)[0].numpy().astype(int).tolist()
+    >>> tuple(merge_attention_masks(3, mask=mask).shape)
+    (1, 1, 3)
+    >>> as_ints(merge_attention_masks(3, segment_ids=ops.convert_to_tensor([[1, 1, 2]])))
     [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
     >>> merge_attention_masks(3) is None
     True
@@ -92,43 +93,71 @@ def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mas
     """
     parts = []
     if mask is not None:
-        mask = tf.cast(mask, tf.bool)
+        mask = ops.cast(mask, "bool")
         parts.append(mask[:, None, :])  # keys only: see the docstring
     if attention_mask is not None:
-        attention_mask = tf.convert_to_tensor(attention_mask)
-        if attention_mask.shape.rank not in (None, 2, 3):
-            raise ValueError(f"`attention_mask` must have shape [batch, length, length] or "
-                             f"[length, length], got shape {attention_mask.shape}.")
-        attention_mask = tf.cast(attention_mask, tf.bool)
-        if attention_mask.shape.rank == 2:
-            attention_mask = attention_mask[None]
-        # [batch, 1, length] (keys only, what padding alone merges to) is accepted too.
-        static_length = tf.get_static_value(length)
-        queries, keys = attention_mask.shape[1:]
-        if static_length is not None and (queries not in (None, 1, static_length)
-                                          or keys not in (None, static_length)):
-            raise ValueError(f"`attention_mask` must have shape [batch, length, length] with length "
-                             f"{static_length}, got shape {attention_mask.shape}.")
-        dynamic = tf.shape(attention_mask)
-        fits = tf.logical_and(tf.equal(dynamic[2], length),
-                              tf.logical_or(tf.equal(dynamic[1], length), tf.equal(dynamic[1], 1)))
-        checks = check(fits, "`attention_mask` must have shape [batch, length, length] with length {}, "
-                       "got shape {}.", length, dynamic)
-        parts.append(with_checks(attention_mask, checks))
+        parts.append(_checked_attention_mask(attention_mask, length))
     if use_causal_mask:
-        positions = tf.range(length)
+        positions = ops.arange(length)
         parts.append((positions[:, None] >= positions[None, :])[None])
     if segment_ids is not None:
-        segment_ids = tf.convert_to_tensor(segment_ids)
-        if segment_ids.dtype.is_floating:
-            raise TypeError(f"`segment_ids` must be integers, got dtype {segment_ids.dtype.name}.")
-        parts.append(tf.equal(segment_ids[:, :, None], segment_ids[:, None, :]))
+        segment_ids = ops.convert_to_tensor(segment_ids)
+        if "float" in dtype_name(segment_ids):
+            raise TypeError(f"`segment_ids` must be integers, got dtype {dtype_name(segment_ids)}.")
+        parts.append(ops.equal(segment_ids[:, :, None], segment_ids[:, None, :]))
     if not parts:
         return None
     merged = parts[0]
     for part in parts[1:]:
-        merged = tf.logical_and(merged, part)
+        merged = ops.logical_and(merged, part)
     return merged
+
+
+def _checked_attention_mask(attention_mask, length):
+    """`attention_mask` as bool `[batch or 1, length or 1, length]`, its shape checked."""
+    attention_mask = ops.convert_to_tensor(attention_mask)
+    shape = tuple(attention_mask.shape)
+    if len(shape) not in (2, 3):
+        raise ValueError(f"`attention_mask` must have shape [batch, length, length] or "
+                         f"[length, length], got shape {attention_mask.shape}.")
+    attention_mask = ops.cast(attention_mask, "bool")
+    if len(shape) == 2:
+        attention_mask = attention_mask[None]
+    # [batch, 1, length] (keys only, what padding alone merges to) is accepted too.
+    static_length = length if isinstance(length, (int, np.integer)) else None
+    queries, keys = tuple(attention_mask.shape)[1:]
+    if static_length is not None and (queries not in (None, 1, static_length)
+                                      or keys not in (None, static_length)):
+        raise ValueError(f"`attention_mask` must have shape [batch, length, length] with length "
+                         f"{static_length}, got shape {attention_mask.shape}.")
+    if static_length is not None and None not in (queries, keys) or not is_tensorflow():
+        return attention_mask
+    import tensorflow as tf  # a shape known only when the graph runs: TensorFlow only
+
+    dynamic = tf.shape(attention_mask)
+    fits = tf.logical_and(tf.equal(dynamic[2], length),
+                          tf.logical_or(tf.equal(dynamic[1], length), tf.equal(dynamic[1], 1)))
+    checks = check(fits, "`attention_mask` must have shape [batch, length, length] with length {}, "
+                   "got shape {}.", length, dynamic)
+    return with_checks(attention_mask, checks)
+
+
+def _weight_scope(name):
+    """Keras 2: a name scope, so that weight names are unique as the legacy h5 format requires."""
+    if is_keras3():
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.name_scope(name)
+
+
+def _without_keras_mask(x):
+    """A new tensor equal to `x` that carries no Keras mask (attention sees the merged mask only)."""
+    if is_keras3():
+        return ops.copy(x)
+    import tensorflow as tf
+
+    return tf.identity(x)
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
@@ -204,17 +233,16 @@ class EncoderLayer(keras.layers.Layer):
     Example:
 
     >>> layer = EncoderLayer(d_model=8, num_heads=2, dff=16)
-    >>> x = tf.random.normal([2, 5, 8])
-    >>> mask = tf.constant([[True] * 5, [True, True, True, False, False]])
-    >>> y = layer(x, mask=mask)
-    >>> y.shape
-    TensorShape([2, 5, 8])
-    >>> bool(tf.reduce_all(tf.math.is_finite(y)))
-    True
+    >>> x = np.random.default_rng(0).normal(size=[2, 5, 8]).astype("float32")
+    >>> mask = np.array([[True] * 5, [True, True, True, False, False]])
+    >>> y = ops.convert_to_numpy(layer(x, mask=mask))
+    >>> y.shape, bool(np.isfinite(y).all())
+    ((2, 5, 8), True)
     >>> rope = EncoderLayer(d_model=8, num_heads=2, dff=16, position="rope")
     >>> y, scores = rope(x, mask=mask, return_attention_scores=True)
-    >>> scores.shape, float(tf.reduce_max(scores[1, :, :, 3:]))  # no attention to padding keys
-    (TensorShape([2, 2, 5, 5]), 0.0)
+    >>> scores = ops.convert_to_numpy(scores)
+    >>> scores.shape, float(scores[1, :, :, 3:].max())  # no attention to padding keys
+    ((2, 2, 5, 5), 0.0)
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 3.1.
@@ -269,36 +297,35 @@ class EncoderLayer(keras.layers.Layer):
         self.ffn_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
 
     def build(self, input_shape):
-        input_shape = tf.TensorShape(input_shape)
-        if input_shape.rank != 3 or input_shape[-1] != self.d_model:
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 3 or input_shape[-1] != self.d_model:
             raise ValueError(f"`x` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {input_shape}.")
-        hidden_shape = input_shape[:-1].concatenate([self.dff])
+        hidden_shape = input_shape[:-1] + (self.dff,)
         # Each sublayer is built inside its own name scope so weight names are unique
         # ("attention_norm/gamma", "ffn_norm/gamma"), as the legacy h5 format requires.
-        with tf.name_scope(self.attention.name):
+        with _weight_scope(self.attention.name):
             if hasattr(self.attention, "_build_from_signature"):  # Keras 2
                 self.attention._build_from_signature(input_shape, input_shape)
             else:
                 self.attention.build(input_shape, input_shape)
         if self.rotary is not None:
-            head_dim = self.d_model // self.num_heads
-            self.rotary.build(input_shape[:-1].concatenate([self.num_heads, head_dim]))
+            self.rotary.build(input_shape[:-1] + (self.num_heads, self.d_model // self.num_heads))
         for layer, shape in ((self.attention_norm, input_shape), (self.ffn_hidden, input_shape),
                              (self.ffn_output, hidden_shape), (self.ffn_norm, input_shape)):
-            with tf.name_scope(layer.name):
+            with _weight_scope(layer.name):
                 layer.build(shape)
         super().build(input_shape)
 
     def call(self, x, mask=None, attention_mask=None, use_causal_mask=False, position_ids=None,
              training=None, return_attention_scores=False):
-        if x.shape.rank != 3 or x.shape[-1] != self.d_model:
+        if len(x.shape) != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"`x` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {x.shape}.")
         merged = merge_attention_masks(static_or_dynamic_length(x), mask=mask, attention_mask=attention_mask,
                                        use_causal_mask=use_causal_mask)
         # A fresh tensor without `_keras_mask`, so the attention sees only `merged`.
-        x = tf.identity(x)
+        x = _without_keras_mask(x)
         residual = x
         if self.norm_first:
             x = self.attention_norm(x)
@@ -310,7 +337,7 @@ class EncoderLayer(keras.layers.Layer):
             x = self.attention(x, x, attention_mask=merged, training=training)
         else:
             if position_ids is None:
-                real = tf.ones(tf.shape(x)[:2], tf.bool) if mask is None else mask
+                real = ops.ones(ops.shape(x)[:2], "bool") if mask is None else mask
                 position_ids = derive_position_ids(real)
             x, scores = self._positional_attention(x, merged, position_ids, training)
         x = residual + self.attention_dropout(x, training=training)
@@ -415,7 +442,7 @@ class EncoderLayer(keras.layers.Layer):
         return mask
 
     def compute_output_shape(self, input_shape):
-        return tf.TensorShape(input_shape)
+        return input_shape
 
     def get_config(self):
         config = super().get_config()
