@@ -73,3 +73,20 @@ def test_bad_input_is_reported(exported, tmp_path):
     np.save(tmp_path / "wrong.npy", np.zeros([2, 6], np.int32))
     wrong = run(path, "--token-ids", str(tmp_path / "wrong.npy"))
     assert wrong.returncode != 0 and "needs shape (1, 6), got (2, 6)" in wrong.stderr
+
+
+def test_run_tensorrt_says_what_it_needs(exported, tmp_path):
+    runner = os.path.join(os.path.dirname(RUNNER), "run_tensorrt.py")
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"not used: TensorRT is checked first")
+    result = subprocess.run([sys.executable, runner, str(onnx)], capture_output=True, text=True, timeout=120)
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        assert result.returncode != 0
+        assert "No TensorRT Python API: it ships with JetPack" in result.stderr
+    else:
+        assert result.returncode != 0 and "could not parse" in result.stdout + result.stderr
+    missing = subprocess.run([sys.executable, runner, str(tmp_path / "none.onnx")], capture_output=True,
+                             text=True, timeout=120)
+    assert missing.returncode != 0 and "model file not found" in missing.stderr
