@@ -24,9 +24,10 @@ CACHE=$(cd "$CACHE" && pwd)
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 fail() { echo "error: $*" >&2; exit 1; }
-pypi() {  # pip install with a clear message when PyPI is unreachable
+pypi() {  # pypi WHAT COMMAND...: pip install with a clear message when PyPI is unreachable
+  local what=$1; shift
   if ! "$@"; then
-    fail "pip could not install '${*: -3}' (is PyPI reachable from here?). make test-edge needs PyPI and Debian (deb.debian.org, bookworm and bookworm-backports)."
+    fail "pip could not install $what: is PyPI reachable from here? make test-edge needs PyPI and Debian (deb.debian.org, bookworm and bookworm-backports)."
   fi
 }
 
@@ -81,7 +82,7 @@ if [ ! -f "$CACHE/venv-litert/.stamp" ]; then
   echo "edge bootstrap: $LITERT -> $CACHE/venv-litert"
   rm -rf "$CACHE/venv-litert"
   "$PY" -m venv "$CACHE/venv-litert"
-  pypi "$CACHE/venv-litert/bin/python" -m pip install --quiet "numpy<2" "$LITERT"
+  pypi "$LITERT" "$CACHE/venv-litert/bin/python" -m pip install --quiet "numpy<2" "$LITERT"
   touch "$CACHE/venv-litert/.stamp"
 fi
 
@@ -90,8 +91,8 @@ if [ ! -f "$CACHE/venv-mediapipe/.stamp" ]; then
   echo "edge bootstrap: $MEDIAPIPE -> $CACHE/venv-mediapipe"
   rm -rf "$CACHE/venv-mediapipe"
   "$PY" -m venv "$CACHE/venv-mediapipe"
-  pypi "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet --no-deps "$MEDIAPIPE"
-  pypi "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet "numpy<2" "protobuf<5" absl-py attrs flatbuffers
+  pypi "$MEDIAPIPE" "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet --no-deps "$MEDIAPIPE"
+  pypi "mediapipe's dependencies" "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet "numpy<2" "protobuf<5" absl-py attrs flatbuffers
   touch "$CACHE/venv-mediapipe/.stamp"
 fi
 
@@ -100,7 +101,7 @@ if [ ! -f "$CACHE/onnx-site/.stamp" ]; then
   echo "edge bootstrap: $ONNX_PINS -> $CACHE/onnx-site"
   rm -rf "$CACHE/onnx-site"
   # shellcheck disable=SC2086
-  pypi "$PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site" $ONNX_PINS
+  pypi "$ONNX_PINS" "$PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site" $ONNX_PINS
   touch "$CACHE/onnx-site/.stamp"
 fi
 echo "edge bootstrap: ready in $CACHE"
