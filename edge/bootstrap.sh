@@ -14,8 +14,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CACHE=${EDGE_CACHE:-.edge-cache}
 PY=${PY:-python3.11}
-LITERT=ai-edge-litert==2.3.0
-MEDIAPIPE=mediapipe==0.10.21
+# Pinned to the versions the tests were run with; --no-deps for mediapipe (its GUI and audio deps
+# are not needed for inference).
+LITERT_PINS="ai-edge-litert==2.3.0 backports.strenum==1.2.8 flatbuffers==25.12.19 ml_dtypes==0.5.4 numpy==1.26.4 protobuf==7.36.2 tqdm==4.70.1 typing_extensions==4.16.0"
+MEDIAPIPE_PINS="mediapipe==0.10.21 absl-py==2.5.1 attrs==26.1.0 flatbuffers==25.12.19 numpy==1.26.4 protobuf==4.25.9"
 ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.19.2 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
 MESA_PACKAGES="mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports libdrm-amdgpu1/bookworm-backports libvulkan1/bookworm"
 GL_PACKAGES="libegl1 libgles2 libegl-mesa0 libgl1-mesa-dri"
@@ -79,20 +81,21 @@ fi
 
 # --- ai-edge-litert 2.3.0 -----------------------------------------------------------------
 if [ ! -f "$CACHE/venv-litert/.stamp" ]; then
-  echo "edge bootstrap: $LITERT -> $CACHE/venv-litert"
+  echo "edge bootstrap: ai-edge-litert -> $CACHE/venv-litert"
   rm -rf "$CACHE/venv-litert"
   "$PY" -m venv "$CACHE/venv-litert"
-  pypi "$LITERT" "$CACHE/venv-litert/bin/python" -m pip install --quiet "numpy<2" "$LITERT"
+  # shellcheck disable=SC2086
+  pypi "$LITERT_PINS" "$CACHE/venv-litert/bin/python" -m pip install --quiet --no-deps $LITERT_PINS
   touch "$CACHE/venv-litert/.stamp"
 fi
 
 # --- mediapipe 0.10.21 (the GL delegate), without its GUI dependencies ---------------------
 if [ ! -f "$CACHE/venv-mediapipe/.stamp" ]; then
-  echo "edge bootstrap: $MEDIAPIPE -> $CACHE/venv-mediapipe"
+  echo "edge bootstrap: mediapipe -> $CACHE/venv-mediapipe"
   rm -rf "$CACHE/venv-mediapipe"
   "$PY" -m venv "$CACHE/venv-mediapipe"
-  pypi "$MEDIAPIPE" "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet --no-deps "$MEDIAPIPE"
-  pypi "mediapipe's dependencies" "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet "numpy<2" "protobuf<5" absl-py attrs flatbuffers
+  # shellcheck disable=SC2086
+  pypi "$MEDIAPIPE_PINS" "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet --no-deps $MEDIAPIPE_PINS
   touch "$CACHE/venv-mediapipe/.stamp"
 fi
 
