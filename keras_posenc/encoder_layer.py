@@ -58,7 +58,7 @@ def merge_attention_masks(length, mask=None, attention_mask=None, use_causal_mas
     padding queries (whose outputs are ignored downstream) need no masking.
     With padding as the only mask the result is then `[B, 1, T]`, which
     broadcasts inside the attention instead of materialising `[B, T, T]`
-    (about 1.5% of a CPU train step at B32 T128). An all-padding row masks
+    (the saving is measured in benchmarks/RESULTS.md). An all-padding row masks
     every key; attention stays finite (Keras adds a large negative number,
     not -inf, before the softmax).
 
