@@ -265,11 +265,11 @@ class EncoderLayer(keras.layers.Layer):
         if position is not None:
             check_choice("position", position, ATTENTION_POSITIONS + (None,))
         position_config = dict(position_config or {})
-        if position == "rope":
-            unknown = sorted(set(position_config) - set(_ROPE_KEYS))
-            if unknown:
-                raise ValueError(f"`position_config` of position='rope' takes {_ROPE_KEYS}, got unknown "
-                                 f"keys {unknown}.")
+        allowed_keys = _ROPE_KEYS if position == "rope" else ()
+        unknown = sorted(set(position_config) - set(allowed_keys))
+        if unknown:
+            raise ValueError(f"`position_config` of position={position!r} takes {allowed_keys}, got "
+                             f"unknown keys {unknown}.")
         self.d_model = d_model
         self.num_heads = num_heads
         self.dff = dff

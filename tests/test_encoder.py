@@ -367,5 +367,7 @@ def test_invalid_positions():
         Encoder(**SMALL_ENCODER, position="rotary")
     with pytest.raises(ValueError, match="unknown keys"):
         EncoderLayer(**SMALL, position="rope", position_config={"base": 10.0})
+    with pytest.raises(ValueError, match=r"position='alibi' takes \(\), got unknown keys \['scaling'\]"):
+        Encoder(**SMALL_ENCODER, position="alibi", position_config={"scaling": "ntk"})
     with pytest.raises(ValueError, match="max_length=12"):
         Encoder(**SMALL_ENCODER, position="rope")(tf.constant([[5] * 13]))

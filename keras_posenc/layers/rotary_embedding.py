@@ -324,7 +324,8 @@ class RotaryEmbedding(keras.layers.Layer):
         segment_ids: optional int tensor `[batch, length]`: positions
             restart where it changes (packed rows); used with the mask.
         offset: int scalar or `[batch]`, the position of the first real
-            token (decoding with a cache); used when `position_ids` is None.
+            token (decoding with a cache); added to `position_ids` when
+            those are given.
 
     Attributes:
         attention_factor: YaRN's `0.1 ln(s) + 1` (1.0 otherwise), by which
