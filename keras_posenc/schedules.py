@@ -27,9 +27,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     `step = warmup_steps - 1` and every value is finite and positive.
 
     `warmup_steps` is a hyperparameter to tune for the data, batch size and
-    model. It is not "the period of the base frequency" of the positional
-    encoding, as one source article claims: the sinusoid periods range from
-    2*pi to 2*pi*10000 positions and have no relation to optimizer steps.
+    model. It is not tied to the positional encoding: the sinusoid periods
+    range from 2*pi to 2*pi*10000 positions and have no relation to
+    optimizer steps.
 
     Args:
         d_model: int >= 1, the model width (the `d_model**-0.5` factor).

@@ -25,15 +25,16 @@ class IntegerPositionEmbedding(PositionEmbeddingBase):
     """Adds `position * scale` to every dimension of the inputs.
 
     The "increasing integer" control of a position-encoding ablation:
-    `PE[p, j] = p * scale` for every column `j`. It carries position information in one direction only (a
-    single scalar shared by all dimensions), so attention can use it only
+    `PE[p, j] = p * scale` for every column `j`. It carries position
+    information in one direction only (a single scalar shared by all
+    dimensions), so attention can use it only
     through the bias it puts on dot products, not as a distinct code per
     position.
 
     `scale` defaults to `1 / max_length`, which keeps positions inside the
-    table in `[0, 1)`, the range of the token embeddings. The article adds the
-    raw index (`scale=1.0`); with a 32-token window that adds up to 31 to every
-    dimension and dwarfs the token signal. The formula is defined for every
+    table in `[0, 1)`, the range of the token embeddings. The raw index
+    (`scale=1.0`) adds up to `max_length - 1` to every dimension, which
+    dwarfs the token signal. The formula is defined for every
     position, so `overflow="extend"` computes rows past `max_length` (values
     then exceed 1).
 
