@@ -299,7 +299,9 @@ class ModelSpec:
 
 
 def _all_layers(model):
-    return [model] + [m for m in model.submodules if isinstance(m, keras.layers.Layer)]
+    # _flatten_layers: Keras 2 and Keras 3 (a Keras 3 model is no tf.Module: no `submodules`).
+    layers = model._flatten_layers(include_self=False)
+    return [model] + [m for m in layers if isinstance(m, keras.layers.Layer)]
 
 
 def _is_known(layer):
