@@ -8,8 +8,8 @@ with `num_languages=2` learns a position scale per language.
 
 Token ids are fixed: 0 `<pad>`, 1 `<unk>`, 2 `<s>`, 3 `</s>`, 4 `<sep>`.
 BOS and EOS are explicit options of the pipeline; `<s>` stays at the start of
-the sequence (never moved to the end as in 002 "坑二"): it is a real token
-at position 0, and the first word is at position 1.
+the sequence: it is a real token at position 0, and the first word is at
+position 1.
 
 Example:
 
@@ -26,8 +26,8 @@ References:
     - Kudo & Richardson, "SentencePiece: A simple and language independent
       subword tokenizer and detokenizer for Neural Text Processing", EMNLP
       2018 demo, https://arxiv.org/abs/1808.06226.
-    - Source article 002 "坑二" (moving `<s>` to the end of the sequence),
-      which this module deliberately does not follow.
+    - `docs/source-article-faults.md`, item 5 (why `<s>` is not moved to
+      the end of the sequence).
 """
 
 import io
