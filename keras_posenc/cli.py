@@ -209,7 +209,7 @@ def _add_ablate_parser(subparsers):
     from keras_posenc import ablation
 
     parser = subparsers.add_parser(
-        "ablate", help="position-encoding ablation and length extrapolation (article 000 §4.2)",
+        "ablate", help="position-encoding ablation and length extrapolation",
         description="Trains the same causal LM with every position variant and several seeds, "
                     "evaluates held-out loss at the training length and at 2x and 4x, and writes "
                     "ablation.md, ablation.json, loss_curves.png, extrapolation.png and "
