@@ -221,8 +221,8 @@ def _add_ablate_parser(subparsers):
                         help=f"optimizer steps per run (default: {full.steps}; --quick {quick.steps})")
     parser.add_argument("--seeds", type=_positive_int, help=f"number of seeds 0, 1, ..., N-1 (default: "
                                                             f"{len(full.seeds)}; --quick {len(quick.seeds)})")
-    parser.add_argument("--variants", nargs="+", choices=list(ablation.VARIANTS),
-                        help="subset of the variants (default: all)")
+    parser.add_argument("--variants", "--position", nargs="+", choices=list(ablation.VARIANTS),
+                        help="subset of the variants, e.g. rope rope-ntk rope-yarn alibi (default: all)")
     parser.add_argument("--out", default=ABLATE_OUT, help=f"output folder (default: {ABLATE_OUT})")
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny model, {quick.steps} steps, {len(quick.seeds)} seeds (default: off)")

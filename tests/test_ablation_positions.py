@@ -32,3 +32,12 @@ def test_scaled_variants_are_plain_rope_at_t_and_scaled_past_it(name, scaling):
         window = tokens[:, :multiple * t]
         difference = np.asarray(evaluated(window)) - np.asarray(model(window))
         assert np.max(np.abs(difference)) > 1e-6
+
+
+def test_ablate_takes_position_as_the_variant_list():
+    from keras_posenc import cli
+
+    args = cli.build_parser().parse_args(["ablate", "--position", "rope", "rope-ntk", "rope-yarn", "alibi"])
+    assert args.variants == ["rope", "rope-ntk", "rope-yarn", "alibi"]
+    for name in ("rope", "rope-ntk", "rope-yarn", "alibi"):
+        assert cli.build_parser().parse_args(["train", "--position", name]).position == name
