@@ -1,17 +1,12 @@
 """Positional embeddings for Transformers in TensorFlow/Keras."""
 
-import os as _os
-import sys as _sys
-
-# The `keras-posenc` command keeps TensorFlow's C++ start-up log (oneDNN, CUDA, TF-TRT) quiet unless
-# the user set TF_CPP_MIN_LOG_LEVEL; it must be set before TensorFlow's first import, which is here.
-if any(_os.path.basename(arg) in ("keras-posenc", "keras_posenc.cli")
-       for arg in getattr(_sys, "orig_argv", _sys.argv)[:3]):
-    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 # sentencepiece must be loaded before TensorFlow: sentencepiece <= 0.2.0 (the last release for
 # Python 3.8, the Python of the TF 2.12 GPU image) segfaults training a model otherwise.
 import sentencepiece  # noqa: F401, I001
+
+# For the `keras-posenc` command, TensorFlow's C++ start-up log stays quiet unless the user set
+# TF_CPP_MIN_LOG_LEVEL; importing _startup does it, before TensorFlow's first import below.
+from keras_posenc import _startup  # noqa: F401, I001
 
 from keras_posenc import layers
 from keras_posenc.alibi import alibi_slopes

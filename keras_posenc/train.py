@@ -46,10 +46,10 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
-from tensorflow import keras
 
 from keras_posenc import data as data_lib
 from keras_posenc._plotting import pyplot, save_figure
+from keras_posenc.backend import is_keras3, keras
 from keras_posenc.encoder import NAMED_POSITIONS, named_position
 from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.tables import TABLE_KINDS
@@ -547,19 +547,21 @@ def train(cfg):
 
     eval_ds = data_lib.lm_dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
                                   **dataset_kwargs)
-    eval_loss = float(model.evaluate(eval_ds, verbose=0))
+    with warnings.catch_warnings():  # Keras 3 reports the end of a finite dataset of unknown length
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        eval_loss = float(model.evaluate(eval_ds, verbose=0))
     unigram_train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=256, shuffle=False,
                                            **dataset_kwargs)
     unigram_loss = data_lib.unigram_cross_entropy(unigram_train_ds, eval_ds, vocab_size)
 
     model_path = os.path.join(cfg.out, "model.keras")
     if chief:
-        model.save(model_path, save_format="keras_v3")
+        _save_model(model, model_path)
     else:
         # Saving under MultiWorkerMirroredStrategy runs collectives: every worker must save, and
         # only the chief's copy is kept. A worker that skips it leaves the chief hanging.
         with tempfile.TemporaryDirectory() as scratch:
-            model.save(os.path.join(scratch, "model.keras"), save_format="keras_v3")
+            _save_model(model, os.path.join(scratch, "model.keras"))
     report = {
         "corpus": os.path.basename(corpus),
         "corpus_format": cfg.corpus_format if cfg.corpus else "text",
@@ -625,6 +627,14 @@ def _fit(model, strategy, batches, steps, callbacks, verbose):
             progress.update(batch + 1, [("loss", logs["loss"])])
     for callback in callbacks:
         callback.on_train_end(logs)
+
+
+def _save_model(model, path):
+    """Saves the `.keras` file (Keras 2 needs the format named; Keras 3 infers it)."""
+    if is_keras3():
+        model.save(path)
+    else:
+        model.save(path, save_format="keras_v3")
 
 
 def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):
