@@ -363,5 +363,5 @@ def rebuild(model, spec, target):
 
 
 def _bind(layer, target):
-    emitters.install(layer, target, _all_layers(layer))
+    emitters.install(target, _all_layers(layer))
 

@@ -11,8 +11,8 @@ The formulations live here, in the export package, and not as methods of the lay
 modules belong to the training-time API and stay free of export concerns, and a registry keyed by
 layer class (`EMITTERS[target][LayerClass]`) lets a new layer (RoPE, ALiBi) add its own entries
 without touching the exporter. `install` binds the formulation of each layer of a throw-away
-clone as that instance's `call` (the class is never changed), after freezing every position table
-and language scale into numpy constants (`Frozen`).
+clone as that instance's `call` (the class is never changed); the formulations read every position
+table and language scale as numpy constants (`Frozen`, taken after the trained weights are copied).
 """
 
 import functools
@@ -64,7 +64,7 @@ class Frozen:
                        if layer.num_languages is not None else None)
 
 
-def install(model, target, layers):
+def install(target, layers):
     """Binds the `target` formulation as the `call` of every known layer among `layers`."""
     for layer in layers:
         emitter = emitter_for(layer, target)
@@ -117,7 +117,7 @@ def exclusive_count_matrix(runs):
 
 
 # cpu / tensorrt: GATHER lookups -------------------------------------------------------------
-def _positions_int(layer, mask, position_ids, segment_ids, length):
+def _positions_int(mask, position_ids, segment_ids, length):
     """int32 position ids [B, T] (0 at padding) for the integer-input targets."""
     if position_ids is not None:
         return tf.broadcast_to(tf.cast(position_ids, tf.int32), tf.shape(mask))
@@ -144,7 +144,7 @@ def _position_gather(layer, inputs, position_ids=None, language_ids=None, mask=N
     else:
         if mask is None:
             mask = tf.ones(tf.shape(inputs)[:2], tf.bool)
-        ids = _positions_int(layer, mask, position_ids, segment_ids, length)
+        ids = _positions_int(mask, position_ids, segment_ids, length)
         if layer.zero_padding:
             padded = np.concatenate([np.zeros_like(constants.table[:1]), constants.table])
             pe = tf.gather(tf.constant(padded), tf.where(mask, ids + 1, 0))
