@@ -39,7 +39,7 @@ def main():
     feeds = np.load(args.inputs)
     inputs = model.create_input_buffers(0)
     for name, buffer in zip(signature[key]["inputs"], inputs):
-        chosen = "language_ids" if "language_ids" in name else "token_ids"
+        chosen = next((key for key in feeds.files if key != "token_ids" and key in name), "token_ids")
         array = feeds[chosen]
         buffer.write(np.ascontiguousarray(array))
     outputs = model.create_output_buffers(0)

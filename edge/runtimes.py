@@ -78,8 +78,12 @@ def run_litert(model_path, feeds, *, accelerator="gpu", allow_cpu=False, timeout
 
 
 def run_gl(model_path, feeds, *, cpu=False, timeout=600):
-    """Runs `model_path` on the GL delegate (or TFLite's CPU kernels with `cpu=True`) via mediapipe."""
-    return _probe("venv-mediapipe", "probe_gl.py", model_path, feeds, ["--cpu"] if cpu else [], timeout)
+    """Runs `model_path` on the GL delegate (or TFLite's CPU kernels with `cpu=True`) via mediapipe.
+
+    `feeds` must list the arrays in the model's input order (the probe joins them in that order).
+    """
+    flags = ["--inputs-order", ",".join(feeds)] + (["--cpu"] if cpu else [])
+    return _probe("venv-mediapipe", "probe_gl.py", model_path, feeds, flags, timeout)
 
 
 def refusals(log):

@@ -109,3 +109,29 @@ def test_tensorrt_target_onnxruntime_equals_keras_left_and_right_padding(edge, c
     for row in ROWS:  # right padding, left padding
         single = None if languages is None else languages[row:row + 1]
         assert export.check_onnx_parity(model, onnx, ids[row:row + 1], single) <= 1e-4
+
+
+def test_runtime_segment_ids_on_gl_and_litert(edge, tmp_path):
+    """Packed rows with runtime segment ids: per-segment positions and block-diagonal attention on GPU."""
+    from tensorflow import keras
+
+    from keras_posenc.encoder import Encoder
+
+    tf.keras.utils.set_random_seed(2)
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    segments = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
+    hidden = Encoder(2, 64, 4, 128, 1000, LENGTH, dropout=0.0)(ids, segment_ids=segments)
+    model = keras.Model([ids, segments], keras.layers.Dense(7)(hidden))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 1000, size=(1, LENGTH)).astype(np.int32)
+    tokens[0, :5] = 0  # left padding
+    packed = np.repeat([[1, 2, 3]], [15, 20, 13], axis=1).astype(np.int32)
+    expected = model([tokens, packed]).numpy()[0][tokens[0] != 0]
+    for target, run, dtype in (("gl", edge.run_gl, np.float32), ("gpu", edge.run_litert, np.int32)):
+        path = str(tmp_path / f"{target}.tflite")
+        open(path, "wb").write(export.to_tflite(model, sequence_length=LENGTH, target=target))
+        feeds = {"token_ids": tokens.astype(dtype), "segment_ids": packed.astype(dtype)}
+        result = run(path, feeds)
+        assert result.returncode == 0 and edge.refusals(result.log) == [], result.log[-3000:]
+        got = result.output.reshape(LENGTH, 7)[tokens[0] != 0]
+        assert np.max(np.abs(got - expected)) <= 1e-4, target
