@@ -12,7 +12,7 @@
 #   make bench       run benchmarks/*.py in .venv-bench
 #   make docker      build the GPU training image (needs a Docker engine and network)
 #   make docker-demo run `keras-posenc demo` in that image, output in runs/docker-demo/
-#   make clean       remove the venvs, caches and build outputs
+#   make clean       remove the venvs, caches (.edge-cache too) and build outputs
 #
 # requirements/tf212.txt is the one source of truth for the environment: .venv, .venv-bench and
 # docker/Dockerfile all install exactly that list, then the package with --no-deps.
@@ -232,5 +232,5 @@ docker-demo: docker
 	  -v "$(CURDIR)/runs/docker-demo:/out" $(IMAGE) demo --out /out/demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) $(KERAS3_VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(KERAS3_VENV) $(BENCH_VENV) .edge-cache build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
