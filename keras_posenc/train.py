@@ -347,14 +347,21 @@ class StepLog(keras.callbacks.Callback):
 
 
 def _dropout_generators(model):
-    """The `tf.random.Generator` of every random layer of `model`, created now.
+    """The random-number state of every random layer of `model` (dropout), created now.
 
-    Keras does not checkpoint them, so a resumed run would replay the dropout
-    masks of the first steps; `train` checkpoints them with the model. Needs
+    Keras does not checkpoint it with the model, so a resumed run would replay
+    the dropout masks of the first steps; `train` checkpoints it. On Keras 3
+    it is the state variable of each layer's `SeedGenerator`. On Keras 2 it
+    is each layer's `tf.random.Generator`, which needs
     `keras.backend.experimental.enable_tf_random_generator()` before the
-    layers are created (otherwise the layers use stateful ops and this list is
-    empty). Uses Keras 2.12's private `_flatten_layers` and `_random_generator`.
+    layers are created (otherwise the layers use stateful ops and this list
+    is empty); that path uses Keras 2.12's private `_flatten_layers` and
+    `_random_generator`.
     """
+    if is_keras3():
+        weights = {id(weight) for weight in model.weights}
+        return [variable for variable in model.variables
+                if id(variable) not in weights and variable.name == "seed_generator_state"]
     generators = []
     for layer in model._flatten_layers(include_self=True, recursive=True):
         rng = getattr(layer, "_random_generator", None)
