@@ -199,6 +199,12 @@ def apply_rotary(x, cos, sin, layout="half"):
     [[0.0, 0.0, 1.0, 1.0]]
     >>> ops.convert_to_numpy(apply_rotary(x, c, s, "interleave")).tolist()
     [[0.0, 1.0, 0.0, 1.0]]
+
+    References:
+        - [Su et al., 2021](https://arxiv.org/abs/2104.09864), eq. 34
+          (the interleaved pairs).
+        - [Black et al., 2022](https://arxiv.org/abs/2204.06745), GPT-NeoX-20B
+          (the half-split pairs).
     """
     check_choice("layout", layout, ROTARY_LAYOUTS)
     dim = x.shape[-1]
