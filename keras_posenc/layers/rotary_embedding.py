@@ -47,7 +47,7 @@ def rotary_frequencies(dim, max_wavelength=10000.0, *, scaling=None, scaling_fac
     - "ntk" (NTK-aware, bloc97): the base becomes
       `max_wavelength * s ** (dim / (dim - 2))`, which leaves the fastest
       pair as it is and slows the slowest one by exactly `s`;
-    - "yarn" (Peng et al., eq. 18-20): with wavelength `l_k = 2 pi / f_k` and
+    - "yarn" (Peng et al., "NTK-by-parts", section 3.2): with wavelength `l_k = 2 pi / f_k` and
       `r_k = original_length / l_k` turns over the training context, the ramp
       `g = clip((r_k - beta_slow) / (beta_fast - beta_slow), 0, 1)` gives
       `(1 - g) * f_k / s + g * f_k`: pairs that turn more than `beta_fast`
@@ -120,7 +120,8 @@ def rotary_attention_factor(scaling=None, scaling_factor=1.0):
     1.0
 
     References:
-        - [Peng et al., 2023](https://arxiv.org/abs/2309.00071), eq. 22.
+        - [Peng et al., 2023](https://arxiv.org/abs/2309.00071), section 3.4
+          (the attention temperature).
     """
     if scaling != "yarn" or scaling_factor <= 1.0:
         return 1.0
@@ -201,7 +202,7 @@ def apply_rotary(x, cos, sin, layout="half"):
     [[0.0, 1.0, 0.0, 1.0]]
 
     References:
-        - [Su et al., 2021](https://arxiv.org/abs/2104.09864), eq. 34
+        - [Su et al., 2021](https://arxiv.org/abs/2104.09864), section 3.4.2
           (the interleaved pairs).
         - [Black et al., 2022](https://arxiv.org/abs/2204.06745), GPT-NeoX-20B
           (the half-split pairs).
