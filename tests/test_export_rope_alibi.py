@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from keras_posenc import EncoderLayer, export
+from keras_posenc.backend import keras
 from keras_posenc.layers import RotaryEmbedding
 from keras_posenc.models import CausalLM
 
@@ -26,7 +27,7 @@ MODELS = {
 
 
 def _model(name):
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = CausalLM({"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 20,
                       "max_length": 16, **MODELS[name]})
     model.build_on_dummy()
