@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -51,6 +52,7 @@ def test_tflite_targets_freeze_positions_and_match_keras(name, target):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_tensorrt_onnx_matches_keras(name):
+    _edge_onnx_site_on_path()
     pytest.importorskip("tf2onnx")
     pytest.importorskip("onnxruntime")
     model = _model(name)
@@ -74,7 +76,19 @@ def test_gl_rejects_explicit_position_ids_with_rope():
         export.gl._encoder(model.encoder, tf.zeros([1, LENGTH]), position_ids=tf.range(LENGTH)[None])
 
 
-EDGE_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".edge-cache")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EDGE_CACHE = os.path.join(ROOT, ".edge-cache")
+
+
+def _edge_onnx_site_on_path():
+    """tf2onnx + onnxruntime of `make test-edge` (edge/bootstrap.sh), when bootstrapped for this Python."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from edge import runtimes
+
+    site = runtimes.onnx_site()
+    if os.path.isfile(os.path.join(site, ".stamp")) and site not in sys.path:
+        sys.path.append(site)
 RUNTIMES = {"gpu": ("venv-litert", "probe_litert.py", ["--accelerator", "gpu"], ["--accelerator", "cpu"]),
             "gl": ("venv-mediapipe", "probe_gl.py", [], ["--cpu"])}
 

@@ -7,10 +7,9 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from tensorflow import keras
 
 from keras_posenc import export
+from keras_posenc.backend import keras
 from keras_posenc.layers import TokenAndPositionEmbedding
 
 RUNNER = os.path.join(os.path.dirname(__file__), os.pardir, "export", "run_tflite.py")
@@ -23,7 +22,7 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     ids = keras.Input(shape=(None,), dtype="int32")
     model = keras.Model(ids, TokenAndPositionEmbedding(30, 8, max_length=16)(ids))
     folder = tmp_path_factory.mktemp("kit")

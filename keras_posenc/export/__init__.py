@@ -27,6 +27,7 @@ from keras_posenc.export.parity import (
                                             check_parity,
                                             export_report,
                                             format_report,
+                                            interpreter_class,
                                             run_interpreter,
                                             run_onnx,
                                             runtime_metadata,
@@ -45,7 +46,7 @@ from keras_posenc.export.verdicts import (
 __all__ = [
     "BACKENDS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS",
     "TARGET_BACKENDS", "ModelSpec", "analyzer_report", "check_onnx_parity", "check_parity",
-    "export_report", "format_report", "gpu_incompatible_ops", "load_model", "op_counts", "operators",
-    "run_interpreter", "run_onnx", "runtime_metadata", "sample_token_batch", "to_onnx", "to_tflite",
-    "verdict_line", "weight_bytes",
+    "export_report", "format_report", "gpu_incompatible_ops", "interpreter_class", "load_model",
+    "op_counts", "operators", "run_interpreter", "run_onnx", "runtime_metadata", "sample_token_batch",
+    "to_onnx", "to_tflite", "verdict_line", "weight_bytes",
 ]

@@ -25,9 +25,9 @@ import os
 
 import numpy as np
 import tensorflow as tf
-from tensorflow import keras
 
 from keras_posenc import models as _models  # noqa: F401  (registers Encoder and CausalLM for load_model)
+from keras_posenc.backend import keras
 from keras_posenc.export import emitters
 from keras_posenc.export import gl as _gl  # noqa: F401  (registers the gl formulations)
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
@@ -116,7 +116,7 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
     clone = rebuild(model, spec, target)
     dtype = tf.float32 if target == "gl" else tf.int32
     function = tf.function(spec.caller(clone), input_signature=spec.signature(dtype))
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()], clone)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)], clone)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if quantize is not None:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -132,9 +132,11 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
 def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
     """Converts the model to ONNX for TensorRT (`target="tensorrt"`): static shapes, int32 ids.
 
-    Uses tf2onnx (1.16.1 is the last release tested on TF 2.12; it pins
-    protobuf 3.20, so it is not part of the package's lock: `make test-edge`
-    puts it beside .venv, see edge/bootstrap.sh).
+    Uses tf2onnx: 1.16.1 on TF 2.12 (the last release tested there; it pins
+    protobuf 3.20, so it is not part of the package's lock), 1.17.0 on TF
+    2.21 / Keras 3. `make test-edge` puts each beside its venv, see
+    edge/bootstrap.sh. On Keras 3 the model's variables are read by the traced
+    function, and tf2onnx folds them into initializers.
 
     Args:
         model, sequence_length, batch_size: as in `to_tflite`.
@@ -152,9 +154,10 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
     try:
         import tf2onnx
     except ImportError as error:
-        raise ImportError("to_onnx needs tf2onnx: pip install tf2onnx==1.16.1 onnx onnxruntime "
-                          "(without its protobuf pin: --no-deps), or run `make test-edge`, which installs "
-                          "it under .edge-cache/onnx-site.") from error
+        raise ImportError("to_onnx needs tf2onnx: pip install tf2onnx==1.16.1 onnx onnxruntime on TF 2.12 "
+                          "(without its protobuf pin: --no-deps), tf2onnx==1.17.0 on TF 2.16+; or run "
+                          "`make test-edge`, which installs it under .edge-cache/onnx-site "
+                          "(onnx-site-py312 for .venv-keras3).") from error
     clone = rebuild(model, spec, "tensorrt")
     function = tf.function(spec.caller(clone), input_signature=spec.signature(tf.int32))
     proto, _ = tf2onnx.convert.from_function(function, input_signature=spec.signature(tf.int32),
@@ -220,7 +223,7 @@ class ModelSpec:
         self.ranks = ranks
         self.needs_languages = "language_ids" in roles
         self.language_rank = ranks[roles.index("language_ids")] if self.needs_languages else None
-        self.functional = bool(getattr(model, "_is_graph_network", False))
+        self.functional = is_functional(model)
 
     @classmethod
     def of(cls, model, sequence_length, batch_size):
@@ -248,16 +251,17 @@ class ModelSpec:
             raise ValueError(f"`sequence_length`={sequence_length} exceeds the model's max_length={longest}.")
         needs_languages = any(layer.num_languages is not None for layer in positions)
         roles, ranks = ["token_ids"], [2]
-        if getattr(model, "_is_graph_network", False):
+        if is_functional(model):
+            input_names = _input_names(model)
             for index, tensor in enumerate(model.inputs[1:], start=1):
-                role = role_of(model.input_names[index])
+                role = role_of(input_names[index])
                 if role == "token_ids" and index == 1 and needs_languages:
                     role = "language_ids"
                 if role == "token_ids" or role in roles:
-                    raise ValueError(f"Model '{model.name}': input {index} ('{model.input_names[index]}') is "
+                    raise ValueError(f"Model '{model.name}': input {index} ('{input_names[index]}') is "
                                      f"not one of {ROLES[1:]}; name the inputs with keras.Input(name=...).")
                 roles.append(role)
-                ranks.append(tensor.shape.rank)
+                ranks.append(len(tensor.shape))
             if needs_languages and "language_ids" not in roles:
                 raise ValueError(f"Model '{model.name}' scales positions per language: it must take "
                                  f"[token_ids, language_ids] as inputs, got {len(model.inputs)} inputs.")
@@ -277,7 +281,7 @@ class ModelSpec:
 
     def caller(self, model):
         """`call(*inputs)` in the order of `roles`, with training=False."""
-        functional = bool(getattr(model, "_is_graph_network", False))
+        functional = is_functional(model)
 
         def call(*inputs):
             if len(inputs) == 1:
@@ -296,6 +300,34 @@ class ModelSpec:
             raise ValueError(f"Model '{self.model.name}' takes {list(self.roles)}: pass "
                              + ", ".join(f"`{role}`" for role in missing) + ".")
         return [np.asarray(arrays[role]).astype(np.int32) for role in self.roles]
+
+
+def frozen_function(function):
+    """The concrete function of `function` with every variable it reads folded in as a constant.
+
+    The converter freezes the variables of a Keras 2 model itself; a Keras 3 model's variables
+    are not tracked by the function, so they would stay VAR_HANDLE/READ_VARIABLE ops that the
+    runtime never initialises (garbage outputs, and no GPU runs them). Frozen here for both.
+    """
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    return convert_variables_to_constants_v2(function.get_concrete_function())
+
+
+def is_functional(model):
+    """True for a functional (graph-network) model: Keras 2 `_is_graph_network`, Keras 3 `Functional`."""
+    if getattr(model, "_is_graph_network", False):
+        return True
+    functional = getattr(getattr(keras, "src", None), "models", None)
+    functional = getattr(functional, "Functional", None)
+    return functional is not None and isinstance(model, functional) and not isinstance(
+        model, keras.Sequential)
+
+
+def _input_names(model):
+    # Keras 2 models have `input_names`; a Keras 3 model names its inputs through the tensors.
+    names = getattr(model, "input_names", None)
+    return list(names) if names else [tensor.name for tensor in model.inputs]
 
 
 def _all_layers(model):
@@ -336,6 +368,8 @@ def rebuild(model, spec, target):
     dtype = tf.float32 if target == "gl" else tf.int32
 
     def clone_layer(layer):
+        if not isinstance(layer, keras.layers.Layer):
+            return layer  # a Keras 3 stateless operation of the graph (`x + y`): nothing to clone
         clone = type(layer).from_config(_float32_config(layer.get_config()))
         _bind(clone, target)
         return clone
@@ -344,6 +378,8 @@ def rebuild(model, spec, target):
         if spec.functional:
             inputs = [keras.Input(batch_size=s.shape[0], shape=s.shape[1:], dtype=s.dtype)
                       for s in spec.signature(dtype)]
+            if not isinstance(model.input, (list, tuple)):
+                inputs = inputs[0]  # Keras 3 wants the structure of model.input
             clone = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone_layer)
         else:
             clone = type(model).from_config(_float32_config(model.get_config()))

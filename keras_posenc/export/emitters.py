@@ -16,6 +16,7 @@ table and language scale as numpy constants (`Frozen`, taken after the trained w
 """
 
 import functools
+import inspect
 import math
 
 import numpy as np
@@ -71,7 +72,20 @@ def install(target, layers):
         if emitter is None:
             continue
         # Plain Python: autograph would convert the emitters, which have no data-dependent control flow.
-        layer.call = tf.autograph.experimental.do_not_convert(functools.partial(emitter, layer))
+        bound = functools.partial(emitter, layer)
+        _bind_call(layer, tf.autograph.experimental.do_not_convert(bound), inspect.signature(bound))
+
+
+def _bind_call(layer, call, signature):
+    """Sets `layer.call`; Keras 3 binds `__call__` arguments to the signature read at `__init__`."""
+    layer.call = call
+    if hasattr(layer, "_call_signature"):  # Keras 3
+        layer._call_signature = signature
+        layer.call_signature_parameters = list(layer._call_signature.parameters)
+        layer._call_has_training_arg = "training" in layer.call_signature_parameters
+        layer._call_has_mask_arg = "mask" in layer.call_signature_parameters
+        layer._call_has_context_arg = {name: name in layer.call_signature_parameters
+                                       for name in layer._call_context_args}
 
 
 def static_structure(length, segment_ids=None, attention_mask=None, use_causal_mask=False):

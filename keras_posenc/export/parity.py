@@ -7,8 +7,8 @@ from keras_posenc.export.conversion import ROLES, ModelSpec, role_of
 from keras_posenc.export.flatbuffer import check_flatbuffer, op_counts
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
-__all__ = ["check_onnx_parity", "check_parity", "export_report", "format_report", "run_interpreter",
-           "run_onnx", "runtime_metadata", "sample_token_batch", "weight_bytes"]
+__all__ = ["check_onnx_parity", "check_parity", "export_report", "format_report", "interpreter_class",
+           "run_interpreter", "run_onnx", "runtime_metadata", "sample_token_batch", "weight_bytes"]
 
 # The backends whose verdict `export` prints for each target (the target's own first).
 TARGET_BACKENDS = {"gpu": ("webgpu", "opencl", "gl"), "gl": ("gl", "webgpu"), "cpu": ("gl", "webgpu"),
@@ -44,7 +44,7 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_
 
     Example:
 
-    >>> from tensorflow import keras
+    >>> from keras_posenc.backend import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
@@ -92,7 +92,7 @@ def run_interpreter(tflite_bytes, feeds, roles=None):
     >>> run_interpreter(flat, [np.arange(6, dtype=np.float32).reshape(2, 3)]).tolist()
     [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
     """
-    interpreter = tf.lite.Interpreter(model_content=bytes(tflite_bytes))
+    interpreter = interpreter_class()(model_content=bytes(tflite_bytes))
     interpreter.allocate_tensors()
     # Token ids first, language ids second, whatever order the converter gave the inputs.
     inputs = _in_role_order(interpreter.get_input_details(), lambda detail: detail["name"], roles)
@@ -112,6 +112,24 @@ def run_interpreter(tflite_bytes, feeds, roles=None):
         got.append(interpreter.get_tensor(output))
     return np.concatenate(got)
 
+
+
+def interpreter_class():
+    """ai-edge-litert's `Interpreter` where it is installed (TF >= 2.16), else `tf.lite.Interpreter`.
+
+    `tf.lite.Interpreter` is deprecated from TF 2.20 on in favour of LiteRT's, which runs the
+    same flatbuffers; the TF 2.12 stack has no ai-edge-litert wheel and keeps TensorFlow's.
+
+    Example:
+
+    >>> interpreter_class().__name__
+    'Interpreter'
+    """
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        return tf.lite.Interpreter
+    return Interpreter
 
 
 def _in_role_order(details, name_of, roles):
@@ -134,7 +152,7 @@ def weight_bytes(model):
 
     Example:
 
-    >>> from tensorflow import keras
+    >>> from keras_posenc.backend import keras
     >>> weight_bytes(keras.Sequential([keras.layers.Dense(3, input_shape=(4,))]))  # (4 * 3 + 3) * 4
     60
     """
@@ -159,7 +177,7 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
 
     Example:
 
-    >>> from tensorflow import keras
+    >>> from keras_posenc.backend import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
@@ -205,7 +223,7 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
 
     Example:
 
-    >>> from tensorflow import keras
+    >>> from keras_posenc.backend import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
@@ -247,7 +265,7 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
     Example:
 
     >>> from keras_posenc.export import to_tflite
-    >>> from tensorflow import keras
+    >>> from keras_posenc.backend import keras
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
