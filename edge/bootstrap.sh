@@ -6,6 +6,8 @@
 #   $CACHE/venv-litert/     ai-edge-litert 2.3.0: the LiteRT GPU accelerator (WebGPU over Vulkan)
 #   $CACHE/venv-mediapipe/  mediapipe 0.10.21: the classic TFLite GPU delegate, OpenGL ES backend
 #   $CACHE/onnx-site/       tf2onnx + onnx + onnxruntime, put on the path of .venv (TF 2.12)
+#   $CACHE/onnx-site-py312/ the same for .venv-keras3 (TF 2.21, Python 3.12; tf2onnx 1.17.0), when
+#                           that venv exists (or KERAS3_PY names a Python 3.12 with TF 2.21)
 #
 # EGL/GLES for the GL delegate (llvmpipe) come from Debian: libegl1 libgles2 libegl-mesa0
 # libgl1-mesa-dri, installed with apt-get when missing. Every step is skipped when its stamp
@@ -14,11 +16,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CACHE=${EDGE_CACHE:-.edge-cache}
 PY=${PY:-python3.11}
+KERAS3_PY=${KERAS3_PY:-.venv-keras3/bin/python}
 # Pinned to the versions the tests were run with; --no-deps for mediapipe (its GUI and audio deps
 # are not needed for inference).
 LITERT_PINS="ai-edge-litert==2.3.0 backports.strenum==1.2.8 flatbuffers==25.12.19 ml_dtypes==0.5.4 numpy==1.26.4 protobuf==7.36.2 tqdm==4.70.1 typing_extensions==4.16.0"
 MEDIAPIPE_PINS="mediapipe==0.10.21 absl-py==2.5.1 attrs==26.1.0 flatbuffers==25.12.19 numpy==1.26.4 protobuf==4.25.9"
 ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.19.2 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
+# tf2onnx 1.17.0 converts TF 2.21 graphs and takes any protobuf >= 3.20 (the Keras 3 lock has 7.x).
+ONNX_KERAS3_PINS="tf2onnx==1.17.0 onnx==1.19.1 onnxruntime==1.23.2 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
 MESA_PACKAGES="mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports libdrm-amdgpu1/bookworm-backports libvulkan1/bookworm"
 GL_PACKAGES="libegl1 libgles2 libegl-mesa0 libgl1-mesa-dri"
 mkdir -p "$CACHE"
@@ -106,5 +111,13 @@ if [ ! -f "$CACHE/onnx-site/.stamp" ]; then
   # shellcheck disable=SC2086
   pypi "$ONNX_PINS" "$PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site" $ONNX_PINS
   touch "$CACHE/onnx-site/.stamp"
+fi
+if [ -x "$KERAS3_PY" ] && [ ! -f "$CACHE/onnx-site-py312/.stamp" ]; then
+  echo "edge bootstrap: $ONNX_KERAS3_PINS -> $CACHE/onnx-site-py312"
+  rm -rf "$CACHE/onnx-site-py312"
+  # shellcheck disable=SC2086
+  pypi "$ONNX_KERAS3_PINS" "$KERAS3_PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site-py312" \
+    $ONNX_KERAS3_PINS
+  touch "$CACHE/onnx-site-py312/.stamp"
 fi
 echo "edge bootstrap: ready in $CACHE"

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -21,7 +22,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("EDGE_CACHE", os.path.join(ROOT, ".edge-cache"))
 HERE = os.path.dirname(os.path.abspath(__file__))
-PARTS = ("mesa/.stamp", "venv-litert/.stamp", "venv-mediapipe/.stamp", "onnx-site/.stamp")
+# tf2onnx + onnxruntime, one folder per Python of the package's locks: tf2onnx 1.16.1 beside
+# .venv (TF 2.12, Python 3.11), tf2onnx 1.17.0 beside .venv-keras3 (TF 2.21, Python 3.12).
+ONNX_SITES = {(3, 11): "onnx-site", (3, 12): "onnx-site-py312"}
+ONNX_SITE = ONNX_SITES.get(sys.version_info[:2], "onnx-site")
+PARTS = ("mesa/.stamp", "venv-litert/.stamp", "venv-mediapipe/.stamp", f"{ONNX_SITE}/.stamp")
 
 Run = collections.namedtuple("Run", ["returncode", "info", "log", "output"])
 
@@ -37,8 +42,8 @@ def missing_parts():
 
 
 def onnx_site():
-    """The folder with tf2onnx + onnxruntime to put on `sys.path` of .venv."""
-    return os.path.join(CACHE, "onnx-site")
+    """The folder with tf2onnx + onnxruntime to put on `sys.path` of this Python (.venv or .venv-keras3)."""
+    return os.path.join(CACHE, ONNX_SITE)
 
 
 def _environment(scratch):
