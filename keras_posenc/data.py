@@ -558,7 +558,7 @@ def unigram_cross_entropy(train_ds, eval_ds, vocab_size):
 
     >>> train_ds = tf.data.Dataset.from_tensors((tf.zeros([1]), tf.constant([[5, 5, 6, PAD_ID]])))
     >>> eval_ds = tf.data.Dataset.from_tensors((tf.zeros([1]), tf.constant([[5, PAD_ID]])))
-    >>> round(unigram_cross_entropy(train_ds, eval_ds, vocab_size=7), 6)
+    >>> round(float(unigram_cross_entropy(train_ds, eval_ds, vocab_size=7)), 6)
     1.098612
     """
     import numpy as np
