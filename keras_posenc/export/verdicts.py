@@ -192,14 +192,18 @@ def verdict_line(tflite_bytes, backend):
 
 
 def analyzer_report(tflite_bytes):
-    """The text TFLite 2.12's analyzer prints for the model, with GPU-compatibility warnings.
+    """The text the installed TFLite analyzer prints for the model, with GPU-compatibility warnings.
+
+    TF 2.12's analyzer warns about ops its GPU parser lacks ("Not supported op GATHER"); TF 2.21's
+    prints the listing but no such warning, even for GATHER, TOPK_V2 or REVERSE_V2 (measured),
+    so there the verdicts rest on the parser lists of `gpu_incompatible_ops` alone.
 
     Example:
 
     >>> add = tf.function(lambda x: tf.gather(x, [2, 0]) + 1.0,
     ...                   input_signature=[tf.TensorSpec([3], tf.float32)])
     >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
-    >>> "GPU COMPATIBILITY WARNING: Not supported op GATHER" in analyzer_report(flat)
+    >>> "Op#0 GATHER(T#0, T#1[2, 0])" in analyzer_report(flat)
     True
     """
     check_flatbuffer(tflite_bytes)
