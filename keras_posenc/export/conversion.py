@@ -331,8 +331,10 @@ def _input_names(model):
 
 
 def _all_layers(model):
-    # _flatten_layers: Keras 2 and Keras 3 (a Keras 3 model is no tf.Module: no `submodules`).
-    layers = model._flatten_layers(include_self=False)
+    # _flatten_layers: Keras 2 and Keras 3 (a Keras 3 model is no tf.Module: no `submodules`); a
+    # Keras 3 op of a functional graph (`x + y` is an `ops.Add`) is no layer and has neither.
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = flatten(include_self=False) if flatten is not None else []
     return [model] + [m for m in layers if isinstance(m, keras.layers.Layer)]
 
 
