@@ -5,6 +5,7 @@
 #   make test-keras2 lint, then pytest in .venv (TF 2.12 / Keras 2, requirements/tf212.txt)
 #   make test-keras3 lint, then pytest in .venv-keras3 (TF 2.21 / Keras 3, requirements/tf221.txt):
 #                    the suite on KERAS_BACKEND=tensorflow, the layer tests again on jax
+#   make venv-keras3 bootstrap .venv-keras3 (Python 3.12) from requirements/tf221.txt
 #   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache)
 #   make lint        ruff check . and hadolint docker/Dockerfile
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
@@ -16,7 +17,8 @@
 #
 # requirements/tf212.txt is the one source of truth for the environment: .venv, .venv-bench and
 # docker/Dockerfile all install exactly that list, then the package with --no-deps.
-# Use another interpreter with e.g. `make PY=python3.11 test`.
+# requirements/tf221.txt is the same for .venv-keras3 (TF 2.21 / Keras 3, Python 3.12).
+# Use another interpreter with e.g. `make PY=python3.11 test` (KERAS3_PY=... for Python 3.12).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -65,7 +67,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
         pytest-keras3 test-edge
 
 help:
-	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,16p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
