@@ -92,6 +92,10 @@ def _gl_limits(op, folded=frozenset()):
         source, result = op.inputs[0][0], op.outputs[0][0]
         reduced = not result or not source or (len(result) == len(source) and result[-1] != source[-1])
         return "over channels" if reduced or len(result) < len(source) else None
+    if op.name in ("ADD", "MUL"):
+        limit = _broadcast_limit(op)
+        if limit:
+            return limit
     if op.name in ("MUL", "SUB") and len(runtime) == 2 and runtime[0] != runtime[1]:
         first, second = runtime
         if len(first) == len(second):
@@ -101,6 +105,37 @@ def _gl_limits(op, folded=frozenset()):
             dominates = False
         if op.name == "SUB" or not dominates:
             return "broadcasts two runtime tensors"
+    return None
+
+
+def _broadcast_limit(op):
+    """The delegate parser's broadcast rules for ADD and MUL, constant inputs included.
+
+    From `CheckGpuDelegateCompatibility` (tensorflow/lite/tools/versioning/gpu_compatibility.cc),
+    which the GL delegate applies without its "enhanced broadcast" flag: a MUL of equal ranks
+    needs one input at least the other in every dimension ("MUL requires one tensor that not less
+    than second in all dimensions"); inputs of different ranks, both above 1, broadcast only 3-D
+    or [1, 1] or [b, c] into 4-D ("Doesn't support broadcasting"). TF 2.21's converter leaves
+    such ops in Keras 3 graphs (a [1, T] mask times a constant [1, T, T]; LayerNormalization's
+    [1, T, 1] times [1, 1, D]).
+    """
+    shapes = [shape for shape, _, _ in op.inputs[:2]]
+    if len(shapes) != 2 or any(shape is None for shape in shapes):
+        return None
+    first, second = shapes
+    if len(first) == len(second):
+        if op.name == "MUL" and any(a < b for a, b in zip(first, second)) and any(
+                b < a for a, b in zip(first, second)):
+            return "neither input covers the other"
+        return None
+    if len(first) > 1 and len(second) > 1:
+        longer, shorter = (first, second) if len(first) > len(second) else (second, first)
+        allowed = len(longer) == 4 and (
+            (len(shorter) == 3 and longer[0] == 1)
+            or (len(shorter) == 2 and longer[0] == 1 and tuple(shorter) == (1, 1))
+            or (len(shorter) == 2 and longer[0] == shorter[0] and longer[3] == shorter[1]))
+        if not allowed:
+            return "broadcasts across ranks"
     return None
 
 
