@@ -85,10 +85,27 @@ def run_litert(model_path, feeds, *, accelerator="gpu", allow_cpu=False, timeout
 def run_gl(model_path, feeds, *, cpu=False, timeout=600):
     """Runs `model_path` on the GL delegate (or TFLite's CPU kernels with `cpu=True`) via mediapipe.
 
-    `feeds` must list the arrays in the model's input order (the probe joins them in that order).
+    The probe joins the arrays in the model's input order, read from the file: each key of `feeds`
+    (token_ids, segment_ids, ...) goes to the input whose name contains it.
     """
-    flags = ["--inputs-order", ",".join(feeds)] + (["--cpu"] if cpu else [])
+    flags = ["--inputs-order", ",".join(input_order(model_path, feeds))] + (["--cpu"] if cpu else [])
     return _probe("venv-mediapipe", "probe_gl.py", model_path, feeds, flags, timeout)
+
+
+def input_order(model_path, keys):
+    """`keys` in the order of the model's inputs (matched by name; TF 2.21's converter sorts them).
+
+    Keys that no input name contains keep their given order after the matched ones.
+    """
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(model_path)
+    graph = model.subgraphs[0]
+    names = [graph.tensors[index].name.decode() for index in graph.inputs]
+    keys = list(keys)
+    ordered = [next((key for key in keys if key in name), None) for name in names]
+    ordered = [key for key in ordered if key is not None]
+    return ordered + [key for key in keys if key not in ordered]
 
 
 def refusals(log):

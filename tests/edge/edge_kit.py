@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import numpy as np
-import tensorflow as tf
 
 from keras_posenc import export
+from keras_posenc.backend import keras
 from keras_posenc.models import CausalLM
 
 RUNNER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -25,7 +25,7 @@ def run(edge, python, *args):
 
 
 def test_runner_gpu_checksum_equals_the_training_machine(edge, tmp_path):
-    tf.keras.utils.set_random_seed(3)
+    keras.utils.set_random_seed(3)
     model = CausalLM(dict(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=500, max_length=32,
                           dropout=0.0), name="lm")
     model.build_on_dummy()
@@ -46,7 +46,7 @@ def test_runner_gpu_checksum_equals_the_training_machine(edge, tmp_path):
 
 
 def test_runner_refuses_a_file_not_fully_accelerated(edge, tmp_path):
-    tf.keras.utils.set_random_seed(3)
+    keras.utils.set_random_seed(3)
     model = CausalLM(dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=50, max_length=16,
                           dropout=0.0), name="lm")
     model.build_on_dummy()

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from keras_posenc import export
+from keras_posenc.backend import keras
 from keras_posenc.models import CausalLM
 
 LENGTH = 48
@@ -25,7 +26,7 @@ KERAS_TOLERANCE = {None: 1e-4, "float16": 2e-2}
 
 
 def demo_model(options):
-    tf.keras.utils.set_random_seed(11)
+    keras.utils.set_random_seed(11)
     model = CausalLM(dict(DEMO, **options), name="demo")
     model.build_on_dummy()
     for weight in model.weights:
@@ -113,11 +114,9 @@ def test_tensorrt_target_onnxruntime_equals_keras_left_and_right_padding(edge, c
 
 def test_runtime_segment_ids_on_gl_and_litert(edge, tmp_path):
     """Packed rows with runtime segment ids: per-segment positions and block-diagonal attention on GPU."""
-    from tensorflow import keras
-
     from keras_posenc.encoder import Encoder
 
-    tf.keras.utils.set_random_seed(2)
+    keras.utils.set_random_seed(2)
     ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
     segments = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
     hidden = Encoder(2, 64, 4, 128, 1000, LENGTH, dropout=0.0)(ids, segment_ids=segments)

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow import keras
 
 from keras_posenc import export
+from keras_posenc.backend import is_keras3, keras
 from keras_posenc.layers import TokenAndPositionEmbedding
 from keras_posenc.models import CausalLM
 
@@ -19,13 +19,13 @@ LENGTH = 48
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """A demo-size causal LM saved as `.keras`, as `keras-posenc demo` writes it."""
-    tf.keras.utils.set_random_seed(5)
+    keras.utils.set_random_seed(5)
     model = CausalLM(dict(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=1000, max_length=LENGTH,
                           dropout=0.0), name="demo")
     model.build_on_dummy()
     folder = tmp_path_factory.mktemp("demo")
     path = str(folder / "model.keras")
-    model.save(path, save_format="keras_v3")
+    model.save(path) if is_keras3() else model.save(path, save_format="keras_v3")
     ids, _ = export.sample_token_batch(model, LENGTH, seed=1)
     return model, path, folder, ids
 
@@ -113,8 +113,10 @@ def test_ops_outside_the_gl_shader_list_do_not_run_on_gl(edge, name, tmp_path):
     assert run.returncode != 0 or edge.refusals(run.log), run.log[-2000:]
 
 
+@pytest.mark.skipif(is_keras3(), reason="Keras 2's MultiHeadAttention mask (STRIDED_SLICE v3); Keras 3 masks "
+                    "with SELECT_V2 (tests/test_export.py checks that verdict)")
 def test_keras_mask_strided_slice_v3_is_refused_by_litert_as_the_verdict_says(edge, tmp_path):
-    tf.keras.utils.set_random_seed(2)
+    keras.utils.set_random_seed(2)
     ids = keras.Input(shape=(None,), dtype="int32")
     x = TokenAndPositionEmbedding(40, 16, 16, dropout=0.0)(ids)
     model = keras.Model(ids, x + keras.layers.MultiHeadAttention(2, 8)(x, x))
