@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import export
+from keras_posenc.backend import keras
 from keras_posenc.models import CausalLM
 
 DEMO_MODEL = dict(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=1000, max_length=48, dropout=0.0)
@@ -41,7 +42,7 @@ def median_call_ms(fn, calls):
 
 
 def interpreter_call(flat, feed, threads):
-    interpreter = tf.lite.Interpreter(model_content=flat, num_threads=threads)
+    interpreter = export.interpreter_class()(model_content=flat, num_threads=threads)
     interpreter.allocate_tensors()
     detail = interpreter.get_input_details()[0]
     interpreter.set_tensor(detail["index"], feed.astype(detail["dtype"]))
@@ -70,7 +71,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="TFLite / onnxruntime threads")
     args = parser.parse_args(argv)
 
-    tf.keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
     model = CausalLM(dict(DEMO_MODEL, max_length=max(args.length, DEMO_MODEL["max_length"])), name="demo_lm")
     model.build_on_dummy()
     rng = np.random.default_rng(0)
