@@ -6,6 +6,7 @@ import numpy as np
 
 from keras_posenc.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
 from keras_posenc.backend import dtype_name, is_keras3, is_tensorflow, keras, ops
+from keras_posenc.layers._shape_preserving import ShapePreserving
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import (
@@ -161,7 +162,7 @@ def _without_keras_mask(x):
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
-class EncoderLayer(keras.layers.Layer):
+class EncoderLayer(ShapePreserving, keras.layers.Layer):
     """One Transformer encoder block: self-attention, then a feed-forward net.
 
     Each sublayer is wrapped in dropout, a residual connection and
@@ -437,12 +438,6 @@ class EncoderLayer(keras.layers.Layer):
         positions = np.arange(length, dtype=np.float64)
         distance = np.abs(positions[None, :] - positions[:, None])
         return (0.0 - self.slopes[:, None, None] * distance).astype(np.float32)
-
-    def compute_mask(self, x, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self):
         config = super().get_config()

@@ -10,6 +10,7 @@ with the TensorFlow or JAX backend.
 """
 
 from keras_posenc.backend import dtype_name, eager_scope, is_tensorflow, keras, no_autocast, ops, static_int
+from keras_posenc.layers._shape_preserving import ShapePreserving
 from keras_posenc.validation import check, check_choice, check_positive_int, check_rate, with_checks
 
 __all__ = ["DEFAULT_FUSE_MIN_TOKENS", "OVERFLOW_MODES", "PositionEmbeddingBase"]
@@ -78,7 +79,7 @@ def _check_dims(actual, expected, template):
     return check(same, template, ops.stack(list(expected)), ops.stack(list(actual)))
 
 
-class PositionEmbeddingBase(keras.layers.Layer):
+class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
     """Adds a position embedding to `[batch, length, depth]` inputs.
 
     The shared base of every position layer of the package; not used
@@ -333,12 +334,6 @@ class PositionEmbeddingBase(keras.layers.Layer):
         # "extend": positions past the table are computed, not gathered.
         return ops.cond(_int_max(ids_plus_one) <= self.max_length, gathered,
                         lambda: ops.cast(multiplied(), self._lookup_table.dtype))
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self):
         config = super().get_config()

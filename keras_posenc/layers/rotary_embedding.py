@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from keras_posenc.backend import backend_name, is_tensorflow, keras, ops
+from keras_posenc.layers._shape_preserving import ShapePreserving
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check, check_base, check_choice, check_positive_int, with_checks
 
@@ -284,7 +285,7 @@ def rotary_embedding(inputs, position_ids, *, max_wavelength=10000.0, layout="ha
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
     """Rotary position embedding (RoPE), applied to queries and keys.
 
     Every pair of features of a token at position `p` is turned by the
@@ -428,12 +429,6 @@ class RotaryEmbedding(keras.layers.Layer):
                                      + "', got min {} and max {}.", low, high))
         cos, sin = (ops.convert_to_tensor(table) for table in self._tables)
         return ops.take(cos, ids, axis=0), ops.take(sin, ids, axis=0)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self):
         config = super().get_config()

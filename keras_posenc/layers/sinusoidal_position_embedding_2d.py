@@ -2,13 +2,14 @@
 
 from keras_posenc import tables
 from keras_posenc.backend import keras, ops
+from keras_posenc.layers._shape_preserving import ShapePreserving
 from keras_posenc.validation import check_base, check_positive_int
 
 __all__ = ["SinusoidalPositionEmbedding2D"]
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
-class SinusoidalPositionEmbedding2D(keras.layers.Layer):
+class SinusoidalPositionEmbedding2D(ShapePreserving, keras.layers.Layer):
     """Adds the 2-D sin-cos encoding of a `height x width` patch grid to patch tokens.
 
     The table is `keras_posenc.sinusoidal_table_2d(height, width, depth,
@@ -75,12 +76,6 @@ class SinusoidalPositionEmbedding2D(keras.layers.Layer):
         if inputs.shape[1] is not None and inputs.shape[1] != self.num_tokens:
             raise ValueError(f"`inputs` must have {self.num_tokens} tokens, got shape {inputs.shape}.")
         return inputs + ops.cast(self._table, inputs.dtype)[None]
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
     def get_config(self):
         config = super().get_config()
