@@ -286,18 +286,6 @@ if not _KERAS3:
     def softmax(x, axis=-1):
         return tf.nn.softmax(x, axis=axis)
 
-    def is_tensor(x):
-        return tf.is_tensor(x)
-
-    def logical_and(x1, x2):
-        return tf.logical_and(x1, x2)
-
-    def logical_or(x1, x2):
-        return tf.logical_or(x1, x2)
-
-    def logical_not(x):
-        return tf.logical_not(x)
-
     def _binary(fn):
         def op(x1, x2):
             x1, x2 = _common(x1, x2)
@@ -329,46 +317,24 @@ if not _KERAS3:
     floor_divide = _binary(tf.math.floordiv)
     mod = _binary(tf.math.floormod)
 
-    def sin(x):
-        return tf.sin(x)
-
-    def cos(x):
-        return tf.cos(x)
-
-    def exp(x):
-        return tf.exp(x)
-
-    def log(x):
-        return tf.math.log(x)
-
-    def sqrt(x):
-        return tf.sqrt(x)
-
-    def rsqrt(x):
-        return tf.math.rsqrt(x)
-
-    def abs(x):  # noqa: A001 - keras.ops name
-        return tf.abs(x)
-
-    def square(x):
-        return tf.square(x)
-
-    def tanh(x):
-        return tf.tanh(x)
-
-    def floor(x):
-        return tf.floor(x)
-
     def round(x, decimals=0):  # noqa: A001 - keras.ops name
+        if decimals:
+            scale = 10.0 ** decimals
+            return tf.round(x * scale) / scale
         return tf.round(x)
 
     def clip(x, x_min, x_max):
         return tf.clip_by_value(x, x_min, x_max)
 
-    def stop_gradient(variable):
-        return tf.stop_gradient(variable)
+    # Ops that are TensorFlow functions as they are (same arguments, same semantics).
+    _SAME_AS_TF = {
+        "sin": tf.sin, "cos": tf.cos, "exp": tf.exp, "log": tf.math.log, "sqrt": tf.sqrt,
+        "rsqrt": tf.math.rsqrt, "abs": tf.abs, "square": tf.square, "tanh": tf.tanh,
+        "floor": tf.floor, "logical_and": tf.logical_and, "logical_or": tf.logical_or,
+        "logical_not": tf.logical_not, "stop_gradient": tf.stop_gradient, "is_tensor": tf.is_tensor,
+    }
 
-    ops = types.SimpleNamespace(**{
+    ops = types.SimpleNamespace(**_SAME_AS_TF, **{
         name: value for name, value in dict(globals()).items()
         if callable(value) and not name.startswith("_") and name not in __all__
         and name not in ("tf", "types", "builtins")
