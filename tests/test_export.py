@@ -283,9 +283,9 @@ def test_keras_attention_mask_ops_are_flagged_by_the_gpu_verdicts():
     x = keras.layers.LayerNormalization(epsilon=1e-6)(x + keras.layers.MultiHeadAttention(2, 8)(x, x))
     model = keras.Model(ids, x)
     flat = export.to_tflite(model, sequence_length=LENGTH)
-    if is_keras3():  # Keras 3 masks the scores with where(): SELECT_V2, which the GPU parser lacks too
-        assert "SELECT_V2" in export.gpu_incompatible_ops(flat, "webgpu")
-        assert {"TRANSPOSE", "SELECT_V2"} <= set(export.gpu_incompatible_ops(flat, "gl"))
+    if is_keras3():  # Keras 3 masks the scores with where(): a float SELECT_V2 that LiteRT's GPU runs
+        assert export.gpu_incompatible_ops(flat, "webgpu") == []
+        assert {"TRANSPOSE", "SELECT_V2", "BATCH_MATMUL"} <= set(export.gpu_incompatible_ops(flat, "gl"))
     else:
         versions = {op.version for op in export.operators(flat) if op.name == "STRIDED_SLICE"}
         assert versions == {3}
@@ -302,6 +302,16 @@ def test_gl_verdict_applies_the_mul_broadcast_limit(shapes, flagged):
     function = tf.function(lambda a, b: a * b, input_signature=[tf.TensorSpec(s, tf.float32) for s in shapes])
     flat = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()]).convert()
     assert (export.gpu_incompatible_ops(flat, "gl") == ["MUL"]) is flagged
+
+
+@pytest.mark.parametrize("dtype, flagged", [(tf.float32, False), (tf.int32, True)])
+def test_webgpu_verdict_takes_float_select_v2_only(dtype, flagged):
+    # LiteRT's GPU runs a float SELECT_V2 with a scalar branch (the Keras 3 attention mask; tests/edge).
+    function = tf.function(lambda x: tf.where(x > 0, x, tf.ones([], dtype)),
+                           input_signature=[tf.TensorSpec([1, 4, 6], dtype)])
+    flat = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()]).convert()
+    assert "SELECT_V2" in export.op_counts(flat)
+    assert (export.gpu_incompatible_ops(flat, "webgpu") == ["SELECT_V2"]) is flagged
 
 
 @pytest.mark.parametrize("shape, constant, flagged", [

@@ -139,6 +139,31 @@ def _broadcast_limit(op):
     return None
 
 
+def _select_v2_supported(op):
+    """Whether the LiteRT GPU accelerator runs this SELECT_V2 (TFLite 2.12's parser has no SELECT_V2).
+
+    The rule of `CheckSelectV2GpuDelegateCompatibility` in the newer gpu_compatibility.cc: a bool
+    or float condition, float branches each either of the output's shape or a scalar (a constant
+    branch not 2-D). LiteRT 2.3 on lavapipe fully accelerates the Keras 3 attention mask's
+    SELECT_V2 (bool [1, H, T, T], scores, scalar -inf) with GPU == CPU (tests/edge); an int32
+    SELECT_V2 (the `cpu` target's position lookup) is refused.
+    """
+    if len(op.inputs) != 3 or len(op.outputs) != 1 or any(shape is None for shape, _, _ in op.inputs):
+        return False
+    (_, _, condition), *branches = op.inputs
+    output = op.outputs[0][0]
+    if condition.lower() not in ("bool",) + _FLOAT_TYPES:
+        return False
+    for shape, constant, dtype in branches:
+        if dtype.lower() not in _FLOAT_TYPES:
+            return False
+        if shape and tuple(shape) != tuple(output) and (len(shape) > 1 or shape[0] > 1):
+            return False
+        if constant and len(shape) == 2:
+            return False
+    return True
+
+
 def gpu_incompatible_ops(tflite_bytes, backend="opencl"):
     """Ops of a TFLite model that `backend` would not run on the GPU; `[]` when it runs every op.
 
@@ -165,6 +190,9 @@ def gpu_incompatible_ops(tflite_bytes, backend="opencl"):
     for op in operators(tflite_bytes):
         if backend == "gl":
             if op.name not in GL_SHADER_OPS or _gl_limits(op, folded):
+                flagged.add(op.name)
+        elif backend == "webgpu" and op.name == "SELECT_V2":
+            if not _select_v2_supported(op):
                 flagged.add(op.name)
         elif op.name not in GPU_PARSER_OPS or op.version > _PARSER_MAX_VERSION.get(op.name, op.version):
             flagged.add(op.name)

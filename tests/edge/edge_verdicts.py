@@ -113,8 +113,8 @@ def test_ops_outside_the_gl_shader_list_do_not_run_on_gl(edge, name, tmp_path):
     assert run.returncode != 0 or edge.refusals(run.log), run.log[-2000:]
 
 
-@pytest.mark.skipif(is_keras3(), reason="Keras 2's MultiHeadAttention mask (STRIDED_SLICE v3); Keras 3 masks "
-                    "with SELECT_V2 (tests/test_export.py checks that verdict)")
+@pytest.mark.skipif(is_keras3(), reason="Keras 2's MultiHeadAttention mask (STRIDED_SLICE v3); Keras 3's "
+                    "is checked by test_keras3_mask_select_v2_runs_on_litert_as_the_verdict_says")
 def test_keras_mask_strided_slice_v3_is_refused_by_litert_as_the_verdict_says(edge, tmp_path):
     keras.utils.set_random_seed(2)
     ids = keras.Input(shape=(None,), dtype="int32")
@@ -129,3 +129,21 @@ def test_keras_mask_strided_slice_v3_is_refused_by_litert_as_the_verdict_says(ed
     mixed = edge.run_litert(path, feeds, accelerator="gpu", allow_cpu=True)
     assert "STRIDED_SLICE: Max version supported: 2. Requested version 3." in mixed.log
     assert not mixed.info["fully_accelerated"]
+
+
+@pytest.mark.skipif(not is_keras3(), reason="Keras 3's MultiHeadAttention masks with SELECT_V2")
+def test_keras3_mask_select_v2_runs_on_litert_as_the_verdict_says(edge, tmp_path):
+    keras.utils.set_random_seed(2)
+    ids = keras.Input(shape=(None,), dtype="int32")
+    x = TokenAndPositionEmbedding(40, 16, 16, dropout=0.0)(ids)
+    model = keras.Model(ids, x + keras.layers.MultiHeadAttention(2, 8)(x, x))
+    flat = export.to_tflite(model, sequence_length=8)
+    assert "SELECT_V2" in export.op_counts(flat)
+    assert export.gpu_incompatible_ops(flat, "webgpu") == []
+    path = str(tmp_path / "keras_mask.tflite")
+    open(path, "wb").write(flat)
+    feeds = {"token_ids": np.array([[3, 4, 5, 0, 0, 0, 0, 0]], np.int32)}
+    on_gpu = edge.run_litert(path, feeds, accelerator="gpu")
+    on_cpu = edge.run_litert(path, feeds, accelerator="cpu")
+    assert on_gpu.returncode == 0 and on_gpu.info["fully_accelerated"], on_gpu.log[-2000:]
+    assert np.max(np.abs(on_gpu.output - on_cpu.output)) <= 1e-4
