@@ -8,7 +8,10 @@ all of them train it with. Importing this module registers `CausalLM` for
 Loss: the mean cross-entropy over every real (non-padding) label of the
 global batch. Each replica divides its sum by the token count of the whole
 global batch (an all-reduce), and the optimizer sums the replicas'
-gradients, so one device and N devices compute the same update.
+gradients, so one device and N devices compute the same update (up to
+the order of float additions). Gradients reach the optimizer dense, so an
+embedding row looked up several times gets Adam's update for the sum of
+its gradients on Keras 2 and Keras 3 alike.
 
 References:
     - Vaswani et al., "Attention Is All You Need", 2017, section 5.3
@@ -118,7 +121,17 @@ class CausalLM(keras.Model):
                          use_causal_mask=self.causal, training=training)
         return tf.cast(self.head(x), tf.float32)
 
-    def _token_losses(self, data, training):
+    def token_loss_sums(self, data, training=False):
+        """`(sum of the cross-entropies of the real labels, their count)` of one batch.
+
+        Args:
+            data: `(features, labels)`, labels int `[batch, length]`;
+                labels equal to `pad_id` are left out.
+            training: bool.
+
+        Returns:
+            two float32 scalars.
+        """
         features, labels = data
         logits = self(features, training=training)
         losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
@@ -128,16 +141,16 @@ class CausalLM(keras.Model):
     def train_step(self, data):
         context = tf.distribute.get_replica_context()
         with tf.GradientTape() as tape:
-            local_sum, local_count = self._token_losses(data, training=True)
+            local_sum, local_count = self.token_loss_sums(data, training=True)
             global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
             loss = local_sum / tf.maximum(global_count, 1.0)
         gradients = tape.gradient(loss, self.trainable_variables)  # Keras 3 optimizers have no `minimize`
-        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        self.optimizer.apply_gradients(zip(_dense(gradients), self.trainable_variables))
         # Per-replica shares; Keras sums them over replicas (distribute_reduction_method="sum").
         return {"loss": loss, "tokens": local_count}
 
     def test_step(self, data):
-        local_sum, local_count = self._token_losses(data, training=False)
+        local_sum, local_count = self.token_loss_sums(data, training=False)
         self.eval_loss.update_state(local_sum / tf.maximum(local_count, 1.0), sample_weight=local_count)
         return {"loss": self.eval_loss.result()}
 
@@ -159,3 +172,15 @@ class CausalLM(keras.Model):
 
     def get_config(self):
         return {"encoder_config": self.encoder_config, "causal": self.causal, "name": self.name}
+
+
+def _dense(gradients):
+    """The gradients as dense tensors: an embedding's `IndexedSlices` summed per row.
+
+    An embedding lookup's gradient holds one slice per looked-up token, so a
+    token seen twice has two slices. Keras 3's Adam (TensorFlow backend)
+    squares the slices one by one, so its second moment gets `g1**2 + g2**2`
+    instead of `(g1 + g2)**2`; Keras 2 sums duplicates first. Summing them
+    here gives both the same, exact Adam update.
+    """
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]

@@ -63,6 +63,29 @@ def test_a_fit_step_lowers_the_loss_on_its_batch():
     assert model.evaluate(data.take(1), verbose=0) < before
 
 
+def test_a_train_step_is_adam_on_the_summed_gradient_of_a_repeated_token():
+    # The embedding's gradient has one slice per looked-up token (7 appears three times). Adam's second
+    # moment must see the square of their sum; squaring slice by slice (Keras 3's Adam on IndexedSlices)
+    # moves the row of token 7 by a different amount.
+    model = _model()
+    lr, beta_1, beta_2, epsilon = 0.01, 0.9, 0.98, 1e-9
+    model.compile(optimizer=keras.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon))
+    batch = (tf.constant([[2, 7, 7, 9, 7]]), tf.constant([[7, 7, 9, 7, 3]]))
+    embedding = next(v for v in model.trainable_variables if tuple(v.shape) == (CONFIG["vocab_size"], 16))
+    with tf.GradientTape() as tape:
+        total, count = model.token_loss_sums(batch, training=True)
+        loss = total / count
+    slices = tape.gradient(loss, embedding)
+    assert isinstance(slices, tf.IndexedSlices) and np.bincount(slices.indices.numpy())[7] == 3
+    gradient = np.zeros(embedding.shape, np.float64)
+    np.add.at(gradient, slices.indices.numpy(), slices.values.numpy().astype(np.float64))
+    m, v = (1 - beta_1) * gradient, (1 - beta_2) * gradient**2
+    alpha = lr * np.sqrt(1 - beta_2) / (1 - beta_1)
+    expected = embedding.numpy().astype(np.float64) - alpha * m / (np.sqrt(v) + epsilon)
+    model.train_step(batch)
+    np.testing.assert_allclose(embedding.numpy(), expected, rtol=0, atol=1e-7)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_save_and_load_keep_outputs_and_the_causal_option(tmp_path, causal):
     model = _model(causal)
