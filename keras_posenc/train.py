@@ -554,9 +554,7 @@ def train(cfg):
 
     eval_ds = data_lib.lm_dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
                                   **dataset_kwargs)
-    with warnings.catch_warnings():  # Keras 3 reports the end of a finite dataset of unknown length
-        warnings.filterwarnings("ignore", message="Your input ran out of data")
-        eval_loss = float(model.evaluate(eval_ds, verbose=0))
+    eval_loss = _evaluate(model, strategy, eval_ds)
     unigram_train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=256, shuffle=False,
                                            **dataset_kwargs)
     unigram_loss = data_lib.unigram_cross_entropy(unigram_train_ds, eval_ds, vocab_size)
@@ -610,15 +608,9 @@ def _fit(model, strategy, batches, steps, callbacks, verbose):
     if steps <= 0:
         return
 
-    def replica_step(batch):
-        context = tf.distribute.get_replica_context()
-        size = tf.shape(batch[1])[0] // context.num_replicas_in_sync
-        start = context.replica_id_in_sync_group * size
-        return model.train_step(tf.nest.map_structure(lambda t: t[start:start + size], batch))
-
     @tf.function
     def train_step(iterator):
-        outputs = strategy.run(replica_step, args=(next(iterator),))
+        outputs = strategy.run(lambda batch: model.train_step(_replica_slice(batch)), args=(next(iterator),))
         return {k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in outputs.items()}
 
     progress = keras.utils.Progbar(steps, verbose=verbose) if verbose else None
@@ -634,6 +626,36 @@ def _fit(model, strategy, batches, steps, callbacks, verbose):
             progress.update(batch + 1, [("loss", logs["loss"])])
     for callback in callbacks:
         callback.on_train_end(logs)
+
+
+def _replica_slice(batch):
+    """This replica's rows of a global batch: `ceil(rows / replicas)` each, the last ones fewer."""
+    context = tf.distribute.get_replica_context()
+    replicas = context.num_replicas_in_sync
+    size = (tf.shape(batch[1])[0] + replicas - 1) // replicas
+    start = context.replica_id_in_sync_group * size
+    return tf.nest.map_structure(lambda t: t[start:start + size], batch)
+
+
+def _evaluate(model, strategy, dataset):
+    """The mean cross-entropy over the real labels of `dataset`, each replica on its slice of each batch.
+
+    Like `_fit`, every worker reads the same global batches, so every worker
+    gets the same result. Keras 3's `evaluate` cannot run this model under
+    `MultiWorkerMirroredStrategy` (it fails converting the distributed dict
+    inputs to a tensor); the sums here are reduced over replicas per batch and
+    added up in float64, independent of the Keras version.
+    """
+    @tf.function
+    def eval_step(batch):
+        sums = strategy.run(lambda b: model.token_loss_sums(_replica_slice(b)), args=(batch,))
+        return [strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in sums]
+
+    total, count = 0.0, 0.0
+    for batch in dataset:
+        batch_sum, batch_count = eval_step(batch)
+        total, count = total + float(batch_sum), count + float(batch_count)
+    return total / max(count, 1.0)
 
 
 def _save_model(model, path):
