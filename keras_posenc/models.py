@@ -9,9 +9,9 @@ Loss: the mean cross-entropy over every real (non-padding) label of the
 global batch. Each replica divides its sum by the token count of the whole
 global batch (an all-reduce), and the optimizer sums the replicas'
 gradients, so one device and N devices compute the same update (up to
-the order of float additions). Gradients reach the optimizer dense, so an
-embedding row looked up several times gets Adam's update for the sum of
-its gradients on Keras 2 and Keras 3 alike.
+the order of float additions). On Keras 3 the gradients reach the
+optimizer dense, so an embedding row looked up several times gets Adam's
+update for the sum of its gradients, as on Keras 2.
 
 References:
     - Vaswani et al., "Attention Is All You Need", 2017, section 5.3
@@ -23,7 +23,7 @@ References:
 
 import tensorflow as tf
 
-from keras_posenc.backend import keras
+from keras_posenc.backend import is_keras3, keras
 from keras_posenc.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
 
@@ -175,12 +175,15 @@ class CausalLM(keras.Model):
 
 
 def _dense(gradients):
-    """The gradients as dense tensors: an embedding's `IndexedSlices` summed per row.
+    """On Keras 3, the gradients as dense tensors: an embedding's `IndexedSlices` summed per row.
 
     An embedding lookup's gradient holds one slice per looked-up token, so a
     token seen twice has two slices. Keras 3's Adam (TensorFlow backend)
     squares the slices one by one, so its second moment gets `g1**2 + g2**2`
-    instead of `(g1 + g2)**2`; Keras 2 sums duplicates first. Summing them
-    here gives both the same, exact Adam update.
+    instead of `(g1 + g2)**2`. Keras 2's optimizers sum duplicate slices
+    themselves, so there the gradients pass unchanged (and Keras 2 runs keep
+    their exact numbers).
     """
+    if not is_keras3():
+        return gradients
     return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
