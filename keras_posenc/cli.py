@@ -154,7 +154,7 @@ def _add_train_parser(subparsers):
         "train", help="train a causal LM on a text or TSV corpus",
         description="Trains a causal next-token LM. A TSV corpus (source<TAB>target) is trained as "
                     "'source <sep> target' with language ids 0/1 and a position scale per language. "
-                    "Without --warmup-steps the warmup is min(4000, max(1, steps // 10)).")
+                    "Without --warmup-steps the warmup is min(4000, max(1, steps // 2)).")
     _add_config_flags(parser, TrainConfig())
 
 

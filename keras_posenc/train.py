@@ -78,10 +78,12 @@ def _option(default, group, help, *, flag=None, choices=None, type=None, const=N
 
 
 def default_warmup_steps(steps):
-    """The warmup used when none is given: `min(4000, max(1, steps // 10))`.
+    """The warmup used when none is given: `min(4000, max(1, steps // 2))`.
 
-    A tenth of the run, at most the paper's 4000: a short run leaves warmup
-    and trains at its peak learning rate for most of its steps.
+    Half the run, at most the paper's 4000. The schedule peaks at
+    `d_model**-0.5 * warmup**-0.5`, so a warmup of a small fraction of a short
+    run gives a peak learning rate that Adam overshoots with; half the run
+    keeps the peak moderate and still leaves warmup and decays.
 
     Args:
         steps: int, the run's total optimizer steps.
@@ -91,10 +93,10 @@ def default_warmup_steps(steps):
 
     Example:
 
-    >>> default_warmup_steps(300), default_warmup_steps(5), default_warmup_steps(100_000)
-    (30, 1, 4000)
+    >>> default_warmup_steps(300), default_warmup_steps(1), default_warmup_steps(100_000)
+    (150, 1, 4000)
     """
-    return min(4000, max(1, steps // 10))
+    return min(4000, max(1, steps // 2))
 
 
 @dataclasses.dataclass
@@ -169,7 +171,7 @@ class TrainConfig:
     steps: int = _option(1000, "training", "total optimizer steps (a resumed run continues to it)")
     batch_size: int = _option(32, "training", "global batch size (split across replicas)")
     warmup_steps: int = _option(None, "training", "learning-rate warmup steps (default: "
-                                "min(4000, max(1, steps // 10)), so short runs leave warmup)")
+                                "min(4000, max(1, steps // 2)), so short runs leave warmup)")
     lr_scale: float = _option(1.0, "training", "factor on the warmup schedule")
     seed: int = _option(0, "training", "seed of the split, data order, initialization and dropout",
                         type=int)
@@ -429,7 +431,7 @@ def _warmup_steps(cfg, ckpt_dir):
         if cfg.warmup_steps >= cfg.steps:
             warnings.warn(f"--warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning rate "
                           "never leaves warmup and the run may learn little. Leave --warmup-steps out to "
-                          f"use {default_warmup_steps(cfg.steps)} (a tenth of the steps).", stacklevel=3)
+                          f"use {default_warmup_steps(cfg.steps)} (half the steps).", stacklevel=3)
         return cfg.warmup_steps
     if cfg.resume and os.path.isfile(path):  # resuming with more --steps keeps the schedule it started with
         with open(path) as f:

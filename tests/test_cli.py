@@ -154,7 +154,7 @@ def test_help_shows_every_default(command, capsys):
         assert "(default: " in entries[action.option_strings[0]], entries[action.option_strings[0]]
     if command == "train":
         assert entries["--warmup-steps"].endswith("learning-rate warmup steps (default: min(4000, max(1, "
-                                                  "steps // 10)), so short runs leave warmup)")
+                                                  "steps // 2)), so short runs leave warmup)")
         assert entries["--d-model"] == "--d-model D_MODEL model width (default: 64)"
         assert entries["--no-bos"] == "--no-bos do not start sequences with <s> (default: off)"
 
@@ -239,7 +239,7 @@ def test_default_flags_learn_in_300_steps_on_the_shipped_parallel_corpus(tmp_pat
     assert cli.main(["train", "--corpus", data.parallel_corpus_path(), "--format", "tsv", "--steps", "300",
                      "--out", out, "--quiet"]) == 0
     report = json.load(open(os.path.join(out, "report.json")))
-    assert report["warmup_steps"] == 30 and report["train_config"]["warmup_steps"] is None
+    assert report["warmup_steps"] == 150 and report["train_config"]["warmup_steps"] is None
     assert report["beats_unigram"]
     assert report["eval_loss"] < report["unigram_eval_loss"] - 0.15, (report["eval_loss"],
                                                                       report["unigram_eval_loss"])

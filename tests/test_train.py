@@ -260,13 +260,13 @@ def test_multiworker_on_localhost_matches_single_device(corpus, tmp_path):
     assert [step for step, _ in list_checkpoints(os.path.join(out, "checkpoints"))] == [2, 4, 6]
 
 
-def test_warmup_defaults_to_a_tenth_of_the_steps_and_a_resume_keeps_it(corpus, tmp_path):
+def test_warmup_defaults_to_half_the_steps_and_a_resume_keeps_it(corpus, tmp_path):
     out = str(tmp_path / "run")
     first = train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=20, warmup_steps=None)))
-    assert first["warmup_steps"] == train_lib.default_warmup_steps(20) == 2
+    assert first["warmup_steps"] == train_lib.default_warmup_steps(20) == 10
     resumed = train(TrainConfig(corpus=corpus, out=out, resume=True,
                                 **dict(TINY, steps=40, warmup_steps=None)))
-    assert resumed["start_step"] == 20 and resumed["warmup_steps"] == 2  # not 40 // 10: same schedule
+    assert resumed["start_step"] == 20 and resumed["warmup_steps"] == 10  # not 40 // 2: same schedule
 
 
 def test_explicit_warmup_not_below_the_steps_warns(corpus, tmp_path):
