@@ -16,9 +16,9 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
+from kit_report import print_summary, summarize, time_runs
 
 
 def parse_args(argv):
@@ -153,28 +153,15 @@ def main(argv=None):
         if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
             device.to_device(pointers[name], host[name])
     stream = 0
-    for _ in range(args.warmup):
-        context.execute_async_v3(stream)
-    device.synchronize()
-    times = []
-    for _ in range(args.iterations):
-        start = time.perf_counter()
+
+    def invoke():
         context.execute_async_v3(stream)
         device.synchronize()
-        times.append(time.perf_counter() - start)
+
+    times = time_runs(invoke, args.iterations, args.warmup)
     device.to_host(host[output], pointers[output])
-    result = host[output].astype(np.float64)
-    p50, p90, p99 = (float(np.percentile(times, q)) * 1e3 for q in (50, 90, 99))
-    summary = {"runtime": f"tensorrt {trt.__version__}", "fp16": args.fp16, "iterations": args.iterations,
-               "p50_ms": p50, "p90_ms": p90, "p99_ms": p99, "output_shape": list(result.shape),
-               "checksum": float(result.sum()), "mean_abs": float(np.abs(result).mean())}
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print(f"runtime: {summary['runtime']}  fp16: {args.fp16}")
-    print(f"latency over {args.iterations} runs: p50 {p50:.3f} ms  p90 {p90:.3f} ms  p99 {p99:.3f} ms")
-    print(f"output {tuple(result.shape)}: checksum (sum) {summary['checksum']:.6f}  "
-          f"mean |x| {summary['mean_abs']:.6f}")
+    summary = summarize(times, host[output], runtime=f"tensorrt {trt.__version__}", fp16=args.fp16)
+    print_summary(summary, f"runtime: {summary['runtime']}  fp16: {args.fp16}", as_json=args.json)
     return 0
 
 

@@ -26,9 +26,9 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
+from kit_report import print_summary, summarize, time_runs
 
 
 class LiteRtRunner:
@@ -183,30 +183,12 @@ def main(argv=None):
     except RuntimeError as error:  # LiteRT: e.g. "Some ops are not accelerated" on a GPU-only compile
         raise SystemExit(f"{args.accelerator.upper()} compilation failed: {error}") from None
     runner.set_inputs(make_inputs(runner.inputs, args, read_metadata(args.model)))
-    for _ in range(args.warmup):
-        runner.invoke()
-    times = []
-    for _ in range(args.iterations):
-        start = time.perf_counter()
-        runner.invoke()
-        times.append(time.perf_counter() - start)
-    result = np.asarray(runner.output(), np.float64)
-    p50, p90, p99 = (float(np.percentile(times, q)) * 1e3 for q in (50, 90, 99))
-    summary = {
-        "runtime": runner.name, "accelerator": args.accelerator, "delegate": args.delegate,
-        "fully_accelerated": runner.fully_accelerated, "iterations": args.iterations,
-        "p50_ms": p50, "p90_ms": p90, "p99_ms": p99,
-        "output_shape": list(result.shape), "checksum": float(result.sum()),
-        "mean_abs": float(np.abs(result).mean()),
-    }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
+    times = time_runs(runner.invoke, args.iterations, args.warmup)
+    summary = summarize(times, runner.output(), runtime=runner.name, accelerator=args.accelerator,
+                        delegate=args.delegate, fully_accelerated=runner.fully_accelerated)
     where = args.delegate or ("LiteRT GPU accelerator" if args.accelerator == "gpu" else "CPU (XNNPACK)")
-    print(f"runtime: {runner.name}  on: {where}  fully accelerated: {runner.fully_accelerated}")
-    print(f"latency over {args.iterations} runs: p50 {p50:.3f} ms  p90 {p90:.3f} ms  p99 {p99:.3f} ms")
-    print(f"output {tuple(result.shape)}: checksum (sum) {summary['checksum']:.6f}  "
-          f"mean |x| {summary['mean_abs']:.6f}")
+    header = f"runtime: {runner.name}  on: {where}  fully accelerated: {runner.fully_accelerated}"
+    print_summary(summary, header, as_json=args.json)
     return 0
 
 
