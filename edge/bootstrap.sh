@@ -84,25 +84,22 @@ $missing"
   touch "$CACHE/mesa/.stamp"
 fi
 
-# --- ai-edge-litert 2.3.0 -----------------------------------------------------------------
-if [ ! -f "$CACHE/venv-litert/.stamp" ]; then
-  echo "edge bootstrap: ai-edge-litert -> $CACHE/venv-litert"
-  rm -rf "$CACHE/venv-litert"
-  "$PY" -m venv "$CACHE/venv-litert"
+runtime_venv() {  # runtime_venv NAME PINS: a venv of exactly PINS (--no-deps) under $CACHE/NAME
+  local name=$1 pins=$2
+  [ -f "$CACHE/$name/.stamp" ] && return 0
+  echo "edge bootstrap: $pins -> $CACHE/$name"
+  rm -rf "$CACHE/$name"
+  "$PY" -m venv "$CACHE/$name"
   # shellcheck disable=SC2086
-  pypi "$LITERT_PINS" "$CACHE/venv-litert/bin/python" -m pip install --quiet --no-deps $LITERT_PINS
-  touch "$CACHE/venv-litert/.stamp"
-fi
+  pypi "$pins" "$CACHE/$name/bin/python" -m pip install --quiet --no-deps $pins
+  touch "$CACHE/$name/.stamp"
+}
+
+# --- ai-edge-litert 2.3.0 -----------------------------------------------------------------
+runtime_venv venv-litert "$LITERT_PINS"
 
 # --- mediapipe 0.10.21 (the GL delegate), without its GUI dependencies ---------------------
-if [ ! -f "$CACHE/venv-mediapipe/.stamp" ]; then
-  echo "edge bootstrap: mediapipe -> $CACHE/venv-mediapipe"
-  rm -rf "$CACHE/venv-mediapipe"
-  "$PY" -m venv "$CACHE/venv-mediapipe"
-  # shellcheck disable=SC2086
-  pypi "$MEDIAPIPE_PINS" "$CACHE/venv-mediapipe/bin/python" -m pip install --quiet --no-deps $MEDIAPIPE_PINS
-  touch "$CACHE/venv-mediapipe/.stamp"
-fi
+runtime_venv venv-mediapipe "$MEDIAPIPE_PINS"
 
 # --- tf2onnx + onnxruntime beside .venv's TensorFlow (tf2onnx pins protobuf~=3.20: --no-deps) -
 if [ ! -f "$CACHE/onnx-site/.stamp" ]; then
