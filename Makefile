@@ -6,7 +6,8 @@
 #   make test-keras3 lint, then pytest in .venv-keras3 (TF 2.21 / Keras 3, requirements/tf221.txt):
 #                    the suite on KERAS_BACKEND=tensorflow, the layer tests again on jax
 #   make venv-keras3 bootstrap .venv-keras3 (Python 3.12) from requirements/tf221.txt
-#   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache)
+#   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache),
+#                    exported on Keras 2 (.venv) and on Keras 3 (.venv-keras3)
 #   make lint        ruff check . and hadolint docker/Dockerfile
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
 #   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)
@@ -67,7 +68,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
         pytest-keras3 test-edge
 
 help:
-	@sed -n '3,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,17p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
@@ -173,9 +174,11 @@ test-keras3: lint
 # tf2onnx + onnxruntime) once; tests/edge/edge_*.py then run the exported files on them.
 EDGE_TESTS := $(sort $(wildcard tests/edge/edge_*.py))
 
-test-edge: venv
-	PY=$(PY) edge/bootstrap.sh
+# Both stacks: the TF 2.12 converter (.venv) and TF 2.21's with Keras 3 (.venv-keras3).
+test-edge: venv venv-keras3
+	PY=$(PY) KERAS3_PY=$(KERAS3_VENV)/bin/python edge/bootstrap.sh
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(EDGE_TESTS) $(PYTEST_ARGS)
+	KERAS_BACKEND=tensorflow $(KERAS3_VENV)/bin/python -m pytest -q -p no:cacheprovider $(EDGE_TESTS) $(PYTEST_ARGS)
 
 # Into the interpreter $(PY) itself: meant for a virtualenv/conda env of yours, e.g.
 # `make install PY=~/envs/posenc/bin/python`. Refuses a system interpreter unless SYSTEM=1.
