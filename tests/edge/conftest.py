@@ -27,3 +27,13 @@ def edge():
         pytest.fail(f"The edge runtimes are not bootstrapped ({', '.join(missing)} missing under "
                     f"{runtimes.CACHE}): run `make test-edge` (or edge/bootstrap.sh) first.")
     return runtimes
+
+
+@pytest.fixture
+def tflite_file(tmp_path):
+    """`tflite_file(name, flat)`: writes the flatbuffer to `tmp_path/name.tflite`, returns the path."""
+    def write(name, flat):
+        path = tmp_path / f"{name}.tflite"
+        path.write_bytes(flat)
+        return str(path)
+    return write

@@ -24,13 +24,17 @@ def run(edge, python, *args):
     return result
 
 
-def test_runner_gpu_checksum_equals_the_training_machine(edge, tmp_path):
+def causal_lm(**config):
+    """A built, seeded `CausalLM` without dropout."""
     keras.utils.set_random_seed(3)
-    model = CausalLM(dict(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=500, max_length=32,
-                          dropout=0.0), name="lm")
+    model = CausalLM(dict(config, dropout=0.0), name="lm")
     model.build_on_dummy()
-    path = str(tmp_path / "model.tflite")
-    open(path, "wb").write(export.to_tflite(model, sequence_length=32))
+    return model
+
+
+def test_runner_gpu_checksum_equals_the_training_machine(edge, tflite_file):
+    model = causal_lm(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=500, max_length=32)
+    path = tflite_file("model", export.to_tflite(model, sequence_length=32))
     json.dump(export.runtime_metadata(model, 32), open(path + ".json", "w"))
     litert = os.path.join(edge.CACHE, "venv-litert", "bin", "python")
     on_gpu = run(edge, litert, path, "--accelerator", "gpu", "--iterations", "3", "--json")
@@ -45,13 +49,9 @@ def test_runner_gpu_checksum_equals_the_training_machine(edge, tmp_path):
     assert np.isclose(gpu["mean_abs"], cpu["mean_abs"], rtol=1e-5)
 
 
-def test_runner_refuses_a_file_not_fully_accelerated(edge, tmp_path):
-    keras.utils.set_random_seed(3)
-    model = CausalLM(dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=50, max_length=16,
-                          dropout=0.0), name="lm")
-    model.build_on_dummy()
-    path = str(tmp_path / "cpu.tflite")
-    open(path, "wb").write(export.to_tflite(model, sequence_length=16, target="cpu"))
+def test_runner_refuses_a_file_not_fully_accelerated(edge, tflite_file):
+    model = causal_lm(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=50, max_length=16)
+    path = tflite_file("cpu", export.to_tflite(model, sequence_length=16, target="cpu"))
     litert = os.path.join(edge.CACHE, "venv-litert", "bin", "python")
     result = run(edge, litert, path, "--accelerator", "gpu", "--iterations", "1", "--vocab-size", "50")
     assert result.returncode != 0

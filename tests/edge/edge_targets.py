@@ -59,12 +59,11 @@ def keras_rows(model, ids, languages, row):
 ROWS = (1, 3)
 
 
-def test_gpu_target_is_fully_accelerated_and_gpu_equals_cpu(edge, case, tmp_path):
+def test_gpu_target_is_fully_accelerated_and_gpu_equals_cpu(edge, case, tflite_file):
     name, model, quantize, ids, languages = case
     flat = export.to_tflite(model, sequence_length=LENGTH, target="gpu", quantize=quantize)
     assert export.gpu_incompatible_ops(flat, "webgpu") == []
-    path = str(tmp_path / f"{name}.tflite")
-    open(path, "wb").write(flat)
+    path = tflite_file(name, flat)
     for row in ROWS:
         feeds = feeds_of(ids, languages, row, np.int32)
         gpu = edge.run_litert(path, feeds, accelerator="gpu")  # GPU only: fails unless every op runs
@@ -77,12 +76,11 @@ def test_gpu_target_is_fully_accelerated_and_gpu_equals_cpu(edge, case, tmp_path
         assert np.max(np.abs(gpu.output[0][real] - expected)) <= KERAS_TOLERANCE[quantize]
 
 
-def test_gl_target_runs_every_op_on_gl_and_gl_equals_cpu(edge, case, tmp_path):
+def test_gl_target_runs_every_op_on_gl_and_gl_equals_cpu(edge, case, tflite_file):
     name, model, quantize, ids, languages = case
     flat = export.to_tflite(model, sequence_length=LENGTH, target="gl", quantize=quantize)
     assert export.gpu_incompatible_ops(flat, "gl") == []
-    path = str(tmp_path / f"{name}.tflite")
-    open(path, "wb").write(flat)
+    path = tflite_file(name, flat)
     for row in ROWS:
         feeds = feeds_of(ids, languages, row, np.float32)
         gl = edge.run_gl(path, feeds)
@@ -112,7 +110,7 @@ def test_tensorrt_target_onnxruntime_equals_keras_left_and_right_padding(edge, c
         assert export.check_onnx_parity(model, onnx, ids[row:row + 1], single) <= 1e-4
 
 
-def test_runtime_segment_ids_on_gl_and_litert(edge, tmp_path):
+def test_runtime_segment_ids_on_gl_and_litert(edge, tflite_file):
     """Packed rows with runtime segment ids: per-segment positions and block-diagonal attention on GPU."""
     from keras_posenc.encoder import Encoder
 
@@ -127,8 +125,7 @@ def test_runtime_segment_ids_on_gl_and_litert(edge, tmp_path):
     packed = np.repeat([[1, 2, 3]], [15, 20, 13], axis=1).astype(np.int32)
     expected = model([tokens, packed]).numpy()[0][tokens[0] != 0]
     for target, run, dtype in (("gl", edge.run_gl, np.float32), ("gpu", edge.run_litert, np.int32)):
-        path = str(tmp_path / f"{target}.tflite")
-        open(path, "wb").write(export.to_tflite(model, sequence_length=LENGTH, target=target))
+        path = tflite_file(target, export.to_tflite(model, sequence_length=LENGTH, target=target))
         feeds = {"token_ids": tokens.astype(dtype), "segment_ids": packed.astype(dtype)}
         result = run(path, feeds)
         assert result.returncode == 0 and edge.refusals(result.log) == [], result.log[-3000:]

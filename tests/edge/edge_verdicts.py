@@ -80,11 +80,10 @@ def test_cli_tensorrt_target_writes_onnx_with_parity(edge, demo):
     assert open(out, "rb").read(4) != b"\x1c\x00\x00\x00"  # ONNX protobuf, not a TFLite flatbuffer
 
 
-def test_cpu_target_verdict_names_what_the_gl_delegate_refuses(edge, demo, tmp_path):
+def test_cpu_target_verdict_names_what_the_gl_delegate_refuses(edge, demo, tflite_file):
     model, _, _, ids = demo
     flat = export.to_tflite(model, sequence_length=LENGTH, target="cpu")
-    path = str(tmp_path / "cpu.tflite")
-    open(path, "wb").write(flat)
+    path = tflite_file("cpu", flat)
     verdict = set(export.gpu_incompatible_ops(flat, "gl"))
     run = edge.run_gl(path, {"token_ids": ids[3:4].astype(np.float32)})
     refused = edge.refused_ops(run.log) & set(export.op_counts(flat))
@@ -102,28 +101,31 @@ CLAIMED_WITHOUT_SHADER = {
 
 
 @pytest.mark.parametrize("name", sorted(CLAIMED_WITHOUT_SHADER))
-def test_ops_outside_the_gl_shader_list_do_not_run_on_gl(edge, name, tmp_path):
+def test_ops_outside_the_gl_shader_list_do_not_run_on_gl(edge, name, tflite_file):
     function = tf.function(CLAIMED_WITHOUT_SHADER[name], input_signature=[tf.TensorSpec([1, 24], tf.float32)])
     flat = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()]).convert()
     assert name in export.op_counts(flat)
     assert name in export.gpu_incompatible_ops(flat, "gl")
-    path = str(tmp_path / f"{name}.tflite")
-    open(path, "wb").write(flat)
+    path = tflite_file(name, flat)
     run = edge.run_gl(path, {"token_ids": np.arange(24, dtype=np.float32)[None]})
     assert run.returncode != 0 or edge.refusals(run.log), run.log[-2000:]
 
 
-@pytest.mark.skipif(is_keras3(), reason="Keras 2's MultiHeadAttention mask (STRIDED_SLICE v3); Keras 3's "
-                    "is checked by test_keras3_mask_select_v2_runs_on_litert_as_the_verdict_says")
-def test_keras_mask_strided_slice_v3_is_refused_by_litert_as_the_verdict_says(edge, tmp_path):
+def keras_attention_mask_export():
+    """A padding-masked Keras MultiHeadAttention block, exported with the default target at length 8."""
     keras.utils.set_random_seed(2)
     ids = keras.Input(shape=(None,), dtype="int32")
     x = TokenAndPositionEmbedding(40, 16, 16, dropout=0.0)(ids)
     model = keras.Model(ids, x + keras.layers.MultiHeadAttention(2, 8)(x, x))
-    flat = export.to_tflite(model, sequence_length=8)
+    return export.to_tflite(model, sequence_length=8)
+
+
+@pytest.mark.skipif(is_keras3(), reason="Keras 2's MultiHeadAttention mask (STRIDED_SLICE v3); Keras 3's "
+                    "is checked by test_keras3_mask_select_v2_runs_on_litert_as_the_verdict_says")
+def test_keras_mask_strided_slice_v3_is_refused_by_litert_as_the_verdict_says(edge, tflite_file):
+    flat = keras_attention_mask_export()
     assert "STRIDED_SLICE" in export.gpu_incompatible_ops(flat, "webgpu")
-    path = str(tmp_path / "keras_mask.tflite")
-    open(path, "wb").write(flat)
+    path = tflite_file("keras_mask", flat)
     feeds = {"token_ids": np.array([[3, 4, 5, 0, 0, 0, 0, 0]], np.int32)}
     assert edge.run_litert(path, feeds, accelerator="gpu").returncode != 0  # GPU only: refused
     mixed = edge.run_litert(path, feeds, accelerator="gpu", allow_cpu=True)
@@ -132,16 +134,11 @@ def test_keras_mask_strided_slice_v3_is_refused_by_litert_as_the_verdict_says(ed
 
 
 @pytest.mark.skipif(not is_keras3(), reason="Keras 3's MultiHeadAttention masks with SELECT_V2")
-def test_keras3_mask_select_v2_runs_on_litert_as_the_verdict_says(edge, tmp_path):
-    keras.utils.set_random_seed(2)
-    ids = keras.Input(shape=(None,), dtype="int32")
-    x = TokenAndPositionEmbedding(40, 16, 16, dropout=0.0)(ids)
-    model = keras.Model(ids, x + keras.layers.MultiHeadAttention(2, 8)(x, x))
-    flat = export.to_tflite(model, sequence_length=8)
+def test_keras3_mask_select_v2_runs_on_litert_as_the_verdict_says(edge, tflite_file):
+    flat = keras_attention_mask_export()
     assert "SELECT_V2" in export.op_counts(flat)
     assert export.gpu_incompatible_ops(flat, "webgpu") == []
-    path = str(tmp_path / "keras_mask.tflite")
-    open(path, "wb").write(flat)
+    path = tflite_file("keras_mask", flat)
     feeds = {"token_ids": np.array([[3, 4, 5, 0, 0, 0, 0, 0]], np.int32)}
     on_gpu = edge.run_litert(path, feeds, accelerator="gpu")
     on_cpu = edge.run_litert(path, feeds, accelerator="cpu")
