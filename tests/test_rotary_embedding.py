@@ -16,6 +16,7 @@ SCALINGS = [
     {"scaling": "ntk", "scaling_factor": 4.0},
     {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 64},
     {"scaling": "yarn", "scaling_factor": 8.0, "original_length": 512, "beta_fast": 16.0, "beta_slow": 2.0},
+    {"scaling": "yarn-turns", "scaling_factor": 4.0, "original_length": 64},
 ]
 
 
@@ -33,10 +34,17 @@ def reference_angles(positions, dim, base=10000.0, scaling=None, scaling_factor=
         if scaling == "linear":  # position interpolation: m -> m / s
             angles[..., i] = (positions / s) * theta
             continue
-        if scaling == "yarn":  # YaRN eq. 17-19: lambda = 2 pi / theta, r = L / lambda, ramp gamma(r)
+        if scaling == "yarn-turns":  # YaRN eq. 17-19 as printed: r = L / lambda turns, ramp gamma(r)
             r = original_length / (2 * math.pi / theta)
             gamma = min(1.0, max(0.0, (r - beta_slow) / (beta_fast - beta_slow)))
             theta = (1 - gamma) * theta / s + gamma * theta
+        if scaling == "yarn":  # the shipped YaRN: ramp over the pair index i between the dims turning beta times
+            def dim_turning(turns):  # solve L * base^(-2i/d) / (2 pi) = turns for i
+                return dim * math.log(original_length / (2 * math.pi * turns)) / (2 * math.log(base))
+            low = max(math.floor(dim_turning(beta_fast)), 0)
+            high = min(math.ceil(dim_turning(beta_slow)), dim - 1)
+            interpolated = min(1.0, max(0.0, (i - low) / (high - low if high > low else 0.001)))
+            theta = interpolated * theta / s + (1 - interpolated) * theta
         angles[..., i] = positions * theta
     return angles
 
@@ -54,7 +62,7 @@ def reference_rope(x, positions, layout="half", **scaling):
         c, s = np.cos(angles[..., i]), np.sin(angles[..., i])
         out[..., a] = c * x[..., a] - s * x[..., b]
         out[..., b] = s * x[..., a] + c * x[..., b]
-    if scaling.get("scaling") == "yarn":  # sqrt(1/t) = 0.1 ln(s) + 1 on queries and keys
+    if scaling.get("scaling") in ("yarn", "yarn-turns"):  # sqrt(1/t) = 0.1 ln(s) + 1 on queries and keys
         out = out * (0.1 * math.log(scaling["scaling_factor"]) + 1)
     return out
 
@@ -134,7 +142,7 @@ def test_invalid_arguments_and_inputs():
     with pytest.raises(ValueError, match="layout"):
         RotaryEmbedding(layout="pairs")
     with pytest.raises(ValueError, match="scaling"):
-        RotaryEmbedding(scaling="dynamic")
+        RotaryEmbedding(scaling="ntk-by-parts")
     with pytest.raises(ValueError, match="scaling_factor"):
         RotaryEmbedding(scaling_factor=2.0)
     with pytest.raises(ValueError, match="scaling_factor"):

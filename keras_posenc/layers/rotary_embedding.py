@@ -1,11 +1,17 @@
 """RotaryEmbedding: rotary position embedding (RoPE) of queries and keys, with RoPE scalings."""
 
-import math
-
 import numpy as np
 
 from keras_posenc.backend import backend_name, is_tensorflow, keras, ops
 from keras_posenc.layers._shape_preserving import ShapePreserving
+from keras_posenc.layers.rope_scaling import (
+    DYNAMIC_SCALINGS,
+    ROTARY_SCALINGS,
+    check_scaling,
+    hf_rotary_kwargs,
+    rotary_attention_factor,
+    rotary_frequencies,
+)
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check, check_base, check_choice, check_positive_int, with_checks
 
@@ -13,120 +19,6 @@ __all__ = ["ROTARY_LAYOUTS", "ROTARY_SCALINGS", "RotaryEmbedding", "apply_rotary
            "rotary_cos_sin", "rotary_frequencies", "rotary_embedding"]
 
 ROTARY_LAYOUTS = ("half", "interleave")
-ROTARY_SCALINGS = (None, "linear", "ntk", "yarn")
-
-
-def _check_scaling(dim, scaling, scaling_factor, original_length, beta_fast, beta_slow):
-    check_choice("scaling", scaling, ROTARY_SCALINGS)
-    if isinstance(scaling_factor, bool) or not isinstance(scaling_factor, (int, float)) or not (
-            math.isfinite(scaling_factor) and scaling_factor >= 1.0):
-        raise ValueError(f"`scaling_factor` must be a float >= 1, got scaling_factor={scaling_factor!r}.")
-    if scaling is None and scaling_factor != 1.0:
-        raise ValueError(f"`scaling_factor={scaling_factor!r}` needs a `scaling` ('linear', 'ntk' or "
-                         "'yarn'); with scaling=None it must be 1.0.")
-    if scaling == "yarn":
-        if original_length is None:
-            raise ValueError("scaling='yarn' needs `original_length`, the context length the model "
-                             "was trained with.")
-        check_positive_int("original_length", original_length)
-        if not 0 < beta_slow < beta_fast:
-            raise ValueError(f"`beta_slow` and `beta_fast` must satisfy 0 < beta_slow < beta_fast, got "
-                             f"beta_slow={beta_slow!r} and beta_fast={beta_fast!r}.")
-    if dim is not None and scaling == "ntk" and dim < 4:
-        raise ValueError(f"scaling='ntk' needs a rotary dimension >= 4, got {dim}.")
-
-
-def rotary_frequencies(dim, max_wavelength=10000.0, *, scaling=None, scaling_factor=1.0,
-                       original_length=None, beta_fast=32.0, beta_slow=1.0):
-    """The angular frequency of every rotated pair, float64: pair `k` turns by `p * f_k` at position `p`.
-
-    Unscaled, `f_k = max_wavelength ** (-2k / dim)` (Su et al.). With a
-    scaling factor `s`:
-
-    - "linear" (position interpolation, Chen et al.): positions are divided
-      by `s`, i.e. `f_k / s`;
-    - "ntk" (NTK-aware, bloc97): the base becomes
-      `max_wavelength * s ** (dim / (dim - 2))`, which leaves the fastest
-      pair as it is and slows the slowest one by exactly `s`;
-    - "yarn" (Peng et al., "NTK-by-parts", section 3.2): with wavelength `l_k = 2 pi / f_k` and
-      `r_k = original_length / l_k` turns over the training context, the ramp
-      `g = clip((r_k - beta_slow) / (beta_fast - beta_slow), 0, 1)` gives
-      `(1 - g) * f_k / s + g * f_k`: pairs that turn more than `beta_fast`
-      times keep their frequency, pairs that turn less than `beta_slow`
-      times are interpolated like "linear", and the ones between are blended.
-
-    Args:
-        dim: even int >= 2, the rotated width (the head dimension).
-        max_wavelength: float > 1, the base.
-        scaling: None, "linear", "ntk" or "yarn".
-        scaling_factor: float >= 1, the context extension `s`.
-        original_length: int, the training context length (YaRN only).
-        beta_fast, beta_slow: floats, YaRN's ramp bounds (32 and 1 in the
-            paper for LLaMA).
-
-    Returns:
-        A float64 numpy array `[dim // 2]`.
-
-    Example:
-
-    >>> rotary_frequencies(4).tolist()
-    [1.0, 0.01]
-    >>> rotary_frequencies(4, scaling="linear", scaling_factor=2.0).tolist()
-    [0.5, 0.005]
-    >>> rotary_frequencies(4, scaling="ntk", scaling_factor=4.0).tolist()  # base 10000 * 4**2
-    [1.0, 0.0025]
-
-    References:
-        - [Su et al., 2021](https://arxiv.org/abs/2104.09864), "RoFormer",
-          eq. 15.
-        - [Chen et al., 2023](https://arxiv.org/abs/2306.15595), "Extending
-          context window of large language models via positional
-          interpolation".
-        - bloc97, "NTK-Aware Scaled RoPE", 2023,
-          https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/
-        - [Peng et al., 2023](https://arxiv.org/abs/2309.00071), "YaRN:
-          Efficient context window extension of large language models",
-          section 3.
-    """
-    check_positive_int("dim", dim, minimum=2)
-    if dim % 2:
-        raise ValueError(f"The rotated dimension must be even, got dim={dim}.")
-    check_base(max_wavelength)
-    _check_scaling(dim, scaling, scaling_factor, original_length, beta_fast, beta_slow)
-    s = float(scaling_factor)
-    base = float(max_wavelength)
-    if scaling == "ntk":
-        base = base * s ** (dim / (dim - 2))
-    frequencies = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
-    if scaling == "linear":
-        return frequencies / s
-    if scaling == "yarn":
-        turns = original_length * frequencies / (2 * math.pi)
-        ramp = np.clip((turns - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)
-        return (1.0 - ramp) * frequencies / s + ramp * frequencies
-    return frequencies
-
-
-def rotary_attention_factor(scaling=None, scaling_factor=1.0):
-    """YaRN's factor on queries and keys: `0.1 ln(s) + 1` for "yarn" with `s > 1`, else 1.
-
-    Multiplying both queries and keys by it divides the attention logits by
-    YaRN's temperature `t`, `sqrt(1 / t) = 0.1 ln(s) + 1`.
-
-    Example:
-
-    >>> round(rotary_attention_factor("yarn", 4.0), 6)
-    1.138629
-    >>> rotary_attention_factor("ntk", 4.0)
-    1.0
-
-    References:
-        - [Peng et al., 2023](https://arxiv.org/abs/2309.00071), section 3.4
-          (the attention temperature).
-    """
-    if scaling != "yarn" or scaling_factor <= 1.0:
-        return 1.0
-    return 0.1 * math.log(scaling_factor) + 1.0
 
 
 def rotary_cos_sin(position_ids, frequencies):
@@ -172,6 +64,22 @@ def _is_traced(tensor):
     import jax
 
     return isinstance(tensor, jax.core.Tracer)
+
+
+def _concrete(tensor):
+    """The values of `tensor` as NumPy when they are known now (eager), else None (a traced graph)."""
+    if is_tensorflow():
+        import tensorflow as tf
+
+        return tensor.numpy() if tf.executing_eagerly() and hasattr(tensor, "numpy") else None
+    return None if _is_traced(tensor) else ops.convert_to_numpy(tensor)
+
+
+def _traced_cos_sin(ids, frequencies):
+    """cos and sin of `ids * frequencies` for a frequency tensor (float64 on TensorFlow)."""
+    dtype = "float64" if is_tensorflow() else "float32"
+    angles = ops.cast(ids, dtype)[..., None] * ops.cast(frequencies, dtype)
+    return ops.cast(ops.cos(angles), "float32"), ops.cast(ops.sin(angles), "float32")
 
 
 def apply_rotary(x, cos, sin, layout="half"):
@@ -232,14 +140,17 @@ def _as_ids(position_ids):
     return ids[None] if len(ids.shape) == 1 else ids
 
 
-def _rotate(inputs, cos, sin, layout, factor):
-    """Rotation in float32 (cos/sin stay float32 under mixed precision), cast back to the input dtype."""
+def _rotate(inputs, cos, sin, layout, rotary_dim):
+    """Rotation in float32 of the first `rotary_dim` features (cos/sin stay float32 under mixed
+    precision, the attention factor already in them), the rest passed through; cast back."""
+    cos, sin = ops.convert_to_tensor(cos), ops.convert_to_tensor(sin)
     if len(inputs.shape) == 4:  # [batch, length, heads, head_dim]
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    rotated = apply_rotary(ops.cast(inputs, "float32"), cos, sin, layout)
-    if factor != 1.0:
-        rotated = rotated * factor
-    return ops.cast(rotated, inputs.dtype)
+    x = ops.cast(inputs, "float32")
+    if rotary_dim == x.shape[-1]:
+        return ops.cast(apply_rotary(x, cos, sin, layout), inputs.dtype)
+    rotated = apply_rotary(x[..., :rotary_dim], cos, sin, layout)
+    return ops.cast(ops.concatenate([rotated, x[..., rotary_dim:]], axis=-1), inputs.dtype)
 
 
 def _check_rank(inputs):
@@ -248,8 +159,11 @@ def _check_rank(inputs):
                          f"with an even, known last dimension, got shape {inputs.shape}.")
 
 
-def rotary_embedding(inputs, position_ids, *, max_wavelength=10000.0, layout="half", scaling=None,
-                     scaling_factor=1.0, original_length=None, beta_fast=32.0, beta_slow=1.0):
+def _is_zero(offset):
+    return offset is None or (isinstance(offset, int) and offset == 0)
+
+
+def rotary_embedding(inputs, position_ids, *, max_wavelength=10000.0, layout="half", **options):
     """RoPE as a plain function: `inputs` rotated by the angles of `position_ids`.
 
     The function form of `RotaryEmbedding` (which see for the arguments),
@@ -259,8 +173,8 @@ def rotary_embedding(inputs, position_ids, *, max_wavelength=10000.0, layout="ha
         inputs: float tensor `[batch, length, heads, head_dim]` or
             `[batch, length, dim]`.
         position_ids: int tensor `[batch, length]` or `[length]`.
-        max_wavelength, layout, scaling, scaling_factor, original_length,
-            beta_fast, beta_slow: as in `RotaryEmbedding`.
+        max_wavelength, layout, **options: as in `RotaryEmbedding`
+            (`scaling`, `scaling_factor`, `original_length`, ...).
 
     Returns:
         A tensor of the shape and dtype of `inputs`.
@@ -277,11 +191,8 @@ def rotary_embedding(inputs, position_ids, *, max_wavelength=10000.0, layout="ha
     """
     inputs = ops.convert_to_tensor(inputs)
     _check_rank(inputs)
-    frequencies = rotary_frequencies(inputs.shape[-1], max_wavelength, scaling=scaling,
-                                     scaling_factor=scaling_factor, original_length=original_length,
-                                     beta_fast=beta_fast, beta_slow=beta_slow)
-    cos, sin = rotary_cos_sin(_as_ids(position_ids), frequencies)
-    return _rotate(inputs, cos, sin, layout, rotary_attention_factor(scaling, scaling_factor))
+    layer = RotaryEmbedding(max_wavelength, layout=layout, **options)
+    return layer(inputs, position_ids=_as_ids(position_ids))
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
@@ -291,13 +202,24 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
     Every pair of features of a token at position `p` is turned by the
     angle `p * f_k` (`rotary_frequencies`), so the dot product of a query at
     `i` and a key at `j` depends on the positions only through `i - j`. The
-    layer has no weights.
+    layer has no weights. With `partial_rotary_factor < 1` only the first
+    `int(head_dim * partial_rotary_factor)` features of each head are
+    rotated (GPT-NeoX, Phi); the rest pass through unchanged. cos and sin
+    are multiplied by `attention_factor` (YaRN's temperature, LongRoPE's
+    scale), as Hugging Face does.
 
     Position ids come from, in this order: `position_ids` if given; else the
     Keras mask or `mask=` (each row's real tokens numbered `offset,
     offset + 1, ...`, so left padding needs nothing special, restarting at
     every change of `segment_ids` in packed rows); else `offset + 0 ..
-    length - 1`. Padding positions get position 0 (no rotation).
+    length - 1`, for which one table of the static length is broadcast over
+    the batch (no gather). Padding positions get position 0 (no rotation).
+
+    "dynamic" and "longrope" scale by the length of the call, `max(position
+    ids) + 1` over the batch, as Hugging Face's dynamic update does (without
+    its memory of the longest length seen so far: each call uses its own).
+    `freeze(length)` fixes that length (an exporter freezes the sequence
+    length it exports).
 
     The angles are computed in float64 and the cos/sin tables kept in
     float32: the rotation runs in float32 even under `mixed_float16` or
@@ -309,19 +231,32 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
 
     Args:
         max_wavelength: float > 1, the base of the frequencies (10000 in
-            the paper).
+            the paper; `rope_theta`).
         layout: "half" (pairs `(k, k + dim/2)`: GPT-NeoX, keras-hub,
-            Hugging Face LLaMA) or "interleave" (pairs `(2k, 2k + 1)`:
-            RoFormer, GPT-J).
-        scaling: None, "linear", "ntk" or "yarn" (see `rotary_frequencies`
-            for each formula).
+            Hugging Face) or "interleave" (pairs `(2k, 2k + 1)`: RoFormer,
+            GPT-J).
+        scaling: one of `ROTARY_SCALINGS`: None, "linear", "ntk", "dynamic",
+            "yarn", "yarn-turns", "longrope", "llama3" (see
+            `rotary_frequencies` for each formula).
         scaling_factor: float >= 1, the context extension `s` of the
             scaling; 1.0 when `scaling` is None.
         max_length: optional int >= 1, the number of positions whose
             cos/sin tables are stored; positions must then be below it.
         original_length: int, the training context length; required by
-            "yarn" (its ramp counts turns over this length).
-        beta_fast, beta_slow: YaRN's ramp bounds in turns (32 and 1).
+            every scaling but "linear" and "ntk".
+        beta_fast, beta_slow: YaRN's bounds in turns (32 and 1).
+        truncate: YaRN: floor/ceil the correction dimensions (True).
+        mscale, mscale_all_dim: YaRN's attention factor as DeepSeek sets it
+            (see `rotary_attention_factor`).
+        attention_factor: optional float overriding the scaling's factor on
+            cos and sin.
+        low_freq_factor, high_freq_factor: llama3's bounds (1 and 4).
+        short_factor, long_factor: LongRoPE's per-pair factors (lists of
+            `rotary_dim // 2` floats).
+        partial_rotary_factor: float in (0, 1], the share of each head's
+            features that is rotated.
+        head_dim: optional int, the head dimension, for
+            `inverse_frequencies` before the layer is built.
         **kwargs: standard layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -336,9 +271,10 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
             those are given.
 
     Attributes:
-        attention_factor: YaRN's `0.1 ln(s) + 1` (1.0 otherwise), by which
-            the output is multiplied, so that query-key logits are divided by
-            YaRN's temperature.
+        attention_factor: the float by which cos and sin are multiplied.
+        inverse_frequencies: float64 numpy `[rotary_dim // 2]`, the
+            frequencies at the original context (needs `head_dim` or a
+            built layer).
 
     Example:
 
@@ -350,6 +286,10 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
     (2, 4, 2, 8)
     >>> bool(np.allclose(y[1, 2:], y[0, :2]))  # left padding = no padding
     True
+    >>> qwen = RotaryEmbedding.from_hf_config({"head_dim": 128, "rope_theta": 1e6, "rope_scaling": {
+    ...     "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})
+    >>> round(qwen.attention_factor, 6), qwen.inverse_frequencies.shape
+    (1.138629, (64,))
 
     References:
         - [Su et al., 2021](https://arxiv.org/abs/2104.09864), "RoFormer:
@@ -358,13 +298,23 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
     """
 
     def __init__(self, max_wavelength=10000.0, *, layout="half", scaling=None, scaling_factor=1.0,
-                 max_length=None, original_length=None, beta_fast=32.0, beta_slow=1.0, **kwargs):
+                 max_length=None, original_length=None, beta_fast=32.0, beta_slow=1.0, truncate=True,
+                 mscale=None, mscale_all_dim=None, attention_factor=None, low_freq_factor=1.0,
+                 high_freq_factor=4.0, short_factor=None, long_factor=None, partial_rotary_factor=1.0,
+                 head_dim=None, **kwargs):
         super().__init__(**kwargs)
         check_base(max_wavelength)
         check_choice("layout", layout, ROTARY_LAYOUTS)
-        _check_scaling(None, scaling, scaling_factor, original_length, beta_fast, beta_slow)
+        check_scaling(scaling, scaling_factor, original_length, beta_fast, beta_slow,
+                      low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+                      short_factor=short_factor, long_factor=long_factor, mscale=mscale,
+                      mscale_all_dim=mscale_all_dim, attention_factor=attention_factor)
         if max_length is not None:
             check_positive_int("max_length", max_length)
+        if isinstance(partial_rotary_factor, bool) or not isinstance(partial_rotary_factor, (int, float)) \
+                or not 0 < partial_rotary_factor <= 1:
+            raise ValueError(f"`partial_rotary_factor` must be in (0, 1], got "
+                             f"partial_rotary_factor={partial_rotary_factor!r}.")
         self.max_wavelength = float(max_wavelength)
         self.layout = layout
         self.scaling = scaling
@@ -373,21 +323,87 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
         self.original_length = original_length
         self.beta_fast = float(beta_fast)
         self.beta_slow = float(beta_slow)
-        self.attention_factor = rotary_attention_factor(scaling, self.scaling_factor)
+        self.truncate = bool(truncate)
+        self.mscale = mscale
+        self.mscale_all_dim = mscale_all_dim
+        self.low_freq_factor = float(low_freq_factor)
+        self.high_freq_factor = float(high_freq_factor)
+        self.short_factor = None if short_factor is None else [float(v) for v in short_factor]
+        self.long_factor = None if long_factor is None else [float(v) for v in long_factor]
+        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.head_dim = head_dim
+        if head_dim is not None:
+            check_positive_int("head_dim", head_dim, minimum=2)
+            self.rotated_width(head_dim)
+        self._attention_factor_setting = attention_factor
+        self.attention_factor = rotary_attention_factor(
+            scaling, self.scaling_factor, mscale=mscale, mscale_all_dim=mscale_all_dim,
+            original_length=original_length, attention_factor=attention_factor)
+        self._frozen_length = None
+        self._prefix = None
         self.supports_masking = True
 
-    def frequencies(self, dim):
-        """The float64 frequencies `[dim // 2]` of this layer for a rotated width `dim`."""
-        return rotary_frequencies(dim, self.max_wavelength, scaling=self.scaling,
-                                  scaling_factor=self.scaling_factor, original_length=self.original_length,
-                                  beta_fast=self.beta_fast, beta_slow=self.beta_slow)
+    @classmethod
+    def from_hf_config(cls, config, **kwargs):
+        """The RoPE of a Hugging Face model from its `config.json` dict (see `hf_rotary_kwargs`).
+
+        Supported `rope_type`s: default, linear, dynamic, yarn, longrope and
+        llama3, in the "half" layout those checkpoints use; `kwargs`
+        (`max_length`, `name`, ...) go to the constructor.
+
+        Raises:
+            ValueError: an unknown rope type, a missing field, or a factor
+                < 1, naming the field.
+        """
+        return cls(**{**hf_rotary_kwargs(config), **kwargs})
+
+    def rotated_width(self, head_dim):
+        """The number of rotated features of a head of `head_dim`: `int(head_dim * partial_rotary_factor)`."""
+        width = int(head_dim * self.partial_rotary_factor)
+        if width < 2 or width % 2:
+            raise ValueError(f"The rotated width int(head_dim * partial_rotary_factor) = int({head_dim} * "
+                             f"{self.partial_rotary_factor}) = {width} must be even and >= 2.")
+        return width
+
+    def frequencies(self, dim, length=None):
+        """The float64 frequencies `[rotated_width(dim) // 2]` for a head of `dim` features.
+
+        `length`: the call length that "dynamic" and "longrope" scale by
+        (None: the original context).
+        """
+        return rotary_frequencies(
+            self.rotated_width(dim), self.max_wavelength, scaling=self.scaling,
+            scaling_factor=self.scaling_factor, original_length=self.original_length,
+            beta_fast=self.beta_fast, beta_slow=self.beta_slow, truncate=self.truncate,
+            low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor,
+            short_factor=self.short_factor, long_factor=self.long_factor, length=length)
+
+    @property
+    def inverse_frequencies(self):
+        dim = self.head_dim if self.head_dim is not None else getattr(self, "dim", None)
+        if dim is None:
+            raise ValueError(f"RotaryEmbedding '{self.name}' does not know its head dimension yet: pass "
+                             "`head_dim` or build it.")
+        return self.frequencies(dim)
 
     def cos_sin_tables(self, length, dim):
-        """NumPy float32 cos and sin `[length, dim // 2]` of positions `0 .. length - 1`.
+        """NumPy float32 cos and sin `[length, rotated_width(dim) // 2]` of positions `0 .. length - 1`.
 
-        What an exporter freezes as constants (angles computed in float64).
+        What an exporter freezes as constants (angles computed in float64;
+        without the attention factor). "dynamic" and "longrope" use the
+        frequencies of a call of `length` positions (or of the `freeze`
+        length).
         """
-        return rotary_cos_sin(np.arange(length), self.frequencies(dim))
+        call_length = self._frozen_length if self._frozen_length is not None else length
+        return rotary_cos_sin(np.arange(length), self.frequencies(dim, call_length))
+
+    def freeze(self, length):
+        """Fixes the call length of "dynamic" and "longrope" to `length` (what an exporter does)."""
+        check_positive_int("length", length)
+        self._frozen_length = int(length)
+        self._prefix = None
+        if self.built:
+            self._make_tables()
 
     def build(self, input_shape):
         dim = input_shape[-1]
@@ -395,40 +411,115 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
             raise ValueError("`inputs` must have shape [batch, length, heads, head_dim] or "
                              f"[batch, length, dim] with an even, known last dimension, got shape "
                              f"{tuple(input_shape)}.")
+        if self.head_dim is not None and dim != self.head_dim:
+            raise ValueError(f"RotaryEmbedding '{self.name}' has head_dim={self.head_dim}, got inputs of "
+                             f"shape {tuple(input_shape)}.")
         self.dim = int(dim)
-        self._frequencies = self.frequencies(self.dim)
+        self.rotary_dim = self.rotated_width(self.dim)
+        self._make_tables()
+        super().build(input_shape)
+
+    def _switches(self):
+        """True when the frequencies depend on each call's length."""
+        return self.scaling in DYNAMIC_SCALINGS and self._frozen_length is None
+
+    def _scaled(self, cos, sin):
+        factor = np.float32(self.attention_factor)
+        return (cos, sin) if factor == 1 else (cos * factor, sin * factor)
+
+    def _make_tables(self):
         # NumPy, made a tensor at each call: a constant inside every traced graph rather than a
         # captured eager tensor (which graph exporters such as tf2onnx turn into an input).
-        self._tables = None
-        if self.max_length is not None:
-            self._tables = self.cos_sin_tables(self.max_length, self.dim)
-        super().build(input_shape)
+        self._frequencies = self.frequencies(self.dim, self._frozen_length)
+        self._tables = self._long_tables = None
+        if self.scaling == "longrope":
+            self._long_frequencies = self.frequencies(self.dim, self.original_length + 1)
+        if self.max_length is not None and not (self._switches() and self.scaling == "dynamic"):
+            positions = np.arange(self.max_length)
+            self._tables = self._scaled(*rotary_cos_sin(positions, self._frequencies))
+            if self._switches():
+                self._long_tables = self._scaled(*rotary_cos_sin(positions, self._long_frequencies))
 
     def call(self, inputs, position_ids=None, mask=None, segment_ids=None, offset=0):
         _check_rank(inputs)
+        length = inputs.shape[1]
+        if position_ids is None and mask is None and _is_zero(offset) and isinstance(length, int):
+            cos, sin = self._prefix_tables(length)  # ids 0..T-1: one table broadcast over the batch
+            return _rotate(inputs, cos, sin, self.layout, self.rotary_dim)
         if position_ids is not None:
             ids = _as_ids(position_ids)
-            if offset is not None and not (isinstance(offset, int) and offset == 0):
+            if not _is_zero(offset):
                 ids = ids + ops.cast(ops.reshape(ops.convert_to_tensor(offset), (-1, 1)), "int32")
         elif mask is not None:
             ids = derive_position_ids(mask, segment_ids=segment_ids, offset=offset)
         else:
-            length = ops.shape(inputs)[1]
-            ids = derive_position_ids(ops.ones((1, length), "bool"), offset=offset)
-        return _rotate(inputs, *self._cos_sin(ids), self.layout, self.attention_factor)
+            ids = derive_position_ids(ops.ones((1, ops.shape(inputs)[1]), "bool"), offset=offset)
+        return _rotate(inputs, *self._cos_sin(ids), self.layout, self.rotary_dim)
 
-    def _cos_sin(self, ids):
-        if self._tables is None:
-            return rotary_cos_sin(ids, self._frequencies)
+    def _prefix_tables(self, length):
+        """float32 cos and sin `[1, length, rotary_dim // 2]` of positions `0 .. length - 1`, cached."""
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"Position ids must be in [0, max_length={self.max_length}) of RotaryEmbedding "
+                             f"'{self.name}', got min 0 and max {length - 1}.")
+        if self._prefix is None or self._prefix[0] != length:
+            if self._tables is not None and not self._switches():
+                cos, sin = (table[:length] for table in self._tables)
+            else:
+                call_length = length if self._switches() else self._frozen_length
+                cos, sin = self._scaled(*rotary_cos_sin(np.arange(length),
+                                                        self.frequencies(self.dim, call_length)))
+            self._prefix = (length, cos[None], sin[None])
+        return self._prefix[1:]
+
+    def _checked(self, ids):
+        if self.max_length is None:
+            return ids
         # ValueError in eager mode, InvalidArgumentError in a TF graph (see `validation.check`).
         low, high = ops.min(ids), ops.max(ids)
         in_range = ops.logical_or(ops.equal(ops.size(ids), 0),
                                   ops.logical_and(low >= 0, high < self.max_length))
-        ids = with_checks(ids, check(in_range, "Position ids must be in [0, max_length="
-                                     + str(self.max_length) + ") of RotaryEmbedding '" + self.name
-                                     + "', got min {} and max {}.", low, high))
+        return with_checks(ids, check(in_range, "Position ids must be in [0, max_length="
+                                      + str(self.max_length) + ") of RotaryEmbedding '" + self.name
+                                      + "', got min {} and max {}.", low, high))
+
+    def _cos_sin(self, ids):
+        ids = self._checked(ids)
+        if self._switches():
+            return self._switched_cos_sin(ids)
+        if self._tables is None:
+            return self._scaled_tensors(*rotary_cos_sin(ids, self._frequencies))
         cos, sin = (ops.convert_to_tensor(table) for table in self._tables)
         return ops.take(cos, ids, axis=0), ops.take(sin, ids, axis=0)
+
+    def _scaled_tensors(self, cos, sin):
+        if self.attention_factor == 1.0:
+            return cos, sin
+        return cos * self.attention_factor, sin * self.attention_factor
+
+    def _switched_cos_sin(self, ids):
+        """cos and sin for "dynamic" and "longrope": frequencies of the call length max(ids) + 1."""
+        values = _concrete(ids)
+        if values is not None:
+            length = int(values.max()) + 1 if values.size else 0
+            cos, sin = self._scaled(*rotary_cos_sin(values, self.frequencies(self.dim, length)))
+            return ops.convert_to_tensor(cos), ops.convert_to_tensor(sin)
+        length = ops.max(ids) + 1
+        if self.scaling == "longrope":
+            longer = length > self.original_length
+            if self._tables is not None:
+                cos, sin = (ops.where(longer, ops.convert_to_tensor(long), ops.convert_to_tensor(short))
+                            for long, short in zip(self._long_tables, self._tables))
+                return ops.take(cos, ids, axis=0), ops.take(sin, ids, axis=0)
+            frequencies = ops.where(longer, ops.convert_to_tensor(self._long_frequencies),
+                                    ops.convert_to_tensor(self._frequencies))
+        else:  # dynamic NTK: base * (s n / L - (s - 1)) ** (d / (d - 2)), n = max(length, L)
+            dtype = "float64" if is_tensorflow() else "float32"
+            d, s, original = self.rotary_dim, self.scaling_factor, float(self.original_length)
+            n = ops.maximum(ops.cast(length, dtype), original)
+            base = self.max_wavelength * ops.power(s * n / original - (s - 1.0), d / (d - 2))
+            exponents = ops.convert_to_tensor(np.arange(0, d, 2, dtype=np.float64) / d, dtype)
+            frequencies = ops.power(base, -exponents)
+        return self._scaled_tensors(*_traced_cos_sin(ids, frequencies))
 
     def get_config(self):
         config = super().get_config()
@@ -441,5 +532,15 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
             "original_length": self.original_length,
             "beta_fast": self.beta_fast,
             "beta_slow": self.beta_slow,
+            "truncate": self.truncate,
+            "mscale": self.mscale,
+            "mscale_all_dim": self.mscale_all_dim,
+            "attention_factor": self._attention_factor_setting,
+            "low_freq_factor": self.low_freq_factor,
+            "high_freq_factor": self.high_freq_factor,
+            "short_factor": self.short_factor,
+            "long_factor": self.long_factor,
+            "partial_rotary_factor": self.partial_rotary_factor,
+            "head_dim": self.head_dim,
         })
         return config
