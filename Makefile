@@ -42,7 +42,7 @@ KERAS3_JAX_TESTS ?= tests/test_tables.py tests/test_readme.py \
   keras_posenc/backend.py keras_posenc/tables.py keras_posenc/positions.py keras_posenc/schedules.py \
   $(addprefix keras_posenc/layers/,position_embedding_base.py sinusoidal_position_embedding.py \
     learned_position_embedding.py integer_position_embedding.py zero_position_embedding.py \
-    token_and_position_embedding.py)
+    token_and_position_embedding.py rotary_embedding.py rope_scaling.py)
 BENCH_LOCK := requirements/bench.txt
 # pip itself is bootstrapping tooling, not part of the resolved set; setuptools and wheel come
 # from the lock (they are dependencies of TF's stack and the build backend of this package).
