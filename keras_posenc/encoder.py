@@ -17,15 +17,16 @@ __all__ = ["ENCODER_POSITIONS", "NAMED_POSITIONS", "Encoder", "EncoderLayer", "n
 # Every `position` an Encoder takes: the additive embedding layers, then the ones inside attention.
 ENCODER_POSITIONS = tuple(POSITION_LAYERS) + ATTENTION_POSITIONS
 # The `--position` choices of the commands: every Encoder position plus RoPE with a scaling.
-NAMED_POSITIONS = ENCODER_POSITIONS + ("rope-ntk", "rope-yarn")
+NAMED_POSITIONS = ENCODER_POSITIONS + ("rope-ntk", "rope-yarn", "rope-llama3")
 
 
 def named_position(name, max_length, *, scaling_factor=4.0):
     """`(position, position_config)` of `Encoder` for a `--position` name of the commands.
 
-    "rope-ntk" and "rope-yarn" are RoPE with NTK-aware or YaRN scaling by
-    `scaling_factor`, YaRN counting turns over `max_length` (the training
-    length); every other name is an `Encoder` position with no options.
+    "rope-ntk", "rope-yarn" and "rope-llama3" are RoPE with NTK-aware,
+    YaRN or Llama 3.1 scaling by `scaling_factor`, the last two with
+    `max_length` (the training length) as the original context; every
+    other name is an `Encoder` position with no options.
 
     Args:
         name: one of `NAMED_POSITIONS`.
@@ -45,8 +46,8 @@ def named_position(name, max_length, *, scaling_factor=4.0):
     check_choice("position", name, NAMED_POSITIONS)
     if name == "rope-ntk":
         return "rope", {"scaling": "ntk", "scaling_factor": float(scaling_factor)}
-    if name == "rope-yarn":
-        return "rope", {"scaling": "yarn", "scaling_factor": float(scaling_factor),
+    if name in ("rope-yarn", "rope-llama3"):
+        return "rope", {"scaling": name[len("rope-"):], "scaling_factor": float(scaling_factor),
                         "original_length": max_length}
     return name, {}
 

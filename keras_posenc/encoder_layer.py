@@ -24,7 +24,9 @@ __all__ = ["ATTENTION_POSITIONS", "EncoderLayer", "merge_attention_masks", "stat
 ATTENTION_POSITIONS = ("rope", "alibi")
 # Keyword arguments of `RotaryEmbedding` that a "rope" layer's `position_config` may hold.
 _ROPE_KEYS = ("max_wavelength", "layout", "scaling", "scaling_factor", "max_length", "original_length",
-              "beta_fast", "beta_slow")
+              "beta_fast", "beta_slow", "truncate", "mscale", "mscale_all_dim", "attention_factor",
+              "low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "partial_rotary_factor",
+              "head_dim")
 
 
 def static_or_dynamic_length(tensor):
@@ -397,8 +399,11 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         Returns:
             None without RoPE, else float32 numpy `(cos, sin, turn)`: `cos` and
             `sin` `[T, head_dim]` of positions `0 .. T-1` in the layer's layout
-            (YaRN's attention factor included), `turn` `[head_dim, head_dim]`
-            the signed permutation taking each pair `(a, b)` to `(-b, a)`.
+            (the scaling's attention factor included; "dynamic" and "longrope"
+            with the frequencies of a call of length T), `turn`
+            `[head_dim, head_dim]` the signed permutation taking each pair
+            `(a, b)` to `(-b, a)`. Features past the rotated width (partial
+            rotary) get cos 1, sin 0 and no turn: they pass through.
 
         Example:
 
@@ -410,19 +415,23 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         if self.rotary is None:
             return None
         head_dim = self.d_model // self.num_heads
+        width = self.rotary.rotated_width(head_dim)
         cos, sin = self.rotary.cos_sin_tables(length, head_dim)
-        half = head_dim // 2
+        half = width // 2
         if self.rotary.layout == "half":
             pairs = [(k, k + half) for k in range(half)]
-            columns = np.arange(head_dim) % half
+            columns = np.arange(width) % half
         else:
             pairs = [(2 * k, 2 * k + 1) for k in range(half)]
-            columns = np.arange(head_dim) // 2
+            columns = np.arange(width) // 2
         turn = np.zeros([head_dim, head_dim], np.float32)
         for a, b in pairs:
             turn[b, a], turn[a, b] = -1.0, 1.0
         factor = np.float32(self.rotary.attention_factor)
-        return cos[:, columns] * factor, sin[:, columns] * factor, turn
+        full_cos = np.ones([length, head_dim], np.float32)
+        full_sin = np.zeros([length, head_dim], np.float32)
+        full_cos[:, :width], full_sin[:, :width] = cos[:, columns] * factor, sin[:, columns] * factor
+        return full_cos, full_sin, turn
 
     def export_attention_bias(self, length):
         """The ALiBi bias of positions `0 .. T-1` as a float32 `[num_heads, T, T]` constant, or None.

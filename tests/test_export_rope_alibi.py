@@ -24,6 +24,13 @@ MODELS = {
     "rope-yarn-interleave": {"position": "rope", "position_config": {
         "layout": "interleave", "scaling": "yarn", "scaling_factor": 2.0, "original_length": 8}},
     "alibi": {"position": "alibi"},
+    # The shipped YaRN (pair-index ramp, mscale ratio) on half of each head, and Llama 3.1's scaling.
+    "rope-yarn-partial": {"position": "rope", "position_config": {
+        "scaling": "yarn", "scaling_factor": 4.0, "original_length": 8, "mscale": 1.0, "mscale_all_dim": 0.5,
+        "partial_rotary_factor": 0.5}},
+    "rope-llama3": {"position": "rope", "position_config": {
+        "scaling": "llama3", "scaling_factor": 4.0, "original_length": 64, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0}},
 }
 
 
@@ -61,13 +68,33 @@ def test_tensorrt_onnx_matches_keras(name):
 
 
 @pytest.mark.parametrize("config", [{}, {"layout": "interleave", "scaling": "yarn", "scaling_factor": 4.0,
-                                         "original_length": 8}])
+                                         "original_length": 8},
+                                    MODELS["rope-yarn-partial"]["position_config"],
+                                    {"layout": "interleave", "partial_rotary_factor": 0.5}])
 def test_export_rotation_constants_reproduce_the_layer(config):
     layer = EncoderLayer(d_model=16, num_heads=2, dff=8, position="rope", position_config=config)
     cos, sin, turn = layer.export_rotation(LENGTH)
     q = np.random.default_rng(0).normal(size=[1, LENGTH, 8]).astype(np.float32)
     expected = RotaryEmbedding(**config)(q).numpy()
     np.testing.assert_allclose(q * cos + (q @ turn) * sin, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gl"])
+@pytest.mark.parametrize("scaling", [
+    {"scaling": "dynamic", "scaling_factor": 2.0, "original_length": 4},
+    {"scaling": "longrope", "scaling_factor": 4.0, "original_length": 4, "short_factor": [1.0, 1.2, 1.5, 2.0],
+     "long_factor": [1.0, 3.0, 6.0, 9.0]}], ids=lambda s: s["scaling"])
+def test_length_dependent_scalings_export_the_tables_of_the_sequence_length(scaling, target):
+    keras.utils.set_random_seed(0)
+    model = CausalLM({"num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 20,
+                      "max_length": 16, "position": "rope", "position_config": scaling})
+    model.build_on_dummy()
+    flat = export.to_tflite(model, sequence_length=LENGTH, target=target)
+    assert not {"SIN", "COS"} & set(export.op_counts(flat))
+    assert export.check_parity(model, flat, ROWS[:1]) <= 1e-5  # a full row: the Keras call length is T too
+    report = export.export_report(model, flat, ROWS[:1], target=target)
+    assert len(report["rope_notes"]) == 1 and f"exported length {LENGTH}" in report["rope_notes"][0]
+    assert report["rope_notes"][0] in export.format_report(report)
 
 
 def test_gl_rejects_explicit_position_ids_with_rope():

@@ -31,6 +31,8 @@ from keras_posenc.backend import keras
 from keras_posenc.export import emitters
 from keras_posenc.export import gl as _gl  # noqa: F401  (registers the gl formulations)
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
+from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
+from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_posenc.validation import check_choice, check_positive_int
 
@@ -397,7 +399,17 @@ def rebuild(model, spec, target):
         if isinstance(layer, PositionEmbeddingBase):
             layer.overflow = "error"  # exported positions stay inside the table
             layer._export_frozen = emitters.Frozen(layer)  # the trained values, frozen
+        if isinstance(layer, RotaryEmbedding):
+            layer.freeze(spec.sequence_length)  # "dynamic"/"longrope": the tables of length T
     return clone
+
+
+def rope_notes(model, sequence_length):
+    """One line per RoPE layer whose scaling depends on the call length: what the export froze."""
+    return [f"RoPE '{layer.name}' (scaling={layer.scaling!r}): cos/sin frozen for calls of the exported "
+            f"length {sequence_length} (max(position_ids) + 1 = {sequence_length}); the Keras layer "
+            "switches frequencies by each call's length" for layer in _all_layers(model)
+            if isinstance(layer, RotaryEmbedding) and layer.scaling in DYNAMIC_SCALINGS]
 
 
 def _bind(layer, target):

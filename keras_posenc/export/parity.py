@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.conversion import ROLES, ModelSpec, role_of
+from keras_posenc.export.conversion import ROLES, ModelSpec, role_of, rope_notes
 from keras_posenc.export.flatbuffer import check_flatbuffer, op_counts
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
@@ -260,7 +260,8 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
         A dict with keys `target`, `ops` (histogram), `verdicts` ({backend:
         sorted ops it does not run}), `verdict_lines`, `flex_ops`, `parity` (max
         abs diff on real tokens), `parity_all` (padding included),
-        `file_bytes`, `weight_bytes`, `size_ratio`.
+        `file_bytes`, `weight_bytes`, `size_ratio`, `rope_notes` (RoPE
+        scalings frozen at the exported length).
 
     Example:
 
@@ -287,6 +288,7 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
         "file_bytes": len(tflite_bytes),
         "weight_bytes": weight_bytes(model),
         "size_ratio": len(tflite_bytes) / max(1, weight_bytes(model)),
+        "rope_notes": rope_notes(model, np.shape(token_ids)[-1]),
     }
 
 
@@ -312,6 +314,7 @@ def format_report(report):
                  f"({report['parity_all']:.3g} with padding positions)")
     lines.append(f"File size: {report['file_bytes']} bytes = {report['size_ratio']:.3f} x the weight bytes "
                  f"({report['weight_bytes']}); frozen position tables and graph count toward the file")
+    lines += report.get("rope_notes", [])
     return lines
 
 

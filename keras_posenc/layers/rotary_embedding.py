@@ -119,10 +119,12 @@ def apply_rotary(x, cos, sin, layout="half"):
     check_choice("layout", layout, ROTARY_LAYOUTS)
     dim = x.shape[-1]
     half = dim // 2
+    shape = ops.shape(x)
     if layout == "half":
         first, second = x[..., :half], x[..., half:]
-        return ops.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-    shape = ops.shape(x)
+        # stack + reshape rather than concatenate: XLA fuses it into one loop (1.5-2x faster on JAX).
+        rotated = ops.stack([first * cos - second * sin, second * cos + first * sin], axis=-2)
+        return ops.reshape(rotated, shape)
     pairs = ops.reshape(x, tuple(shape[:-1]) + (half, 2))
     first, second = pairs[..., 0], pairs[..., 1]
     rotated = ops.stack([first * cos - second * sin, second * cos + first * sin], axis=-1)
@@ -140,17 +142,35 @@ def _as_ids(position_ids):
     return ids[None] if len(ids.shape) == 1 else ids
 
 
-def _rotate(inputs, cos, sin, layout, rotary_dim):
+def _rotate_half_tf(x, cos, sin):
+    """TensorFlow, "half" layout: `x * [cos, cos] + swap_halves(x) * [-sin, sin]`, the halves swapped
+    by one REVERSE of `[..., 2, dim / 2]`: four passes over `x` where slicing takes six (TensorFlow
+    runs every op on its own, unfused)."""
+    import tensorflow as tf
+
+    join = np.concatenate if isinstance(cos, np.ndarray) else tf.concat
+    full_cos, full_sin = join([cos, cos], axis=-1), join([-sin, sin], axis=-1)
+    shape = tf.shape(x)
+    pairs = tf.reshape(x, tf.concat([shape[:-1], [2, x.shape[-1] // 2]], axis=0))
+    return x * full_cos + tf.reshape(tf.reverse(pairs, axis=[-2]), shape) * full_sin
+
+
+def _rotate(inputs, cos, sin, layout, rotary_dim, portable=False):
     """Rotation in float32 of the first `rotary_dim` features (cos/sin stay float32 under mixed
-    precision, the attention factor already in them), the rest passed through; cast back."""
-    cos, sin = ops.convert_to_tensor(cos), ops.convert_to_tensor(sin)
+    precision, the attention factor already in them), the rest passed through; cast back.
+
+    `portable`: only ops that every export converter maps (no REVERSE)."""
     if len(inputs.shape) == 4:  # [batch, length, heads, head_dim]
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     x = ops.cast(inputs, "float32")
-    if rotary_dim == x.shape[-1]:
-        return ops.cast(apply_rotary(x, cos, sin, layout), inputs.dtype)
-    rotated = apply_rotary(x[..., :rotary_dim], cos, sin, layout)
-    return ops.cast(ops.concatenate([rotated, x[..., rotary_dim:]], axis=-1), inputs.dtype)
+    part = x if rotary_dim == x.shape[-1] else x[..., :rotary_dim]
+    if layout == "half" and is_tensorflow() and not portable:
+        rotated = _rotate_half_tf(part, cos, sin)
+    else:
+        rotated = apply_rotary(part, ops.convert_to_tensor(cos), ops.convert_to_tensor(sin), layout)
+    if rotary_dim < x.shape[-1]:
+        rotated = ops.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
+    return ops.cast(rotated, inputs.dtype)
 
 
 def _check_rank(inputs):
@@ -445,7 +465,7 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
         length = inputs.shape[1]
         if position_ids is None and mask is None and _is_zero(offset) and isinstance(length, int):
             cos, sin = self._prefix_tables(length)  # ids 0..T-1: one table broadcast over the batch
-            return _rotate(inputs, cos, sin, self.layout, self.rotary_dim)
+            return _rotate(inputs, cos, sin, self.layout, self.rotary_dim, self._frozen_length is not None)
         if position_ids is not None:
             ids = _as_ids(position_ids)
             if not _is_zero(offset):
@@ -454,7 +474,8 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
             ids = derive_position_ids(mask, segment_ids=segment_ids, offset=offset)
         else:
             ids = derive_position_ids(ops.ones((1, ops.shape(inputs)[1]), "bool"), offset=offset)
-        return _rotate(inputs, *self._cos_sin(ids), self.layout, self.rotary_dim)
+        frozen = self._frozen_length is not None
+        return _rotate(inputs, *self._cos_sin(ids), self.layout, self.rotary_dim, frozen)
 
     def _prefix_tables(self, length):
         """float32 cos and sin `[1, length, rotary_dim // 2]` of positions `0 .. length - 1`, cached."""
