@@ -19,9 +19,13 @@ Data: every training example is T+1 tokens of consecutive corpus lines (the
 line starting at each training line, then the following ones), so every
 position 0..T-1 is trained equally often; `<s>` is at position 0. Held-out
 windows are built the same way from a contiguous block at the end of the
-corpus, with the same starting lines at every evaluated length, so with a
-causal mask positions below T get the same loss at T, 2T and 4T and any
-difference comes from the positions past T.
+corpus, with the same starting lines at every evaluated length. With a
+causal mask, positions below T then get the same loss at T, 2T and 4T for
+every variant whose encoding of a position does not depend on the evaluated
+length, so any difference comes from the positions past T. That is not true
+of `rope-ntk`, `rope-yarn` and `rope-llama3`: evaluated at L > T with the
+scaling factor L / T, they change the rotation of every position, those
+below T included.
 
 Runs are deterministic for a given seed (`tf.keras.utils.set_random_seed` and
 op determinism); the seed also fixes the order of training examples, which
@@ -93,14 +97,16 @@ VARIANTS = {
     "rope": ("RoPE: rotary queries and keys", lambda c: {"position": "rope"}),
     "rope-ntk": ("RoPE, NTK-aware base x (L/T)^(d/(d-2)) when evaluated at L > T",
                  lambda c: {"position": "rope", "scaling": "ntk"}),
-    "rope-yarn": ("RoPE, YaRN with s = L/T when evaluated at L > T",
+    "rope-yarn": ("RoPE, YaRN (pair-index ramp, beta 32/1) with s = L/T when evaluated at L > T",
                   lambda c: {"position": "rope", "scaling": "yarn", "original_length": c.max_length}),
+    "rope-llama3": ("RoPE, Llama 3.1 scaling (freq factors 1 and 4) with s = L/T when evaluated at L > T",
+                    lambda c: {"position": "rope", "scaling": "llama3", "original_length": c.max_length}),
     "alibi": ("ALiBi: linear biases on attention logits", lambda c: {"position": "alibi"}),
 }
 
 # Variants trained as plain RoPE (a scaling factor of 1 is the identity) and evaluated at a length
 # L > T with the scaling factor L / T, without fine-tuning: the scalings' use as published.
-_SCALED_AT_EVALUATION = ("ntk", "yarn")
+_SCALED_AT_EVALUATION = ("ntk", "yarn", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,8 @@ def _rotary(model):
     return model.encoder.encoder_layers[0].rotary
 
 
-@pytest.mark.parametrize("name, scaling", [("rope-ntk", "ntk"), ("rope-yarn", "yarn")])
+@pytest.mark.parametrize("name, scaling", [("rope-ntk", "ntk"), ("rope-yarn", "yarn"),
+                                           ("rope-llama3", "llama3")])
 def test_scaled_variants_are_plain_rope_at_t_and_scaled_past_it(name, scaling):
     config = ablation.QUICK
     t = config.max_length
@@ -25,7 +26,7 @@ def test_scaled_variants_are_plain_rope_at_t_and_scaled_past_it(name, scaling):
     for multiple in (2, 4):
         evaluated = ablation._eval_model(model, config, 50, name, multiple * t)
         assert _rotary(evaluated).scaling_factor == multiple
-        assert _rotary(evaluated).original_length == (t if scaling == "yarn" else None)
+        assert _rotary(evaluated).original_length == (None if scaling == "ntk" else t)
         for got, expected in zip(evaluated.get_weights(), model.get_weights()):
             np.testing.assert_array_equal(got, expected)
         # Untrained and tiny (2 rotated pairs), the scaled model still computes something else.

@@ -19,7 +19,7 @@ from keras_posenc.layers import RotaryEmbedding
 
 
 def _ramp_keep(i, dim, base, original, beta_fast, beta_slow, truncate=True):
-    """YaRN: 1 - clamp((i - low) / (high - low)), low/high the dims whose pairs turn beta_fast/beta_slow times."""
+    """YaRN: 1 - clamp((i - low) / (high - low)), low/high: the dims turning beta_fast/beta_slow times."""
     low = dim * math.log(original / (beta_fast * 2 * math.pi)) / (2 * math.log(base))
     high = dim * math.log(original / (beta_slow * 2 * math.pi)) / (2 * math.log(base))
     if truncate:
@@ -48,9 +48,10 @@ def reference(config, length):
         inv = [f / factor for f in inv]
     elif kind == "yarn":
         original = rope.get("original_max_position_embeddings") or max_positions
-        inv = [f / factor * (1 - keep) + f * keep for f, keep in
-               ((f, _ramp_keep(i, dim, base, original, rope.get("beta_fast") or 32, rope.get("beta_slow") or 1,
-                               rope.get("truncate", True))) for i, f in enumerate(inv))]
+        betas = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
+        truncate = rope.get("truncate", True)
+        keeps = [_ramp_keep(i, dim, base, original, *betas, truncate) for i in range(len(inv))]
+        inv = [f / factor * (1 - keep) + f * keep for f, keep in zip(inv, keeps)]
 
         def mscale(scale, m=1.0):
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -195,11 +196,13 @@ def test_call_length_switches_frequencies(name):
 @pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
 def test_switching_in_every_path(rope_type, max_length):
     """Tiny configs: plain 0..T-1 calls (one broadcast table), a traced graph, and the frozen length."""
-    rope = ({"rope_type": "dynamic", "factor": 3.0} if rope_type == "dynamic" else
-            {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [1.0, 4.0, 9.0, 16.0]})
-    config = {"head_dim": 8, "max_position_embeddings": 16 if rope_type == "dynamic" else 64,
-              "original_max_position_embeddings": None if rope_type == "dynamic" else 16, "rope_scaling": rope}
-    config = {k: v for k, v in config.items() if v is not None}
+    if rope_type == "dynamic":
+        config = {"head_dim": 8, "max_position_embeddings": 16,
+                  "rope_scaling": {"rope_type": "dynamic", "factor": 3.0}}
+    else:
+        config = {"head_dim": 8, "max_position_embeddings": 64, "original_max_position_embeddings": 16,
+                  "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
+                                   "long_factor": [1.0, 4.0, 9.0, 16.0]}}
     layer = RotaryEmbedding.from_hf_config(config, max_length=max_length)
     x = np.random.default_rng(2).standard_normal([2, 40, 2, 8]).astype(np.float32)
     for length in (12, 40):
@@ -224,8 +227,8 @@ def test_switching_in_every_path(rope_type, max_length):
     ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "max_position_embeddings"),
     ({"head_dim": 64, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                        "original_max_position_embeddings": 8192}}, "high_freq_factor"),
-    ({"head_dim": 64, "max_position_embeddings": 64, "rope_scaling": {"rope_type": "longrope",
-                                                                      "short_factor": [1.0] * 32}}, "long_factor"),
+    ({"head_dim": 64, "max_position_embeddings": 64,
+      "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 32}}, "long_factor"),
     ({"hidden_size": 64, "rope_scaling": None}, "num_attention_heads"),
 ])
 def test_bad_configs_name_the_field(config, field):

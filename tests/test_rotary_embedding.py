@@ -38,7 +38,7 @@ def reference_angles(positions, dim, base=10000.0, scaling=None, scaling_factor=
             r = original_length / (2 * math.pi / theta)
             gamma = min(1.0, max(0.0, (r - beta_slow) / (beta_fast - beta_slow)))
             theta = (1 - gamma) * theta / s + gamma * theta
-        if scaling == "yarn":  # the shipped YaRN: ramp over the pair index i between the dims turning beta times
+        if scaling == "yarn":  # as shipped: a ramp over the pair index i between the dims turning beta times
             def dim_turning(turns):  # solve L * base^(-2i/d) / (2 pi) = turns for i
                 return dim * math.log(original_length / (2 * math.pi * turns)) / (2 * math.log(base))
             low = max(math.floor(dim_turning(beta_fast)), 0)
