@@ -252,7 +252,10 @@ def test_invalid_encoder_arguments_and_inputs():
 # Positions inside attention: RoPE and ALiBi -------------------------------------------------------
 
 ROPE_CONFIGS = [{}, {"layout": "interleave", "scaling": "ntk", "scaling_factor": 2.0},
-                {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 8}]
+                {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 8, "mscale": 1.0,
+                 "mscale_all_dim": 0.5, "partial_rotary_factor": 0.5},
+                {"scaling": "llama3", "scaling_factor": 4.0, "original_length": 64, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0}]
 
 
 def test_encoder_layer_contract_rope(tmp_path):

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from layer_test_helper import to_numpy
 
+from keras_posenc import Encoder
 from keras_posenc.backend import is_tensorflow
 from keras_posenc.layers import RotaryEmbedding
+from keras_posenc.layers.rope_scaling import hf_rotary_kwargs
 
 
 def _ramp_keep(i, dim, base, original, beta_fast, beta_slow, truncate=True):
@@ -251,3 +253,21 @@ def test_config_round_trip_keeps_every_setting():
     assert clone.attention_factor == layer.attention_factor
     x = np.random.default_rng(3).standard_normal([1, 5, 1, 96]).astype(np.float32)
     np.testing.assert_array_equal(to_numpy(clone(x)), to_numpy(layer(x)))
+
+
+def test_encoder_takes_the_options_of_a_hf_config():
+    yarn = {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+            "original_max_position_embeddings": 16}
+    options = hf_rotary_kwargs({"head_dim": 8, "max_position_embeddings": 64, "partial_rotary_factor": 0.5,
+                                "rope_scaling": yarn})
+    encoder = Encoder(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=30, max_length=12,
+                      position="rope", position_config=options, dropout=0.0)
+    ids = np.array([[5, 6, 7, 8, 9]])
+    out = to_numpy(encoder(ids))
+    rotary = encoder.encoder_layers[0].rotary
+    assert rotary.rotary_dim == 4 and rotary.max_length == 12
+    assert rotary.attention_factor == pytest.approx((0.1 * math.log(4) + 1) / (0.05 * math.log(4) + 1))
+    clone = Encoder.from_config(encoder.get_config())
+    clone(ids)
+    clone.set_weights(encoder.get_weights())
+    np.testing.assert_array_equal(to_numpy(clone(ids)), out)
