@@ -210,13 +210,17 @@ def test_switching_in_every_path(rope_type, max_length):
     for length in (12, 40):
         expected = reference_rotate(x[:, :length], np.arange(length)[None], *reference(config, length))
         assert np.max(np.abs(to_numpy(layer(x[:, :length])) - expected)) <= 2e-5
-    if is_tensorflow():
+    ids = np.array([[0, 1, 2, 3], [5, 9, 30, 39]], np.int32)
+    if is_tensorflow():  # a traced graph: the length is a tensor, frequencies switch inside the graph
         import tensorflow as tf
 
-        ids = np.array([[0, 1, 2, 3], [5, 9, 30, 39]])
-        graph = tf.function(lambda v, i: layer(v, position_ids=i))
-        got = to_numpy(graph(tf.constant(x[:, :4]), tf.constant(ids)))
-        assert np.max(np.abs(got - reference_rotate(x[:, :4], ids, *reference(config, 40)))) <= 2e-5
+        traced = tf.function(lambda v, i: layer(v, position_ids=i))
+    else:
+        import jax
+
+        traced = jax.jit(lambda v, i: layer(v, position_ids=i))
+    got = to_numpy(traced(x[:, :4], ids))
+    assert np.max(np.abs(got - reference_rotate(x[:, :4], ids, *reference(config, 40)))) <= 2e-5
     layer.freeze(40)  # an exporter: the tables of the exported length, whatever the call
     expected = reference_rotate(x[:, :12], np.arange(12)[None], *reference(config, 40))
     assert np.max(np.abs(to_numpy(layer(x[:, :12])) - expected)) <= 2e-5
