@@ -339,10 +339,11 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         elif self.position is None:
             x = self.attention(x, x, attention_mask=merged, training=training)
         else:
+            plain = position_ids is None and mask is None  # ids 0..T-1: RoPE broadcasts one table
             if position_ids is None:
                 real = ops.ones(ops.shape(x)[:2], "bool") if mask is None else mask
                 position_ids = derive_position_ids(real)
-            x, scores = self._positional_attention(x, merged, position_ids, training)
+            x, scores = self._positional_attention(x, merged, position_ids, training, plain)
         x = residual + self.attention_dropout(x, training=training)
         if not self.norm_first:
             x = self.attention_norm(x)
@@ -358,7 +359,7 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
             return x, scores
         return x
 
-    def _positional_attention(self, x, allowed, position_ids, training):
+    def _positional_attention(self, x, allowed, position_ids, training, plain=False):
         """Multi-head self-attention with RoPE on queries and keys or the ALiBi bias on the logits.
 
         Uses the projections of `self.attention` (same weights and names as
@@ -369,8 +370,9 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         key = attention._key_dense(x)
         value = attention._value_dense(x)
         if self.rotary is not None:
-            query = self.rotary(query, position_ids=position_ids)
-            key = self.rotary(key, position_ids=position_ids)
+            ids = None if plain else position_ids
+            query = self.rotary(query, position_ids=ids)
+            key = self.rotary(key, position_ids=ids)
         head_dim = self.d_model // self.num_heads
         logits = ops.einsum("bqhd,bkhd->bhqk", ops.cast(query, "float32"), ops.cast(key, "float32"))
         logits = logits * (1.0 / float(head_dim) ** 0.5)
