@@ -276,7 +276,8 @@ def hf_rotary_kwargs(config):
     num_attention_heads`), `partial_rotary_factor` (or GPT-NeoX's
     `rotary_pct`; default 1), `max_position_embeddings`, a top-level
     `original_max_position_embeddings` (Phi-3) and `rope_scaling` (or
-    `rope_parameters`) with `rope_type` or its older alias `type`.
+    `rope_parameters`, whose `rope_theta` and `partial_rotary_factor` take
+    precedence) with `rope_type` or its older alias `type`.
 
     Raises:
         TypeError: `config` is not a dict.
@@ -301,6 +302,7 @@ def hf_rotary_kwargs(config):
     if head_dim is None:
         head_dim = _field(config, "hidden_size", "config") // _field(config, "num_attention_heads", "config")
     partial = config.get("partial_rotary_factor", config.get("rotary_pct", 1.0))
+    partial = rope.get("partial_rotary_factor", partial)
     if not _is_number(partial) or not 0 < partial <= 1:
         raise ValueError(f"`partial_rotary_factor` must be in (0, 1], got {partial!r}.")
     kwargs = {"max_wavelength": float(theta), "layout": "half", "partial_rotary_factor": float(partial),
@@ -329,6 +331,7 @@ def hf_rotary_kwargs(config):
                       attention_factor=rope.get("attention_factor"))
     elif scaling == "longrope":
         original = config.get("original_max_position_embeddings")
+        original = original or rope.get("original_max_position_embeddings")
         if original is not None:  # Phi-3: the extension is max_position_embeddings / original
             factor = _field(config, "max_position_embeddings", "config") / original
             if factor < 1.0:
