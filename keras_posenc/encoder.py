@@ -193,7 +193,10 @@ class Encoder(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
-             use_causal_mask=False, training=None):
+             use_causal_mask=False, training=None, cache=None, cache_index=None):
+        if cache is not None:
+            return self._call_with_cache(token_ids, position_ids, language_ids, segment_ids, attention_mask,
+                                         cache, cache_index)
         padding_mask = ops.not_equal(token_ids, self.pad_id)
         in_attention = self.position in ATTENTION_POSITIONS
         if in_attention and position_ids is None:
@@ -210,6 +213,35 @@ class Encoder(keras.layers.Layer):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
+
+    def _call_with_cache(self, token_ids, position_ids, language_ids, segment_ids, attention_mask, cache,
+                         cache_index):
+        """Causal decoding of one chunk against a key/value cache; see `EncoderLayer` for the slots."""
+        if segment_ids is not None or attention_mask is not None:
+            raise ValueError("`segment_ids` and `attention_mask` cannot be combined with `cache`.")
+        if cache_index is None:
+            raise ValueError("`cache` needs `cache_index`, the slot of the chunk's first token.")
+        if len(cache.shape) != 6 or cache.shape[1] != self.num_layers:
+            raise ValueError(f"`cache` must have shape [batch, num_layers={self.num_layers}, 2, "
+                             f"cache_length, num_heads, head_dim], got shape {tuple(cache.shape)}.")
+        if position_ids is None:
+            # A chunk at `cache_index` of rows without padding before it: slots are positions.
+            position_ids = derive_position_ids(ops.not_equal(token_ids, self.pad_id), offset=cache_index)
+        in_attention = self.position in ATTENTION_POSITIONS
+        x = self.embedding(token_ids, position_ids=None if in_attention else position_ids,
+                           language_ids=language_ids, training=False)
+        caches = []
+        for i, layer in enumerate(self.encoder_layers):
+            x, layer_cache = layer(x, mask=None, position_ids=position_ids, cache=cache[:, i],
+                                   cache_index=cache_index, training=False)
+            caches.append(layer_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, ops.stack(caches, axis=1)
+
+    def cache_shape(self, batch_size, cache_length):
+        """The shape of an empty key/value cache: `[batch, num_layers, 2, cache_length, heads, head_dim]`."""
+        return (batch_size, self.num_layers, 2, cache_length, self.num_heads, self.d_model // self.num_heads)
 
     def compute_mask(self, token_ids, mask=None):
         return ops.not_equal(token_ids, self.pad_id)  # keras ops: token_ids may be a Keras 3 KerasTensor

@@ -319,10 +319,13 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x, mask=None, attention_mask=None, use_causal_mask=False, position_ids=None,
-             training=None, return_attention_scores=False):
+             training=None, return_attention_scores=False, cache=None, cache_index=None):
         if len(x.shape) != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"`x` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {x.shape}.")
+        if cache is not None:
+            return self._call_with_cache(x, cache, cache_index, position_ids, attention_mask,
+                                         return_attention_scores)
         merged = merge_attention_masks(static_or_dynamic_length(x), mask=mask, attention_mask=attention_mask,
                                        use_causal_mask=use_causal_mask)
         # A fresh tensor without `_keras_mask`, so the attention sees only `merged`.
@@ -341,10 +344,16 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
                 real = ops.ones(ops.shape(x)[:2], "bool") if mask is None else mask
                 position_ids = derive_position_ids(real)
             x, scores = self._positional_attention(x, merged, position_ids, training)
-        x = residual + self.attention_dropout(x, training=training)
+        x = self._finish_block(residual, x, training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def _finish_block(self, residual, attended, training):
+        """The attention residual and norm, then the feed-forward sublayer with its own."""
+        x = residual + self.attention_dropout(attended, training=training)
         if not self.norm_first:
             x = self.attention_norm(x)
-
         residual = x
         if self.norm_first:
             x = self.ffn_norm(x)
@@ -352,9 +361,64 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         x = residual + self.ffn_dropout(x, training=training)
         if not self.norm_first:
             x = self.ffn_norm(x)
-        if return_attention_scores:
-            return x, scores
         return x
+
+    def _call_with_cache(self, x, cache, cache_index, position_ids, attention_mask, return_attention_scores):
+        """One incremental step: writes this chunk's keys and values into `cache`, attends over it.
+
+        The cache's slots are consecutive positions of each row: slot `s`
+        holds the token decoded at step `s`, a left-padded row's padding
+        first. A query at slot `s` with position id `p` (the count of real
+        tokens before it) therefore sees exactly the slots `s - p .. s`, its
+        own row's real tokens up to itself: causal attention without padding,
+        derived from the ids alone, with no mask to carry between steps. The
+        ALiBi distance of two real tokens is their slot distance.
+        """
+        if attention_mask is not None:
+            raise ValueError("`attention_mask` cannot be combined with `cache`: cached attention is causal "
+                             "over the cache, with padding given by `position_ids`.")
+        if position_ids is None or cache_index is None:
+            raise ValueError("`cache` needs `cache_index` and `position_ids` (int [batch, length]).")
+        heads, head_dim = self.num_heads, self.d_model // self.num_heads
+        if len(cache.shape) != 5 or tuple(cache.shape[1:2]) + tuple(cache.shape[3:]) != (2, heads, head_dim):
+            raise ValueError(f"`cache` must have shape [batch, 2, cache_length, num_heads={heads}, "
+                             f"head_dim={head_dim}], got shape {tuple(cache.shape)}.")
+        x = _without_keras_mask(x)
+        residual = x
+        if self.norm_first:
+            x = self.attention_norm(x)
+        attention = self.attention
+        query, key, value = attention._query_dense(x), attention._key_dense(x), attention._value_dense(x)
+        position_ids = ops.cast(position_ids, "int32")
+        if self.rotary is not None:
+            query = self.rotary(query, position_ids=position_ids)
+            key = self.rotary(key, position_ids=position_ids)
+        cache_length = ops.shape(cache)[2]
+        query_slots = ops.cast(cache_index, "int32") + ops.arange(ops.shape(x)[1], dtype="int32")
+        # Writing by a one-hot product keeps every other slot bit for bit (x * 1 + 0).
+        write = ops.cast(ops.equal(query_slots[:, None], ops.arange(cache_length, dtype="int32")[None]),
+                         cache.dtype)  # [length, cache_length]
+        keep = (1.0 - ops.sum(write, axis=0))[None, :, None, None]
+        key_cache = cache[:, 0] * keep + ops.einsum("sc,bshd->bchd", write, ops.cast(key, cache.dtype))
+        value_cache = cache[:, 1] * keep + ops.einsum("sc,bshd->bchd", write, ops.cast(value, cache.dtype))
+        logits = ops.einsum("bqhd,bkhd->bhqk", ops.cast(query, "float32"), ops.cast(key_cache, "float32"))
+        logits = logits * (1.0 / float(head_dim) ** 0.5)
+        key_slots = ops.arange(cache_length, dtype="int32")[None, None, :]
+        first_real = (query_slots[None, :] - position_ids)[:, :, None]
+        allowed = ops.logical_and(key_slots <= query_slots[None, :, None], key_slots >= first_real)
+        allowed = ops.expand_dims(allowed, 1)  # [batch, 1, length, cache_length]
+        if self.slopes is not None:
+            distance = ops.cast(query_slots[:, None] - key_slots[0], "float32")
+            logits = logits - ops.convert_to_tensor(self.slopes, "float32")[:, None, None] * distance[None]
+        logits = ops.where(allowed, logits, MASKED_BIAS)
+        scores = ops.softmax(logits, axis=-1)
+        output = ops.einsum("bhqk,bkhd->bqhd", ops.cast(scores, self.compute_dtype),
+                            ops.cast(value_cache, self.compute_dtype))
+        x = self._finish_block(residual, attention._output_dense(output), training=False)
+        new_cache = ops.stack([key_cache, value_cache], axis=1)
+        if return_attention_scores:
+            return x, new_cache, ops.cast(scores, self.compute_dtype)
+        return x, new_cache
 
     def _positional_attention(self, x, allowed, position_ids, training):
         """Multi-head self-attention with RoPE on queries and keys or the ALiBi bias on the logits.
