@@ -1,4 +1,4 @@
-"""The `keras-posenc` command line: `demo`, `train`, `inspect`, `export`, `ablate`.
+"""The `keras-posenc` command line: `demo`, `train`, `generate`, `inspect`, `export`, `ablate`.
 
 Each subcommand is a pair `_add_<name>_parser(subparsers)` (its flags) and
 `_run_<name>(args) -> int` (its work), registered in `_SUBCOMMANDS`. The
@@ -18,6 +18,7 @@ From a shell (each subcommand has `--help`)::
 
     keras-posenc demo                                    # train + export a small LM, runs/demo/
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 500
+    keras-posenc generate runs/lm --prompt "The module" --max-new-tokens 20
     keras-posenc inspect runs/lm/model.keras
     keras-posenc export runs/lm/model.keras --out runs/lm/model.tflite --sequence-length 64
     keras-posenc ablate --quick
@@ -43,6 +44,10 @@ DEMO_SETTINGS = {
     "d_model": 64, "num_heads": 4, "dff": 128, "dropout": 0.0, "warmup_steps": 150, "lr_scale": 1.0,
     "checkpoint_every": 250, "log_every": 10,
 }
+
+
+DEMO_PROMPT = "The module"
+DEMO_NEW_TOKENS = 16
 
 
 class _Error(Exception):
@@ -142,8 +147,50 @@ def _run_demo(args):
     report = train(config)
     _print_summary(report, config.out)
     print("Exporting the demo model to TFLite (float32, GPU target):")
-    return export_model(os.path.join(config.out, "model.keras"), os.path.join(config.out, "model.tflite"),
-                        config.max_length, require_gpu=True)
+    status = export_model(os.path.join(config.out, "model.keras"), os.path.join(config.out, "model.tflite"),
+                          config.max_length, require_gpu=True)
+    print(f"Generating from the demo model (keras-posenc generate {config.out} --prompt {DEMO_PROMPT!r}):")
+    _print_generation(config.out, DEMO_PROMPT, max_new_tokens=DEMO_NEW_TOKENS)
+    return status
+
+
+def _print_generation(run, prompt, spm=None, as_json=False, **generation):
+    from keras_posenc import text_generation
+
+    model, sp_model = text_generation.load_run(run, spm)
+    result = text_generation.generate_text(model, sp_model, prompt, **generation)
+    print(text_generation.format_result(prompt, result, as_json=as_json))
+
+
+# generate -----------------------------------------------------------------------------------
+def _add_generate_parser(subparsers):
+    from keras_posenc.generation import SAMPLERS
+
+    parser = subparsers.add_parser(
+        "generate", help="generate text from a trained model (KV cache)",
+        description="Continues a prompt with a model trained by `keras-posenc train`, using the run's "
+                    "SentencePiece tokenizer: one prefill, then one cached decode step per token. Prints "
+                    "the text, then the time to first token and the decode tokens/s.")
+    parser.add_argument("run", metavar="RUN_DIR_OR_MODEL",
+                        help="a run folder (model.keras + spm.model), or a .keras file with spm.model "
+                             "beside it")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=32, help="default: %(default)s")
+    parser.add_argument("--sampler", choices=SAMPLERS, default="greedy", help="default: %(default)s")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    parser.add_argument("--top-k", type=_positive_int, default=None, dest="k", help="k of --sampler top_k")
+    parser.add_argument("--top-p", type=float, default=None, dest="p", help="p of --sampler top_p")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampler")
+    parser.add_argument("--spm", help="SentencePiece model (default: spm.model beside the model)")
+    parser.add_argument("--json", action="store_true",
+                        help='print one JSON object {"ids", "text", "ttft_ms", "decode_tokens_per_s"}')
+
+
+def _run_generate(args):
+    _print_generation(args.run, args.prompt, spm=args.spm, as_json=args.json,
+                      max_new_tokens=args.max_new_tokens, sampler=args.sampler, temperature=args.temperature,
+                      k=args.k, p=args.p, seed=args.seed)
+    return 0
 
 
 # train --------------------------------------------------------------------------------------
@@ -411,6 +458,7 @@ def _run_export(args):
 _SUBCOMMANDS = {
     "demo": (_add_demo_parser, _run_demo),
     "train": (_add_train_parser, _run_train),
+    "generate": (_add_generate_parser, _run_generate),
     "inspect": (_add_inspect_parser, _run_inspect),
     "export": (_add_export_parser, _run_export),
     "ablate": (_add_ablate_parser, _run_ablate),

@@ -184,11 +184,13 @@ def _check_sampling(sampler, temperature, k, p, max_new_tokens):
 
 
 def generate(model, prompt_ids, max_new_tokens, *, sampler="greedy", temperature=1.0, k=None, p=None,
-             seed=None, stop_id=None, language_ids=None, clock=None):
+             seed=None, stop_id=None, language_ids=None, clock=None, warmup=False):
     """Generates `max_new_tokens` ids after each prompt with a key/value cache.
 
     See `CausalLM.generate` for the arguments. `clock` is a zero-argument
-    function returning seconds (default `time.perf_counter`).
+    function returning seconds (default `time.perf_counter`). With
+    `warmup=True` the prefill and a decode step run once untimed first, so
+    the times leave out tracing and compilation.
 
     Returns:
         A `GenerationResult`.
@@ -215,6 +217,11 @@ def generate(model, prompt_ids, max_new_tokens, *, sampler="greedy", temperature
     real = prompt != encoder.pad_id
     positions = np.where(real, np.cumsum(real, axis=1) - 1, 0).astype(np.int32)
     cache = ops.zeros(encoder.cache_shape(batch, cache_length), encoder.compute_dtype)
+    if warmup:
+        step(ops.convert_to_tensor(prompt.astype(np.int32)), ops.convert_to_tensor(positions), cache,
+             ops.convert_to_tensor(np.int32(0)), language_ids)
+        step(ops.convert_to_tensor(prompt[:, -1:].astype(np.int32)), ops.convert_to_tensor(positions[:, -1:]),
+             cache, ops.convert_to_tensor(np.int32(prompt_length)), language_ids)
 
     start = clock()
     logits, cache = step(ops.convert_to_tensor(prompt.astype(np.int32)), ops.convert_to_tensor(positions),
