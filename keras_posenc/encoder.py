@@ -216,28 +216,54 @@ class Encoder(keras.layers.Layer):
 
     def _call_with_cache(self, token_ids, position_ids, language_ids, segment_ids, attention_mask, cache,
                          cache_index):
-        """Causal decoding of one chunk against a key/value cache; see `EncoderLayer` for the slots."""
         if segment_ids is not None or attention_mask is not None:
             raise ValueError("`segment_ids` and `attention_mask` cannot be combined with `cache`.")
-        if cache_index is None:
-            raise ValueError("`cache` needs `cache_index`, the slot of the chunk's first token.")
         if len(cache.shape) != 6 or cache.shape[1] != self.num_layers:
             raise ValueError(f"`cache` must have shape [batch, num_layers={self.num_layers}, 2, "
                              f"cache_length, num_heads, head_dim], got shape {tuple(cache.shape)}.")
+        keys = [cache[:, i, 0] for i in range(self.num_layers)]
+        values = [cache[:, i, 1] for i in range(self.num_layers)]
+        x, keys, values = self.cached_step(token_ids, keys, values, cache_index, position_ids=position_ids,
+                                           language_ids=language_ids)
+        return x, ops.stack([ops.stack(pair, axis=1) for pair in zip(keys, values)], axis=1)
+
+    def cached_step(self, token_ids, key_caches, value_caches, cache_index, position_ids=None,
+                    language_ids=None):
+        """Causal decoding of one chunk against per-layer key and value caches.
+
+        What `call(..., cache=, cache_index=)` runs, with the cache as one
+        `[batch, cache_length, num_heads, head_dim]` tensor per layer and
+        kind (the layout the exported prefill/decode files take); see
+        `EncoderLayer.cached_step` for the slots.
+
+        Args:
+            token_ids: int `[batch, length]`, the chunk starting at slot `cache_index`.
+            key_caches, value_caches: lists of `num_layers` float tensors.
+            cache_index: int scalar (tensor).
+            position_ids: optional int `[batch, length]`; default: the chunk's
+                real tokens numbered from `cache_index` (rows with no padding
+                before the chunk).
+            language_ids: as in `call`.
+
+        Returns:
+            `(outputs [batch, length, d_model], key_caches, value_caches)`.
+        """
+        if cache_index is None:
+            raise ValueError("`cache` needs `cache_index`, the slot of the chunk's first token.")
         if position_ids is None:
-            # A chunk at `cache_index` of rows without padding before it: slots are positions.
             position_ids = derive_position_ids(ops.not_equal(token_ids, self.pad_id), offset=cache_index)
         in_attention = self.position in ATTENTION_POSITIONS
         x = self.embedding(token_ids, position_ids=None if in_attention else position_ids,
                            language_ids=language_ids, training=False)
-        caches = []
-        for i, layer in enumerate(self.encoder_layers):
-            x, layer_cache = layer(x, mask=None, position_ids=position_ids, cache=cache[:, i],
-                                   cache_index=cache_index, training=False)
-            caches.append(layer_cache)
+        keys, values = [], []
+        for layer, key_cache, value_cache in zip(self.encoder_layers, key_caches, value_caches):
+            x, key_cache, value_cache, _ = layer.cached_step(x, key_cache, value_cache, cache_index,
+                                                             position_ids)
+            keys.append(key_cache)
+            values.append(value_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, ops.stack(caches, axis=1)
+        return x, keys, values
 
     def cache_shape(self, batch_size, cache_length):
         """The shape of an empty key/value cache: `[batch, num_layers, 2, cache_length, heads, head_dim]`."""
