@@ -334,8 +334,9 @@ def _add_export_parser(subparsers):
     parser.add_argument("model", help="trained model (.keras, .h5 or SavedModel folder)")
     parser.add_argument("--out", required=True,
                         help="output .tflite file (FILE.json with its input shapes is written beside)")
-    parser.add_argument("--sequence-length", type=_positive_int, required=True,
-                        help="fixed input length, at most the model's max_length")
+    parser.add_argument("--sequence-length", type=_positive_int,
+                        help="fixed input length, at most the model's max_length (required without "
+                             "--generate)")
     parser.add_argument("--batch-size", type=_positive_int, default=1,
                         help="fixed batch (1 for the GPU delegate) (default: 1)")
     parser.add_argument("--quantize", choices=[mode for mode in QUANTIZE_MODES if mode],
@@ -351,6 +352,15 @@ def _add_export_parser(subparsers):
     parser.add_argument("--token-ids", help="int .npy [n, sequence-length] for the parity check (default: "
                                             "corpus sentences tokenized with spm.model beside the model, "
                                             "else a synthetic padded batch)")
+    generation = parser.add_argument_group(
+        "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
+                      "outputs, for export/run_generate.py (CausalLM, --target cpu)")
+    generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
+    generation.add_argument("--cache-length", type=_positive_int,
+                            help="cache slots: prompt + generated tokens, at most max_length")
+    generation.add_argument("--prompt-length", type=_positive_int,
+                            help="prefill length P, prompts are right-padded to it (default: "
+                                 "cache-length // 2)")
 
 
 def _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids_path):
@@ -450,9 +460,44 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
 
 
 def _run_export(args):
+    if args.generate:
+        return _export_generator(args)
+    if args.sequence_length is None:
+        raise _Error("export needs --sequence-length (or --generate with --cache-length).")
     return export_model(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
                         quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
                         tolerance=args.tolerance, token_ids=args.token_ids)
+
+
+def _export_generator(args):
+    from keras_posenc import export
+    from keras_posenc.export import generator
+
+    if args.cache_length is None:
+        raise _Error("--generate needs --cache-length C (prompt + generated tokens).")
+    given = (("--sequence-length", args.sequence_length), ("--quantize", args.quantize),
+             ("--token-ids", args.token_ids))
+    ignored = [flag for flag, value in given if value is not None]
+    if ignored or args.batch_size != 1:
+        raise _Error("--generate exports batch 1 in float32 and takes no "
+                     f"{', '.join(ignored) or '--batch-size'}.")
+    prompt_length = args.prompt_length or max(1, args.cache_length // 2)
+    model = export.load_model(args.model)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    result = generator.export_generator(model, args.out, prompt_length=prompt_length,
+                                        cache_length=args.cache_length, target=args.target)
+    meta = result["metadata"]
+    print(f"Wrote {args.out} ({result['bytes']} bytes, target {args.target}: prefill [1, {prompt_length}], "
+          f"decode [1, 1], cache {meta['cache_length']} slots = {meta['cache_bytes']} bytes) and "
+          f"{args.out}.json")
+    print(f"Greedy parity over {result['tokens_checked']} tokens: "
+          f"{'same tokens' if result['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
+          f"max abs logit diff {result['parity']:.3g}")
+    tolerance = args.tolerance if args.tolerance is not None else EXPORT_TOLERANCE[None]
+    if not result["same_tokens"] or not result["parity"] <= tolerance:
+        print(f"FAILED: the file does not generate what the model generates (tolerance {tolerance:g}).")
+        return 1
+    return 0
 
 
 _SUBCOMMANDS = {
