@@ -54,8 +54,7 @@ def tflite_pair(model, cache_length):
     interpreter = tf.lite.Interpreter(model_content=flat, num_threads=1)
     prefill = interpreter.get_signature_runner("prefill")
     decode = interpreter.get_signature_runner("decode")
-    cache = prefill(token_ids=np.full([1, prompt_length], 5, np.int32))
-    cache.pop("logits")
+    cache = generator.past(prefill(token_ids=np.full([1, prompt_length], 5, np.int32)))
     feeds = dict(token_id=np.array([[7]], np.int32), position=np.array([prompt_length], np.int32), **cache)
     window = tf.lite.Interpreter(model_content=export.to_tflite(model, sequence_length=cache_length,
                                                                 target="cpu"), num_threads=1)

@@ -132,7 +132,8 @@ def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_cou
     start, steps = clock(), 0
     while len(ids) < max_new_tokens and ids[-1] != stop_id:
         feeds = {"token_id": np.array([[ids[-1]]], np.int32),
-                 "position": np.array([n + len(ids) - 1], np.int32), **cache}
+                 "position": np.array([n + len(ids) - 1], np.int32),
+                 **{name.replace("present_", "past_"): value for name, value in cache.items()}}
         cache = session.run("decode", feeds)
         logits = np.array(cache.pop("logits")[0], np.float64)
         logits[pad_id] = -np.inf
@@ -149,8 +150,11 @@ def checksum(ids):
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="prefill/decode .tflite from `keras-posenc export --generate`")
-    parser.add_argument("--spm", required=True, help="the run's SentencePiece model (spm.model)")
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--spm", help="the run's SentencePiece model (spm.model); needed with --prompt")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the text to continue")
+    prompt.add_argument("--prompt-ids", help="the prompt as comma-separated token ids, `<s>` included "
+                                             "(no SentencePiece needed; the text is then not decoded)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="default 32")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="default cpu")
     parser.add_argument("--delegate", help="tflite-runtime: a delegate library for --accelerator gpu")
@@ -173,10 +177,21 @@ def parse_args(argv):
         parser.error("--sampler top_p needs --top-p P in (0, 1]")
     if not args.temperature > 0:
         parser.error(f"--temperature must be > 0, got {args.temperature}")
-    for path in (args.model, args.spm, args.model + ".json"):
-        if not os.path.isfile(path):
+    if args.prompt is not None and not args.spm:
+        parser.error("--prompt needs --spm SPM_MODEL (or give --prompt-ids)")
+    if args.prompt_ids is not None:
+        try:
+            args.prompt_ids = [int(i) for i in args.prompt_ids.split(",")]
+        except ValueError:
+            parser.error(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}")
+    for path in (args.model, args.spm, _metadata_path(args.model)):
+        if path is not None and not os.path.isfile(path):
             parser.error(f"file not found: {path}")
     return args
+
+
+def _metadata_path(model):
+    return model + ".json"
 
 
 def make_session(args):
@@ -194,29 +209,37 @@ def make_session(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    import sentencepiece as spm
-
-    with open(args.model + ".json") as f:
+    with open(_metadata_path(args.model)) as f:
         meta = json.load(f)
     if "cache_length" not in meta:
         raise SystemExit(f"{args.model} is not a prefill/decode file: export it with "
                          "`keras-posenc export MODEL --generate`.")
-    processor = spm.SentencePieceProcessor()
-    processor.Load(args.spm)
-    prompt_ids = [meta["bos_id"]] + list(processor.EncodeAsIds(args.prompt))
+    processor = None
+    if args.spm:
+        import sentencepiece as spm
+
+        processor = spm.SentencePieceProcessor()
+        processor.Load(args.spm)
+    if args.prompt_ids is not None:
+        prompt_ids = args.prompt_ids
+        bad = [i for i in prompt_ids if not 0 <= i < meta["vocab_size"]]
+        if bad:
+            raise SystemExit(f"--prompt-ids: {bad[0]} is outside the vocabulary [0, {meta['vocab_size']}).")
+    else:
+        prompt_ids = [meta["bos_id"]] + list(processor.EncodeAsIds(args.prompt))
     session = make_session(args)
     ids, ttft, decode_seconds, steps = generate(
         session, meta, prompt_ids, args.max_new_tokens, np.random.default_rng(args.seed),
         sampler=args.sampler, temperature=args.temperature, k=args.k, p=args.p)
     special = set(meta["special_ids"]) - {meta["unk_id"]}
-    text = processor.DecodeIds([i for i in ids if i not in special])
+    text = processor.DecodeIds([i for i in ids if i not in special]) if processor else None
     rate = steps / decode_seconds if steps and decode_seconds > 0 else None
     if args.json:
         print(json.dumps({"ids": ids, "text": text, "ttft_ms": ttft * 1e3, "decode_tokens_per_s": rate}))
         return 0
     print(f"runtime: {session.name}  accelerator: {args.accelerator}  fully accelerated: "
           f"{session.fully_accelerated}")
-    print(f"{args.prompt} {text}")
+    print(f"{args.prompt} {text}" if processor else f"ids: {ids}")
     rate_text = "n/a (one token)" if rate is None else f"{rate:.1f} tokens/s"
     print(f"time to first token {ttft * 1e3:.1f} ms, decode {rate_text} ({len(ids)} tokens), "
           f"checksum {checksum(ids)}")

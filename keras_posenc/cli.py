@@ -354,7 +354,7 @@ def _add_export_parser(subparsers):
                                             "else a synthetic padded batch)")
     generation = parser.add_argument_group(
         "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
-                      "outputs, for export/run_generate.py (CausalLM, --target cpu)")
+                      "outputs, for export/run_generate.py (CausalLM, --target cpu or tensorrt)")
     generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
     generation.add_argument("--cache-length", type=_positive_int,
                             help="cache slots: prompt + generated tokens, at most max_length")
@@ -487,9 +487,9 @@ def _export_generator(args):
     result = generator.export_generator(model, args.out, prompt_length=prompt_length,
                                         cache_length=args.cache_length, target=args.target)
     meta = result["metadata"]
-    print(f"Wrote {args.out} ({result['bytes']} bytes, target {args.target}: prefill [1, {prompt_length}], "
-          f"decode [1, 1], cache {meta['cache_length']} slots = {meta['cache_bytes']} bytes) and "
-          f"{args.out}.json")
+    print(f"Wrote {' and '.join(result['files'])} ({result['bytes']} bytes, target {args.target}: prefill "
+          f"[1, {prompt_length}], decode [1, 1], cache {meta['cache_length']} slots = {meta['cache_bytes']} "
+          f"bytes) and {args.out}.json")
     print(f"Greedy parity over {result['tokens_checked']} tokens: "
           f"{'same tokens' if result['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
           f"max abs logit diff {result['parity']:.3g}")

@@ -35,7 +35,7 @@ def test_the_file_generates_the_keras_tokens_for_32_steps(config):
     model = _model(**config)
     flat = generator.to_tflite_generator(model, prompt_length=8, cache_length=38)
     prompt = [2, 9, 17, 5, 11]
-    same, parity = generator.check_generator_parity(model, flat, prompt, 32)
+    same, parity = generator.check_generator_parity(model, generator.TfliteSession(flat), prompt, 32)
     assert same
     assert parity <= 1e-4  # every step's logits against the full forward pass
 
@@ -43,7 +43,7 @@ def test_the_file_generates_the_keras_tokens_for_32_steps(config):
 def test_every_decode_step_equals_the_full_pass_after_a_full_prefill():
     model = _model()
     flat = generator.to_tflite_generator(model, prompt_length=6, cache_length=12)
-    ids, logits = generator.generate_with_interpreter(flat, [4, 8, 15, 16, 23, 30], 7)
+    ids, logits = generator.greedy_generate(generator.TfliteSession(flat), [4, 8, 15, 16, 23, 30], 7)
     full = np.asarray(model(np.array([[4, 8, 15, 16, 23, 30] + ids[:-1]], np.int32)))[0, 5:]
     np.testing.assert_allclose(logits, full, atol=1e-4, rtol=0)
 
@@ -52,6 +52,7 @@ def test_every_decode_step_equals_the_full_pass_after_a_full_prefill():
     ({"prompt_length": 8, "cache_length": 4}, {}, "`prompt_length`=8 exceeds `cache_length`=4"),
     ({"prompt_length": 4, "cache_length": 41}, {}, "max_length=40"),
     ({"prompt_length": 4, "cache_length": 8, "target": "gl"}, {}, "target='gl'"),
+    ({"prompt_length": 4, "cache_length": 8, "target": "tensorrt"}, {}, "to_onnx_generator"),
     ({"prompt_length": 4, "cache_length": 8}, {"num_languages": 2}, "num_languages"),
 ])
 def test_bad_exports_are_rejected(kwargs, config, match):
@@ -71,13 +72,13 @@ def test_an_unmasked_model_cannot_be_exported_for_generation():
 
 def test_interpreter_runner_rejects_long_prompts_and_overlong_runs():
     model = _model()
-    flat = generator.to_tflite_generator(model, prompt_length=4, cache_length=8)
+    session = generator.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8))
     with pytest.raises(ValueError, match="1 to 4"):
-        generator.generate_with_interpreter(flat, [5, 6, 7, 8, 9], 2)
+        generator.greedy_generate(session, [5, 6, 7, 8, 9], 2)
     with pytest.raises(ValueError, match="cache_length=8"):
-        generator.generate_with_interpreter(flat, [5, 6, 7], 7)
+        generator.greedy_generate(session, [5, 6, 7], 7)
     with pytest.raises(ValueError, match="1 to 4"):
-        generator.generate_with_interpreter(flat, [], 2)
+        generator.greedy_generate(session, [], 2)
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +135,4 @@ def test_the_kit_text_output_and_its_errors(kit_files):
     done = _run_kit(path, "--spm", spm_path, "--prompt", "the cat sat on the mat the cat sat on the mat",
                     "--runtime", "interpreter")
     assert done.returncode != 0 and "prefill takes at most 8" in done.stderr
+
