@@ -37,7 +37,7 @@ KERAS3_PY ?= $(or $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/version
   "$$p" -c '' >/dev/null 2>&1 && { echo "$$p"; break; }; done),python3.12)
 # Backend-agnostic tests (and doctests) that run a second time on KERAS_BACKEND=jax; the test files
 # written against TF graphs skip themselves there.
-KERAS3_JAX_TESTS ?= tests/test_tables.py tests/test_readme.py \
+KERAS3_JAX_TESTS ?= tests/test_tables.py tests/test_readme.py tests/test_generate.py keras_posenc/generation.py \
   $(wildcard tests/test_keras3_*.py tests/test_interop_*.py) \
   keras_posenc/backend.py keras_posenc/tables.py keras_posenc/positions.py keras_posenc/schedules.py \
   $(addprefix keras_posenc/layers/,position_embedding_base.py sinusoidal_position_embedding.py \

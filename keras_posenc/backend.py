@@ -28,8 +28,9 @@ import builtins
 import contextlib
 import types
 
-__all__ = ["backend_name", "dtype_name", "eager_scope", "is_keras3", "is_tensorflow", "is_symbolic",
-           "is_tracer", "keras", "keras_version", "no_autocast", "ops", "static_int", "widest_float"]
+__all__ = ["backend_name", "dtype_name", "eager_scope", "inference_function", "is_keras3", "is_tensorflow",
+           "is_symbolic", "is_tracer", "keras", "keras_version", "no_autocast", "ops", "static_int",
+           "widest_float"]
 
 
 def _keras_major():
@@ -134,6 +135,38 @@ def eager_scope():
 
         return jax.ensure_compile_time_eval()
     return contextlib.nullcontext()
+
+
+def inference_function(layer, fn):
+    """`fn(*tensors)`, which calls `layer`, compiled for repeated inference calls.
+
+    TensorFlow: a `tf.function`, which reads the layer's variables when it
+    runs. JAX: `jax.jit` of a stateless call that takes the variables'
+    current values as arguments, so later weight updates are seen too.
+    Every argument must be a tensor (or None): one trace then serves every
+    call with the same shapes.
+    """
+    if is_tensorflow():
+        import tensorflow as tf
+
+        return tf.function(fn, reduce_retracing=True)
+    if backend_name() != "jax":
+        return fn
+    import jax
+
+    def pure(trainable, non_trainable, *args):
+        mapping = list(zip(layer.trainable_variables, trainable))
+        mapping += list(zip(layer.non_trainable_variables, non_trainable))
+        with keras.StatelessScope(state_mapping=mapping):
+            return fn(*args)
+
+    compiled = jax.jit(pure)
+
+    def call(*args):
+        return compiled([v.value for v in layer.trainable_variables],
+                        [v.value for v in layer.non_trainable_variables], *args)
+
+    return call
 
 
 def widest_float():

@@ -1,4 +1,4 @@
-"""The `keras-posenc` command line: `demo`, `train`, `inspect`, `export`, `ablate`.
+"""The `keras-posenc` command line: `demo`, `train`, `generate`, `inspect`, `export`, `ablate`.
 
 Each subcommand is a pair `_add_<name>_parser(subparsers)` (its flags) and
 `_run_<name>(args) -> int` (its work), registered in `_SUBCOMMANDS`. The
@@ -18,6 +18,7 @@ From a shell (each subcommand has `--help`)::
 
     keras-posenc demo                                    # train + export a small LM, runs/demo/
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 500
+    keras-posenc generate runs/lm --prompt "The module" --max-new-tokens 20
     keras-posenc inspect runs/lm/model.keras
     keras-posenc export runs/lm/model.keras --out runs/lm/model.tflite --sequence-length 64
     keras-posenc ablate --quick
@@ -43,6 +44,10 @@ DEMO_SETTINGS = {
     "d_model": 64, "num_heads": 4, "dff": 128, "dropout": 0.0, "warmup_steps": 150, "lr_scale": 1.0,
     "checkpoint_every": 250, "log_every": 10,
 }
+
+
+DEMO_PROMPT = "The module"
+DEMO_NEW_TOKENS = 16
 
 
 class _Error(Exception):
@@ -142,8 +147,50 @@ def _run_demo(args):
     report = train(config)
     _print_summary(report, config.out)
     print("Exporting the demo model to TFLite (float32, GPU target):")
-    return export_model(os.path.join(config.out, "model.keras"), os.path.join(config.out, "model.tflite"),
-                        config.max_length, require_gpu=True)
+    status = export_model(os.path.join(config.out, "model.keras"), os.path.join(config.out, "model.tflite"),
+                          config.max_length, require_gpu=True)
+    print(f"Generating from the demo model (keras-posenc generate {config.out} --prompt {DEMO_PROMPT!r}):")
+    _print_generation(config.out, DEMO_PROMPT, max_new_tokens=DEMO_NEW_TOKENS)
+    return status
+
+
+def _print_generation(run, prompt, spm=None, as_json=False, **generation):
+    from keras_posenc import text_generation
+
+    model, sp_model = text_generation.load_run(run, spm)
+    result = text_generation.generate_text(model, sp_model, prompt, **generation)
+    print(text_generation.format_result(prompt, result, as_json=as_json))
+
+
+# generate -----------------------------------------------------------------------------------
+def _add_generate_parser(subparsers):
+    from keras_posenc.generation import SAMPLERS
+
+    parser = subparsers.add_parser(
+        "generate", help="generate text from a trained model (KV cache)",
+        description="Continues a prompt with a model trained by `keras-posenc train`, using the run's "
+                    "SentencePiece tokenizer: one prefill, then one cached decode step per token. Prints "
+                    "the text, then the time to first token and the decode tokens/s.")
+    parser.add_argument("run", metavar="RUN_DIR_OR_MODEL",
+                        help="a run folder (model.keras + spm.model), or a .keras file with spm.model "
+                             "beside it")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=32, help="default: %(default)s")
+    parser.add_argument("--sampler", choices=SAMPLERS, default="greedy", help="default: %(default)s")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    parser.add_argument("--top-k", type=_positive_int, default=None, dest="k", help="k of --sampler top_k")
+    parser.add_argument("--top-p", type=float, default=None, dest="p", help="p of --sampler top_p")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampler")
+    parser.add_argument("--spm", help="SentencePiece model (default: spm.model beside the model)")
+    parser.add_argument("--json", action="store_true",
+                        help='print one JSON object {"ids", "text", "ttft_ms", "decode_tokens_per_s"}')
+
+
+def _run_generate(args):
+    _print_generation(args.run, args.prompt, spm=args.spm, as_json=args.json,
+                      max_new_tokens=args.max_new_tokens, sampler=args.sampler, temperature=args.temperature,
+                      k=args.k, p=args.p, seed=args.seed)
+    return 0
 
 
 # train --------------------------------------------------------------------------------------
@@ -287,8 +334,9 @@ def _add_export_parser(subparsers):
     parser.add_argument("model", help="trained model (.keras, .h5 or SavedModel folder)")
     parser.add_argument("--out", required=True,
                         help="output .tflite file (FILE.json with its input shapes is written beside)")
-    parser.add_argument("--sequence-length", type=_positive_int, required=True,
-                        help="fixed input length, at most the model's max_length")
+    parser.add_argument("--sequence-length", type=_positive_int,
+                        help="fixed input length, at most the model's max_length (required without "
+                             "--generate)")
     parser.add_argument("--batch-size", type=_positive_int, default=1,
                         help="fixed batch (1 for the GPU delegate) (default: 1)")
     parser.add_argument("--quantize", choices=[mode for mode in QUANTIZE_MODES if mode],
@@ -304,6 +352,15 @@ def _add_export_parser(subparsers):
     parser.add_argument("--token-ids", help="int .npy [n, sequence-length] for the parity check (default: "
                                             "corpus sentences tokenized with spm.model beside the model, "
                                             "else a synthetic padded batch)")
+    generation = parser.add_argument_group(
+        "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
+                      "outputs, for export/run_generate.py (CausalLM, --target cpu or tensorrt)")
+    generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
+    generation.add_argument("--cache-length", type=_positive_int,
+                            help="cache slots: prompt + generated tokens, at most max_length")
+    generation.add_argument("--prompt-length", type=_positive_int,
+                            help="prefill length P, prompts are right-padded to it (default: "
+                                 "cache-length // 2)")
 
 
 def _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids_path):
@@ -403,14 +460,50 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
 
 
 def _run_export(args):
+    if args.generate:
+        return _export_generator(args)
+    if args.sequence_length is None:
+        raise _Error("export needs --sequence-length (or --generate with --cache-length).")
     return export_model(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
                         quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
                         tolerance=args.tolerance, token_ids=args.token_ids)
 
 
+def _export_generator(args):
+    from keras_posenc import export
+    from keras_posenc.export import generator
+
+    if args.cache_length is None:
+        raise _Error("--generate needs --cache-length C (prompt + generated tokens).")
+    given = (("--sequence-length", args.sequence_length), ("--quantize", args.quantize),
+             ("--token-ids", args.token_ids))
+    ignored = [flag for flag, value in given if value is not None]
+    if ignored or args.batch_size != 1:
+        raise _Error("--generate exports batch 1 in float32 and takes no "
+                     f"{', '.join(ignored) or '--batch-size'}.")
+    prompt_length = args.prompt_length or max(1, args.cache_length // 2)
+    model = export.load_model(args.model)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    result = generator.export_generator(model, args.out, prompt_length=prompt_length,
+                                        cache_length=args.cache_length, target=args.target)
+    meta = result["metadata"]
+    print(f"Wrote {' and '.join(result['files'])} ({result['bytes']} bytes, target {args.target}: prefill "
+          f"[1, {prompt_length}], decode [1, 1], cache {meta['cache_length']} slots = {meta['cache_bytes']} "
+          f"bytes) and {args.out}.json")
+    print(f"Greedy parity over {result['tokens_checked']} tokens: "
+          f"{'same tokens' if result['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
+          f"max abs logit diff {result['parity']:.3g}")
+    tolerance = args.tolerance if args.tolerance is not None else EXPORT_TOLERANCE[None]
+    if not result["same_tokens"] or not result["parity"] <= tolerance:
+        print(f"FAILED: the file does not generate what the model generates (tolerance {tolerance:g}).")
+        return 1
+    return 0
+
+
 _SUBCOMMANDS = {
     "demo": (_add_demo_parser, _run_demo),
     "train": (_add_train_parser, _run_train),
+    "generate": (_add_generate_parser, _run_generate),
     "inspect": (_add_inspect_parser, _run_inspect),
     "export": (_add_export_parser, _run_export),
     "ablate": (_add_ablate_parser, _run_ablate),

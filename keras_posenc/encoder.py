@@ -194,7 +194,10 @@ class Encoder(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
-             use_causal_mask=False, training=None):
+             use_causal_mask=False, training=None, cache=None, cache_index=None):
+        if cache is not None:
+            return self._call_with_cache(token_ids, position_ids, language_ids, segment_ids, attention_mask,
+                                         cache, cache_index)
         padding_mask = ops.not_equal(token_ids, self.pad_id)
         in_attention = self.position in ATTENTION_POSITIONS
         if in_attention and position_ids is None:
@@ -211,6 +214,61 @@ class Encoder(keras.layers.Layer):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
+
+    def _call_with_cache(self, token_ids, position_ids, language_ids, segment_ids, attention_mask, cache,
+                         cache_index):
+        if segment_ids is not None or attention_mask is not None:
+            raise ValueError("`segment_ids` and `attention_mask` cannot be combined with `cache`.")
+        if len(cache.shape) != 6 or cache.shape[1] != self.num_layers:
+            raise ValueError(f"`cache` must have shape [batch, num_layers={self.num_layers}, 2, "
+                             f"cache_length, num_heads, head_dim], got shape {tuple(cache.shape)}.")
+        keys = [cache[:, i, 0] for i in range(self.num_layers)]
+        values = [cache[:, i, 1] for i in range(self.num_layers)]
+        x, keys, values = self.cached_step(token_ids, keys, values, cache_index, position_ids=position_ids,
+                                           language_ids=language_ids)
+        return x, ops.stack([ops.stack(pair, axis=1) for pair in zip(keys, values)], axis=1)
+
+    def cached_step(self, token_ids, key_caches, value_caches, cache_index, position_ids=None,
+                    language_ids=None):
+        """Causal decoding of one chunk against per-layer key and value caches.
+
+        What `call(..., cache=, cache_index=)` runs, with the cache as one
+        `[batch, cache_length, num_heads, head_dim]` tensor per layer and
+        kind (the layout the exported prefill/decode files take); see
+        `EncoderLayer.cached_step` for the slots.
+
+        Args:
+            token_ids: int `[batch, length]`, the chunk starting at slot `cache_index`.
+            key_caches, value_caches: lists of `num_layers` float tensors.
+            cache_index: int scalar (tensor).
+            position_ids: optional int `[batch, length]`; default: the chunk's
+                real tokens numbered from `cache_index` (rows with no padding
+                before the chunk).
+            language_ids: as in `call`.
+
+        Returns:
+            `(outputs [batch, length, d_model], key_caches, value_caches)`.
+        """
+        if cache_index is None:
+            raise ValueError("`cache` needs `cache_index`, the slot of the chunk's first token.")
+        if position_ids is None:
+            position_ids = derive_position_ids(ops.not_equal(token_ids, self.pad_id), offset=cache_index)
+        in_attention = self.position in ATTENTION_POSITIONS
+        x = self.embedding(token_ids, position_ids=None if in_attention else position_ids,
+                           language_ids=language_ids, training=False)
+        keys, values = [], []
+        for layer, key_cache, value_cache in zip(self.encoder_layers, key_caches, value_caches):
+            x, key_cache, value_cache, _ = layer.cached_step(x, key_cache, value_cache, cache_index,
+                                                             position_ids)
+            keys.append(key_cache)
+            values.append(value_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, keys, values
+
+    def cache_shape(self, batch_size, cache_length):
+        """The shape of an empty key/value cache: `[batch, num_layers, 2, cache_length, heads, head_dim]`."""
+        return (batch_size, self.num_layers, 2, cache_length, self.num_heads, self.d_model // self.num_heads)
 
     def compute_mask(self, token_ids, mask=None):
         return ops.not_equal(token_ids, self.pad_id)  # keras ops: token_ids may be a Keras 3 KerasTensor

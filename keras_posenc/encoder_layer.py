@@ -321,10 +321,22 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x, mask=None, attention_mask=None, use_causal_mask=False, position_ids=None,
-             training=None, return_attention_scores=False):
+             training=None, return_attention_scores=False, cache=None, cache_index=None):
         if len(x.shape) != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"`x` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {x.shape}.")
+        if cache is not None:
+            if attention_mask is not None:
+                raise ValueError("`attention_mask` cannot be combined with `cache`: cached attention is "
+                                 "causal over the cache, with padding given by `position_ids`.")
+            heads, head_dim = self.num_heads, self.d_model // self.num_heads
+            if len(cache.shape) != 5 or (cache.shape[1], *cache.shape[3:]) != (2, heads, head_dim):
+                raise ValueError(f"`cache` must have shape [batch, 2, cache_length, num_heads={heads}, "
+                                 f"head_dim={head_dim}], got shape {tuple(cache.shape)}.")
+            x, key_cache, value_cache, scores = self.cached_step(x, cache[:, 0], cache[:, 1], cache_index,
+                                                                 position_ids)
+            new_cache = ops.stack([key_cache, value_cache], axis=1)
+            return (x, new_cache, scores) if return_attention_scores else (x, new_cache)
         merged = merge_attention_masks(static_or_dynamic_length(x), mask=mask, attention_mask=attention_mask,
                                        use_causal_mask=use_causal_mask)
         # A fresh tensor without `_keras_mask`, so the attention sees only `merged`.
@@ -344,10 +356,16 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
                 real = ops.ones(ops.shape(x)[:2], "bool") if mask is None else mask
                 position_ids = derive_position_ids(real)
             x, scores = self._positional_attention(x, merged, position_ids, training, plain)
-        x = residual + self.attention_dropout(x, training=training)
+        x = self._finish_block(residual, x, training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def _finish_block(self, residual, attended, training):
+        """The attention residual and norm, then the feed-forward sublayer with its own."""
+        x = residual + self.attention_dropout(attended, training=training)
         if not self.norm_first:
             x = self.attention_norm(x)
-
         residual = x
         if self.norm_first:
             x = self.ffn_norm(x)
@@ -355,9 +373,67 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         x = residual + self.ffn_dropout(x, training=training)
         if not self.norm_first:
             x = self.ffn_norm(x)
-        if return_attention_scores:
-            return x, scores
         return x
+
+    def cached_step(self, x, key_cache, value_cache, cache_index, position_ids):
+        """One incremental step: writes this chunk's keys and values into the caches, attends over them.
+
+        The caches' slots are consecutive positions of each row: slot `s`
+        holds the token decoded at step `s`, a left-padded row's padding
+        first. A query at slot `s` with position id `p` (the count of real
+        tokens before it) therefore sees exactly the slots `s - p .. s`, its
+        own row's real tokens up to itself: causal attention without padding,
+        derived from the ids alone, with no mask to carry between steps. The
+        ALiBi distance of two real tokens is their slot distance.
+
+        Args:
+            x: float `[batch, length, d_model]`, the chunk starting at slot
+                `cache_index`.
+            key_cache, value_cache: float `[batch, cache_length, num_heads,
+                head_dim]`.
+            cache_index: int scalar (tensor).
+            position_ids: int `[batch, length]`.
+
+        Returns:
+            `(outputs, key_cache, value_cache, attention_scores)`.
+        """
+        if position_ids is None or cache_index is None:
+            raise ValueError("cached attention needs `cache_index` and `position_ids` (int [batch, "
+                             "length]).")
+        x = _without_keras_mask(x)
+        residual = x
+        if self.norm_first:
+            x = self.attention_norm(x)
+        attention = self.attention
+        query, key, value = attention._query_dense(x), attention._key_dense(x), attention._value_dense(x)
+        position_ids = ops.cast(position_ids, "int32")
+        if self.rotary is not None:
+            query = self.rotary(query, position_ids=position_ids)
+            key = self.rotary(key, position_ids=position_ids)
+        cache_length = ops.shape(key_cache)[1]
+        query_slots = ops.cast(cache_index, "int32") + ops.arange(ops.shape(x)[1], dtype="int32")
+        # Writing by a one-hot product keeps every other slot bit for bit (x * 1 + 0).
+        write = ops.cast(ops.equal(query_slots[:, None], ops.arange(cache_length, dtype="int32")[None]),
+                         key_cache.dtype)  # [length, cache_length]
+        keep = (1.0 - ops.sum(write, axis=0))[None, :, None, None]
+        key_cache = key_cache * keep + ops.einsum("sc,bshd->bchd", write, ops.cast(key, key_cache.dtype))
+        value_cache = value_cache * keep + ops.einsum("sc,bshd->bchd", write,
+                                                      ops.cast(value, value_cache.dtype))
+        logits = ops.einsum("bqhd,bkhd->bhqk", ops.cast(query, "float32"), ops.cast(key_cache, "float32"))
+        logits = logits * (1.0 / float(self.d_model // self.num_heads) ** 0.5)
+        key_slots = ops.arange(cache_length, dtype="int32")[None, None, :]
+        first_real = (query_slots[None, :] - position_ids)[:, :, None]
+        allowed = ops.logical_and(key_slots <= query_slots[None, :, None], key_slots >= first_real)
+        allowed = ops.expand_dims(allowed, 1)  # [batch, 1, length, cache_length]
+        if self.slopes is not None:
+            distance = ops.cast(query_slots[:, None] - key_slots[0], "float32")
+            logits = logits - ops.convert_to_tensor(self.slopes, "float32")[:, None, None] * distance[None]
+        logits = ops.where(allowed, logits, MASKED_BIAS)
+        scores = ops.softmax(logits, axis=-1)
+        output = ops.einsum("bhqk,bkhd->bqhd", ops.cast(scores, self.compute_dtype),
+                            ops.cast(value_cache, self.compute_dtype))
+        x = self._finish_block(residual, attention._output_dense(output), training=False)
+        return x, key_cache, value_cache, ops.cast(scores, self.compute_dtype)
 
     def _positional_attention(self, x, allowed, position_ids, training, plain=False):
         """Multi-head self-attention with RoPE on queries and keys or the ALiBi bias on the logits.

@@ -23,8 +23,9 @@ References:
 
 import tensorflow as tf
 
-from keras_posenc.backend import is_keras3, keras
+from keras_posenc.backend import is_keras3, keras, ops
 from keras_posenc.encoder import Encoder
+from keras_posenc.generation import generate as _generate
 from keras_posenc.schedules import WarmupSchedule
 
 __all__ = ["CausalLM", "transformer_adam"]
@@ -77,9 +78,15 @@ class CausalLM(keras.Model):
         language_ids: int `[batch]` or `[batch, length]` when the position
             layer has `num_languages`.
         training: bool.
+        cache: optional float `[batch, num_layers, 2, cache_length, heads,
+            head_dim]` key/value cache (`encoder.cache_shape(...)`), for
+            incremental causal decoding; `inputs` is then the chunk of tokens
+            that starts at slot `cache_index`.
+        cache_index: int scalar, the cache slot of the chunk's first token.
 
     Returns:
-        float32 logits `[batch, length, vocab_size]`.
+        float32 logits `[batch, length, vocab_size]`; with `cache`, the pair
+        `(logits, updated cache)`.
 
     Training (`fit`) minimizes the mean cross-entropy over the non-padding
     labels of the global batch (see the module docstring); `evaluate`
@@ -112,14 +119,66 @@ class CausalLM(keras.Model):
         self.eval_loss = keras.metrics.Mean(name="loss")
         self.distribute_reduction_method = "sum"
 
-    def call(self, inputs, position_ids=None, language_ids=None, training=None):
+    def call(self, inputs, position_ids=None, language_ids=None, training=None, cache=None, cache_index=None):
         if isinstance(inputs, dict):
             position_ids = inputs.get("position_ids", position_ids)
             language_ids = inputs.get("language_ids", language_ids)
             inputs = inputs["token_ids"]
+        if cache is not None:
+            if not self.causal:
+                raise ValueError("`cache` needs a causal model; this CausalLM has causal=False.")
+            x, cache = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids, cache=cache,
+                                    cache_index=cache_index)
+            return ops.cast(self.head(x), "float32"), cache
         x = self.encoder(inputs, position_ids=position_ids, language_ids=language_ids,
                          use_causal_mask=self.causal, training=training)
-        return tf.cast(self.head(x), tf.float32)
+        return ops.cast(self.head(x), "float32")
+
+    def generate(self, prompt_ids, max_new_tokens, *, sampler="greedy", temperature=1.0, k=None, p=None,
+                 seed=None, stop_id=None, language_ids=None):
+        """Generates `max_new_tokens` ids after each prompt, with a key/value cache.
+
+        One prefill pass over the prompts, then one decode step per token,
+        each attending over the cached keys and values of every earlier
+        token. A left-padded row gets position ids counted over its real
+        tokens and never attends to its padding, so it continues exactly as
+        the same prompt without padding. `pad_id` is never generated.
+
+        Args:
+            prompt_ids: int `[length]` or `[batch, length]`, rows left-padded
+                with `pad_id`.
+            max_new_tokens: int >= 1.
+            sampler: "greedy", "top_k" or "top_p".
+            temperature: float > 0 (sampling).
+            k: int, for "top_k".
+            p: float in (0, 1], for "top_p".
+            seed: int or None, for the samplers' numpy generator.
+            stop_id: optional int; a row that emits it is finished and the
+                rest of its ids are `pad_id`.
+            language_ids: int or int `[batch]`, with `num_languages`.
+
+        Returns:
+            A `keras_posenc.generation.GenerationResult`: `.ids` int numpy
+            `[batch, max_new_tokens]`, and the prefill and decode times.
+
+        Raises:
+            ValueError: an empty or right-padded prompt, an id outside the
+                vocabulary, more positions than `max_length`, a bad sampler
+                setting, or a model with `causal=False`.
+
+        Example:
+
+        >>> model = CausalLM({"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16,
+        ...                   "vocab_size": 20, "max_length": 16})
+        >>> result = model.generate([[0, 4, 5], [3, 4, 5]], max_new_tokens=3)
+        >>> result.ids.shape
+        (2, 3)
+        >>> unpadded = model.generate([4, 5], max_new_tokens=3)
+        >>> bool((result.ids[0] == unpadded.ids[0]).all())  # left padding changes nothing
+        True
+        """
+        return _generate(self, prompt_ids, max_new_tokens, sampler=sampler, temperature=temperature, k=k, p=p,
+                         seed=seed, stop_id=stop_id, language_ids=language_ids)
 
     def token_loss_sums(self, data, training=False):
         """`(sum of the cross-entropies of the real labels, their count)` of one batch.

@@ -188,14 +188,19 @@ def test_demo_trains_the_demo_config_and_calls_the_exporter(monkeypatch, tmp_pat
         calls["export"] = (model_path, out, sequence_length, options)
         return 0
 
+    def fake_generation(run, prompt, **generation):
+        calls["generate"] = (run, prompt, generation)
+
     monkeypatch.setattr(train_lib, "train", fake_train)
     monkeypatch.setattr(cli, "export_model", fake_export)
+    monkeypatch.setattr(cli, "_print_generation", fake_generation)
     out = str(tmp_path / "demo")
     assert cli.main(["demo", "--out", out, "--steps", "7", "--quiet"]) == 0
     expected = dataclasses.replace(TrainConfig(**cli.DEMO_SETTINGS), out=out, steps=7, verbose=0)
     assert calls["config"] == expected
     assert calls["export"] == (os.path.join(out, "model.keras"), os.path.join(out, "model.tflite"),
                                cli.DEMO_SETTINGS["max_length"], {"require_gpu": True})
+    assert calls["generate"] == (out, cli.DEMO_PROMPT, {"max_new_tokens": cli.DEMO_NEW_TOKENS})
     assert "argparse.Namespace" not in inspect.getsource(cli)
 
 

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Generates text on the device from a prefill/decode `.tflite` (`keras-posenc export --generate`).
+
+Needs numpy, sentencepiece and one runtime: `ai-edge-litert` (its `CompiledModel`), else
+`tflite-runtime` or TensorFlow (the `Interpreter`, with `--delegate SO` for a GPU delegate).
+The file's two signatures carry the key/value cache in and out: `prefill(token_ids [1, P])`
+over the right-padded prompt, then one `decode(token_id, position, cache)` per new token.
+The prompt is `<s>` + its SentencePiece pieces; generation stops at `</s>` or after
+`--max-new-tokens`. Ids, lengths and special tokens come from `FILE.json`, written beside the
+file by `keras-posenc export --generate`.
+
+Prints the text, the time to first token, the decode tokens/s and a checksum of the generated
+ids; with `--json` one object `{"ids", "text", "ttft_ms", "decode_tokens_per_s"}`, as
+`keras-posenc generate --json` prints.
+
+Usage:
+    python3 run_generate.py model.tflite --spm spm.model --prompt "The module" [--max-new-tokens 32]
+        [--accelerator cpu|gpu] [--delegate libtensorflowlite_gpu_delegate.so]
+        [--sampler greedy|top_k|top_p --temperature T --top-k K --top-p P --seed S] [--json]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+class InterpreterSession:
+    """The classic `Interpreter` (tflite-runtime, else TensorFlow's) and its signature runners."""
+
+    def __init__(self, path, delegate, threads):
+        try:
+            from tflite_runtime.interpreter import Interpreter, load_delegate
+            self.name = "tflite_runtime"
+        except ImportError:
+            try:
+                import tensorflow as tf
+            except ImportError:
+                raise SystemExit("No TFLite runtime: pip install ai-edge-litert (JetPack 6) or "
+                                 "tflite-runtime (JetPack 5).") from None
+            Interpreter, load_delegate = tf.lite.Interpreter, tf.lite.experimental.load_delegate
+            self.name = "tensorflow"
+        delegates = [load_delegate(delegate)] if delegate else None
+        kwargs = {"num_threads": threads} if threads else {}
+        interpreter = Interpreter(model_path=path, experimental_delegates=delegates, **kwargs)
+        self.runners = {key: interpreter.get_signature_runner(key) for key in ("prefill", "decode")}
+        self.fully_accelerated = None
+
+    def run(self, signature, feeds):
+        return self.runners[signature](**feeds)
+
+
+class LiteRtSession:
+    """ai-edge-litert's `CompiledModel`, on the CPU or GPU-only on the LiteRT GPU accelerator."""
+
+    name = "ai_edge_litert.CompiledModel"
+
+    def __init__(self, path, accelerator, threads, precision):
+        from ai_edge_litert.compiled_model import CompiledModel
+        from ai_edge_litert.cpu_options import CpuOptions
+        from ai_edge_litert.gpu_options import GpuOptions
+        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        from ai_edge_litert.options import Options
+
+        if accelerator == "gpu":
+            options = Options(hardware_accelerators=HardwareAccelerator.GPU,
+                              gpu_options=GpuOptions(enforce_f32=precision == "fp32"))
+        else:
+            options = Options(hardware_accelerators=HardwareAccelerator.CPU,
+                              cpu_options=CpuOptions(num_threads=threads) if threads else None)
+        self.model = CompiledModel.from_file(path, options=options)
+        keys = list(self.model.get_signature_list())
+        self.index = {key: keys.index(key) for key in ("prefill", "decode")}
+        self.inputs = {key: self.model.get_input_tensor_details(key) for key in self.index}
+        self.outputs = {key: self.model.get_output_tensor_details(key) for key in self.index}
+        self.buffers = {key: (self.model.create_input_buffers(i), self.model.create_output_buffers(i))
+                        for key, i in self.index.items()}
+        self.fully_accelerated = self.model.is_fully_accelerated()
+
+    def run(self, signature, feeds):
+        inputs, outputs = self.buffers[signature]
+        for buffer, name in zip(inputs, self.inputs[signature]):
+            buffer.write(np.ascontiguousarray(feeds[name]))
+        self.model.run_by_index(self.index[signature], inputs, outputs)
+        results = {}
+        for buffer, (name, detail) in zip(outputs, self.outputs[signature].items()):
+            shape = [int(n) for n in detail["shape"]]
+            results[name] = buffer.read(int(np.prod(shape)), np.float32).reshape(shape)
+        return results
+
+
+def sample(logits, rng, sampler="greedy", temperature=1.0, k=None, p=None):
+    """The next id from float logits `[vocab]`: argmax, or top-k / top-p sampling (seeded `rng`)."""
+    logits = np.asarray(logits, np.float64)
+    if sampler == "greedy":
+        return int(np.argmax(logits))
+    scaled = logits / temperature
+    order = np.argsort(-scaled, kind="stable")
+    probabilities = np.exp(scaled[order] - scaled[order[0]])
+    probabilities /= probabilities.sum()
+    if sampler == "top_k":
+        keep = np.arange(len(order)) < k
+    else:
+        keep = np.cumsum(probabilities) - probabilities < p
+    probabilities = np.where(keep, probabilities, 0.0)
+    return int(order[rng.choice(len(order), p=probabilities / probabilities.sum())])
+
+
+def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_counter, **sampling):
+    """Prefill + decode steps; returns `(ids, ttft_seconds, decode_seconds, decode_steps)`."""
+    prompt_length, cache_length = meta["prompt_length"], meta["cache_length"]
+    pad_id, stop_id = meta["pad_id"], meta.get("eos_id")
+    n = len(prompt_ids)
+    if n > prompt_length:
+        raise SystemExit(f"The prompt has {n} tokens; this file's prefill takes at most {prompt_length} "
+                         "(export with a larger --prompt-length).")
+    if n + max_new_tokens - 1 > cache_length:
+        raise SystemExit(f"{n} prompt tokens + --max-new-tokens {max_new_tokens} need "
+                         f"{n + max_new_tokens - 1} cache slots; the file has {cache_length} "
+                         "(export with a larger --cache-length).")
+    tokens = np.full([1, prompt_length], pad_id, np.int32)
+    tokens[0, :n] = prompt_ids
+    start = clock()
+    cache = session.run("prefill", {"token_ids": tokens})
+    logits = np.array(cache.pop("logits")[0, n - 1], np.float64)
+    logits[pad_id] = -np.inf
+    ids = [sample(logits, rng, **sampling)]
+    ttft = clock() - start
+    start, steps = clock(), 0
+    while len(ids) < max_new_tokens and ids[-1] != stop_id:
+        feeds = {"token_id": np.array([[ids[-1]]], np.int32),
+                 "position": np.array([n + len(ids) - 1], np.int32),
+                 **{name.replace("present_", "past_"): value for name, value in cache.items()}}
+        cache = session.run("decode", feeds)
+        logits = np.array(cache.pop("logits")[0], np.float64)
+        logits[pad_id] = -np.inf
+        ids.append(sample(logits, rng, **sampling))
+        steps += 1
+    return ids, ttft, clock() - start, steps
+
+
+def checksum(ids):
+    """An order-sensitive checksum of the generated ids (equal runs print equal checksums)."""
+    return int(sum((i + 1) * (token + 1) for i, token in enumerate(ids)) % 1000003)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="prefill/decode .tflite from `keras-posenc export --generate`")
+    parser.add_argument("--spm", help="the run's SentencePiece model (spm.model); needed with --prompt")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the text to continue")
+    prompt.add_argument("--prompt-ids", help="the prompt as comma-separated token ids, `<s>` included "
+                                             "(no SentencePiece needed; the text is then not decoded)")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="default 32")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="default cpu")
+    parser.add_argument("--delegate", help="tflite-runtime: a delegate library for --accelerator gpu")
+    parser.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="LiteRT GPU precision")
+    parser.add_argument("--threads", type=int, help="CPU threads")
+    parser.add_argument("--runtime", choices=("auto", "litert", "interpreter"), default="auto",
+                        help="auto: ai-edge-litert's CompiledModel when installed, else the Interpreter")
+    parser.add_argument("--sampler", choices=("greedy", "top_k", "top_p"), default="greedy")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, dest="k")
+    parser.add_argument("--top-p", type=float, dest="p")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.sampler == "top_k" and (args.k is None or args.k < 1):
+        parser.error("--sampler top_k needs --top-k K >= 1")
+    if args.sampler == "top_p" and (args.p is None or not 0 < args.p <= 1):
+        parser.error("--sampler top_p needs --top-p P in (0, 1]")
+    if not args.temperature > 0:
+        parser.error(f"--temperature must be > 0, got {args.temperature}")
+    if args.prompt is not None and not args.spm:
+        parser.error("--prompt needs --spm SPM_MODEL (or give --prompt-ids)")
+    if args.prompt_ids is not None:
+        try:
+            args.prompt_ids = [int(i) for i in args.prompt_ids.split(",")]
+        except ValueError:
+            parser.error(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}")
+    for path in (args.model, args.spm, _metadata_path(args.model)):
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"file not found: {path}")
+    return args
+
+
+def _metadata_path(model):
+    return model + ".json"
+
+
+def make_session(args):
+    if args.runtime == "litert" or (args.runtime == "auto" and not args.delegate):
+        try:
+            return LiteRtSession(args.model, args.accelerator, args.threads, args.precision)
+        except ImportError:
+            if args.runtime == "litert":
+                raise SystemExit("--runtime litert: pip install ai-edge-litert") from None
+    if args.accelerator == "gpu" and not args.delegate:
+        raise SystemExit("--accelerator gpu without ai-edge-litert needs --delegate "
+                         "libtensorflowlite_gpu_delegate.so (see export/README.md).")
+    return InterpreterSession(args.model, args.delegate if args.accelerator == "gpu" else None, args.threads)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with open(_metadata_path(args.model)) as f:
+        meta = json.load(f)
+    if "cache_length" not in meta:
+        raise SystemExit(f"{args.model} is not a prefill/decode file: export it with "
+                         "`keras-posenc export MODEL --generate`.")
+    processor = None
+    if args.spm:
+        import sentencepiece as spm
+
+        processor = spm.SentencePieceProcessor()
+        processor.Load(args.spm)
+    if args.prompt_ids is not None:
+        prompt_ids = args.prompt_ids
+        bad = [i for i in prompt_ids if not 0 <= i < meta["vocab_size"]]
+        if bad:
+            raise SystemExit(f"--prompt-ids: {bad[0]} is outside the vocabulary [0, {meta['vocab_size']}).")
+    else:
+        prompt_ids = [meta["bos_id"]] + list(processor.EncodeAsIds(args.prompt))
+    session = make_session(args)
+    ids, ttft, decode_seconds, steps = generate(
+        session, meta, prompt_ids, args.max_new_tokens, np.random.default_rng(args.seed),
+        sampler=args.sampler, temperature=args.temperature, k=args.k, p=args.p)
+    special = set(meta["special_ids"]) - {meta["unk_id"]}
+    text = processor.DecodeIds([i for i in ids if i not in special]) if processor else None
+    rate = steps / decode_seconds if steps and decode_seconds > 0 else None
+    if args.json:
+        print(json.dumps({"ids": ids, "text": text, "ttft_ms": ttft * 1e3, "decode_tokens_per_s": rate}))
+        return 0
+    print(f"runtime: {session.name}  accelerator: {args.accelerator}  fully accelerated: "
+          f"{session.fully_accelerated}")
+    print(f"{args.prompt} {text}" if processor else f"ids: {ids}")
+    rate_text = "n/a (one token)" if rate is None else f"{rate:.1f} tokens/s"
+    print(f"time to first token {ttft * 1e3:.1f} ms, decode {rate_text} ({len(ids)} tokens), "
+          f"checksum {checksum(ids)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Prefill + decode export of a `CausalLM`: one TFLite file with two signatures and an explicit cache.
+
+The runtimes hold no state between calls, so the key/value cache is an input and an output of
+every call: one float32 tensor `[1, cache_length, num_heads, head_dim]` per layer and kind,
+named `past_key_<i>` / `past_value_<i>` as inputs and `present_key_<i>` / `present_value_<i>` as
+outputs (the names ONNX decoders use).
+
+- `prefill(token_ids [1, P]) -> logits [1, P, V], present_key_0, ...`: the prompt, right-padded
+  with `pad_id` to `P`, written into slots `0 .. P-1` with positions `0 .. P-1`. The logits of
+  the last real token (`n - 1`) give the first new token. Padding slots hold garbage, but causal
+  attention never reads a slot after the query's own, and each decode step overwrites the next
+  one.
+- `decode(token_id [1, 1], position [1], past_key_0, ...) -> logits [1, V], present_key_0, ...`: the
+  token at slot and position `position` (`n`, `n + 1`, ...), attending to slots `0 .. position`.
+
+Position tables, RoPE cos/sin and ALiBi slopes are constants of the file (the layers' exported
+formulations, as in `to_tflite`). The step is `Encoder.cached_step`, so the file computes what
+`CausalLM.generate` computes, and `check_generator_parity` checks it token for token.
+
+Target: `cpu` (XNNPACK; GATHER lookups). The GPU targets' cache write and attention are not
+built yet: `to_tflite_generator` refuses them with a clear error.
+"""
+
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
+from keras_posenc.validation import check_positive_int
+
+__all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
+           "export_generator", "generator_metadata", "greedy_generate", "onnx_paths", "past",
+           "to_onnx_generator", "to_tflite_generator"]
+
+GENERATOR_TARGETS = ("cpu", "tensorrt")
+
+
+def _check(model, prompt_length, cache_length, target):
+    if not hasattr(model, "generate") or not hasattr(model, "encoder"):
+        raise ValueError("A prefill/decode export needs a keras_posenc CausalLM, "
+                         f"got {type(model).__name__}.")
+    if target not in GENERATOR_TARGETS:
+        raise ValueError(f"A prefill/decode export supports target in {GENERATOR_TARGETS}, "
+                         f"got target={target!r} (the GPU delegates' cache write is not available yet).")
+    if not model.causal:
+        raise ValueError("A prefill/decode export needs a causal model; this CausalLM has causal=False.")
+    if model.num_languages:
+        raise ValueError("A prefill/decode export of a model with num_languages is not supported: "
+                         "export it with `keras-posenc export` (fixed window) instead.")
+    if prompt_length > cache_length:
+        raise ValueError(f"`prompt_length`={prompt_length} exceeds `cache_length`={cache_length}.")
+
+
+def cache_bytes(model, cache_length):
+    """Bytes of the float32 key/value cache of one sequence: `2 * layers * cache_length * d_model * 4`."""
+    encoder = model.encoder
+    return 2 * encoder.num_layers * cache_length * encoder.d_model * 4
+
+
+class _Generator:
+    """The two signatures over a rebuilt float32 clone of the model."""
+
+    def __init__(self, clone, prompt_length, cache_length):
+        self.clone = clone
+        encoder = clone.encoder
+        self.layers = encoder.num_layers
+        self.cache_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
+        self.prompt_length = prompt_length
+        self.cache_names = [f"past_{kind}_{i}" for i in range(self.layers) for kind in ("key", "value")]
+        self.output_names = ["logits"] + [name.replace("past_", "present_") for name in self.cache_names]
+
+    def _outputs(self, logits, keys, values):
+        outputs = {"logits": logits}
+        for i in range(self.layers):
+            outputs[f"present_key_{i}"], outputs[f"present_value_{i}"] = keys[i], values[i]
+        return outputs
+
+    def _step(self, token_ids, positions, index, keys, values):
+        x, keys, values = self.clone.encoder.cached_step(token_ids, keys, values, index,
+                                                         position_ids=positions)
+        return self.clone.head(x), keys, values
+
+    def prefill_function(self):
+        def prefill(token_ids):
+            empty = [tf.zeros(self.cache_spec)] * self.layers
+            logits, keys, values = self._step(token_ids, tf.range(self.prompt_length)[None], 0, empty, empty)
+            return self._outputs(logits, keys, values)
+
+        return tf.function(prefill, input_signature=[tf.TensorSpec([1, self.prompt_length], tf.int32,
+                                                                    name="token_ids")])
+
+    def decode_function(self):
+        def decode(token_id, position, *cache):
+            logits, keys, values = self._step(token_id, position[:, None], position[0], list(cache[0::2]),
+                                              list(cache[1::2]))
+            return self._outputs(logits[:, 0], keys, values)
+
+        signature = [tf.TensorSpec([1, 1], tf.int32, name="token_id"),
+                     tf.TensorSpec([1], tf.int32, name="position")]
+        signature += [tf.TensorSpec(self.cache_spec, tf.float32, name=name) for name in self.cache_names]
+        return tf.function(decode, input_signature=signature)
+
+
+def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu"):
+    """Converts a `CausalLM` to one TFLite file with `prefill` and `decode` signatures.
+
+    Args:
+        model: a built `keras_posenc.models.CausalLM` (causal, no language ids).
+        prompt_length: int, `P`, the prefill length (prompts are right-padded to it).
+        cache_length: int, `C >= P`, the cache slots: at most `C` tokens in all (prompt and
+            generated); at most the model's `max_length`.
+        target: "cpu".
+
+    Returns:
+        The `.tflite` flatbuffer as bytes.
+
+    Raises:
+        ValueError: not a causal `CausalLM`, a model with language ids, `P > C`, `C` above
+            `max_length`, another target, or a conversion needing non-builtin ops.
+
+    Example:
+
+    >>> from keras_posenc.models import CausalLM
+    >>> model = CausalLM({"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
+    ...                   "max_length": 16})
+    >>> model.build_on_dummy()
+    >>> flat = to_tflite_generator(model, prompt_length=4, cache_length=12)
+    >>> ids, _ = greedy_generate(TfliteSession(flat), [3, 4, 5], 6)
+    >>> ids == model.generate([3, 4, 5], 6).ids[0].tolist()
+    True
+    """
+    _check(model, prompt_length, cache_length, target)
+    if target == "tensorrt":
+        raise ValueError("target='tensorrt' exports ONNX: use to_onnx_generator(model, ...).")
+    spec = ModelSpec.of(model, cache_length, 1)
+    clone = rebuild(model, spec, target)
+    module = _Generator(clone, prompt_length, cache_length)
+    # Two signatures convert through a SavedModel (the concrete-function path takes one). The
+    # functions are frozen first, so the SavedModel holds no Keras object and no variable.
+    signatures = {"prefill": _frozen_signature(module.prefill_function(), module.output_names),
+                  "decode": _frozen_signature(module.decode_function(), module.output_names)}
+    with tempfile.TemporaryDirectory(prefix="keras_posenc_generator_") as folder:
+        tf.saved_model.save(tf.Module(), folder, signatures=signatures)
+        converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=list(signatures))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        try:
+            return converter.convert()
+        except Exception as error:  # the converter raises its own ConverterError type
+            raise ValueError(f"TFLite conversion of the prefill/decode graphs failed: {error}") from error
+
+
+def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
+    """The prefill and decode graphs as two ONNX models (`target="tensorrt"`), static shapes.
+
+    Same inputs, outputs and names as the `.tflite` signatures. Needs tf2onnx (see `to_onnx`).
+
+    Returns:
+        `(prefill, decode)`: serialized ONNX `ModelProto`s.
+    """
+    check_positive_int("opset", opset, minimum=ONNX_OPSET)
+    _check(model, prompt_length, cache_length, "tensorrt")
+    import tf2onnx
+
+    clone = rebuild(model, ModelSpec.of(model, cache_length, 1), "tensorrt")
+    module = _Generator(clone, prompt_length, cache_length)
+    protos = []
+    for function in (module.prefill_function(), module.decode_function()):
+        frozen = _frozen_signature(function, module.output_names)
+        wrapped = tf.function(lambda *inputs, frozen=frozen: frozen(*inputs),
+                              input_signature=function.input_signature)
+        proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature,
+                                                 opset=opset)
+        protos.append(proto.SerializeToString())
+    return tuple(protos)
+
+
+def _frozen_signature(function, output_names):
+    """`function` with its variables folded in, re-wrapped so its outputs keep their names."""
+    frozen = frozen_function(function)
+    names = sorted(output_names)  # the frozen function returns the flattened dict: sorted keys
+    return tf.function(lambda *inputs: dict(zip(names, frozen(*inputs))),
+                       input_signature=function.input_signature).get_concrete_function()
+
+
+class TfliteSession:
+    """The two signatures of a prefill/decode `.tflite`, run by TensorFlow's interpreter."""
+
+    def __init__(self, flat, interpreter=None):
+        interpreter = (interpreter or tf.lite.Interpreter)(model_content=flat)
+        self.runners = {key: interpreter.get_signature_runner(key) for key in ("prefill", "decode")}
+        self.prompt_length = int(self.runners["prefill"].get_input_details()["token_ids"]["shape"][1])
+        self.cache_length = int(self.runners["decode"].get_input_details()["past_key_0"]["shape"][1])
+
+    def run(self, signature, feeds):
+        return self.runners[signature](**feeds)
+
+
+class OnnxSession:
+    """The prefill and decode ONNX models (`to_onnx_generator`), run by onnxruntime on the CPU."""
+
+    def __init__(self, prefill, decode):
+        import onnxruntime
+
+        self.sessions = {key: onnxruntime.InferenceSession(proto, providers=["CPUExecutionProvider"])
+                         for key, proto in (("prefill", prefill), ("decode", decode))}
+        shapes = {key: {i.name: i.shape for i in session.get_inputs()}
+                  for key, session in self.sessions.items()}
+        self.prompt_length = int(shapes["prefill"]["token_ids"][1])
+        self.cache_length = int(shapes["decode"]["past_key_0"][1])
+
+    def run(self, signature, feeds):
+        session = self.sessions[signature]
+        values = session.run(None, feeds)
+        return dict(zip([o.name for o in session.get_outputs()], values))
+
+
+def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=None):
+    """Greedy generation through a `TfliteSession` or `OnnxSession`.
+
+    Args:
+        session: the file's session.
+        prompt_ids: list of int, one prompt (no padding).
+        max_new_tokens: int >= 1.
+        pad_id: int, the padding id (right padding; never generated).
+        stop_id: optional int ending generation.
+
+    Returns:
+        `(ids, logits)`: the generated ids (list) and the logits `[steps, vocab]` that chose them.
+
+    Raises:
+        ValueError: an empty prompt, one longer than the prefill, or more tokens than the cache holds.
+    """
+    n = len(prompt_ids)
+    if not 1 <= n <= session.prompt_length:
+        raise ValueError(f"the prompt has {n} tokens: it must have 1 to {session.prompt_length} "
+                         "(the prefill length).")
+    if n + max_new_tokens - 1 > session.cache_length:
+        raise ValueError(f"{n} prompt tokens + max_new_tokens={max_new_tokens} need {n + max_new_tokens - 1} "
+                         f"cache slots; the file has cache_length={session.cache_length}.")
+    tokens = np.full([1, session.prompt_length], pad_id, np.int32)
+    tokens[0, :n] = prompt_ids
+    outputs = session.run("prefill", {"token_ids": tokens})
+    logits = outputs["logits"][0, n - 1]
+    ids, chosen = [], []
+    for step in range(max_new_tokens):
+        masked = np.array(logits, np.float64)
+        masked[pad_id] = -np.inf
+        chosen.append(logits)
+        ids.append(int(np.argmax(masked)))
+        if ids[-1] == stop_id or step == max_new_tokens - 1:
+            break
+        feeds = {"token_id": np.array([[ids[-1]]], np.int32), "position": np.array([n + step], np.int32)}
+        outputs = session.run("decode", {**feeds, **past(outputs)})
+        logits = outputs["logits"][0]
+    return ids, np.stack(chosen)
+
+
+def past(outputs):
+    """A call's `present_*` cache outputs renamed as the next decode step's `past_*` inputs."""
+    return {name.replace("present_", "past_"): value for name, value in outputs.items() if name != "logits"}
+
+
+def check_generator_parity(model, session, prompt_ids, max_new_tokens):
+    """`(same_tokens, max_abs_logit_diff)` of the file's greedy run against `model.generate`.
+
+    Args:
+        model: the `CausalLM`.
+        session: a `TfliteSession` or `OnnxSession` of its export.
+        prompt_ids: list of int.
+        max_new_tokens: int.
+
+    The logits are compared with those of the Keras full forward pass over the prompt and the
+    generated tokens, at each step that chose a token.
+    """
+    pad_id = model.encoder.pad_id
+    keras_ids = model.generate(list(prompt_ids), max_new_tokens).ids[0].tolist()
+    file_ids, file_logits = greedy_generate(session, list(prompt_ids), max_new_tokens, pad_id=pad_id)
+    sequence = np.array([list(prompt_ids) + file_ids], np.int32)
+    full = np.asarray(model(sequence))[0, len(prompt_ids) - 1:len(prompt_ids) - 1 + len(file_ids)]
+    return keras_ids == file_ids, float(np.abs(full - file_logits).max())
+
+
+def generator_metadata(model, *, prompt_length, cache_length, target):
+    """What the device kit (`run_generate.py`) reads from `FILE.json`: lengths, special ids, cache size."""
+    from keras_posenc import data as data_lib
+
+    encoder = model.encoder
+    return {"kind": "prefill_decode", "target": target, "prompt_length": prompt_length,
+            "cache_length": cache_length, "vocab_size": encoder.vocab_size, "num_layers": encoder.num_layers,
+            "pad_id": encoder.pad_id, "bos_id": data_lib.BOS_ID, "eos_id": data_lib.EOS_ID,
+            "unk_id": data_lib.UNK_ID, "special_ids": list(range(data_lib.NUM_RESERVED_IDS)),
+            "cache_bytes": cache_bytes(model, cache_length)}
+
+
+def onnx_paths(out):
+    """The two files of a `tensorrt` export to `out`: `STEM.prefill.onnx` and `STEM.decode.onnx`."""
+    stem = out[:-len(".onnx")] if out.endswith(".onnx") else out
+    return stem + ".prefill.onnx", stem + ".decode.onnx"
+
+
+def export_generator(model, out, *, prompt_length, cache_length, target="cpu", check_prompt=None,
+                     check_tokens=16):
+    """Writes the prefill/decode export to `out` with `out.json`, and checks it against `model.generate`.
+
+    `cpu` writes one `.tflite` with two signatures; `tensorrt` writes the two ONNX files of
+    `onnx_paths(out)`, checked on onnxruntime.
+
+    Args:
+        model: a built `CausalLM`.
+        out: str, the `.tflite` (or `.onnx` stem) path.
+        prompt_length, cache_length, target: as in `to_tflite_generator`.
+        check_prompt: optional list of int, the prompt of the check (default: ids 5, 6, 7 clipped
+            to the vocabulary).
+        check_tokens: int, the tokens generated by the check (fewer if the cache is shorter).
+
+    Returns:
+        dict: `files`, `bytes`, `metadata`, `same_tokens` (bool), `parity` (max abs logit
+        difference), `tokens_checked`.
+    """
+    import json
+
+    if target == "tensorrt":
+        protos = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length)
+        session = OnnxSession(*protos)
+        files = dict(zip(onnx_paths(out), protos))
+    else:
+        flat = to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
+                                   target=target)
+        session = TfliteSession(flat)
+        files = {out: flat}
+    vocab = model.encoder.vocab_size
+    prompt = list(check_prompt or [min(i, vocab - 1) for i in (5, 6, 7)])[:prompt_length]
+    tokens = max(1, min(check_tokens, cache_length - len(prompt) + 1, model.encoder.max_length - len(prompt)))
+    same, parity = check_generator_parity(model, session, prompt, tokens)
+    metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
+                                  target=target)
+    for path, content in files.items():
+        with open(path, "wb") as f:
+            f.write(content)
+    with open(out + ".json", "w") as f:
+        json.dump(metadata, f, indent=1)
+    return {"files": list(files), "bytes": sum(len(c) for c in files.values()), "metadata": metadata,
+            "same_tokens": same, "parity": parity, "tokens_checked": tokens}

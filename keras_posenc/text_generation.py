@@ -1,0 +1,93 @@
+"""Text in, text out: a trained run's model and SentencePiece tokenizer around `CausalLM.generate`.
+
+What `keras-posenc generate` and the end of `keras-posenc demo` run. A
+run folder written by `keras-posenc train` holds `model.keras` and the
+tokenizer `spm.model`; the prompt becomes `<s>` + its pieces, generation
+stops at `</s>`, and the new ids are decoded with the special ids dropped.
+"""
+
+import json
+import os
+
+from keras_posenc import data as data_lib
+from keras_posenc import generation
+from keras_posenc import models as _models  # noqa: F401  (registers CausalLM for load_model)
+from keras_posenc.backend import keras
+
+__all__ = ["format_result", "generate_text", "load_run", "resolve_run"]
+
+
+def resolve_run(path, spm_path=None):
+    """`(model path, tokenizer path)` of a run folder or of a `.keras` file with `spm.model` beside it.
+
+    Raises:
+        FileNotFoundError: no model or no tokenizer at the expected place.
+
+    Example:
+
+    >>> resolve_run("no_such_run")
+    Traceback (most recent call last):
+        ...
+    FileNotFoundError: no model at 'no_such_run': give a run folder with model.keras, or a .keras file
+    """
+    model_path = os.path.join(path, "model.keras") if os.path.isdir(path) else path
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"no model at {path!r}: give a run folder with model.keras, or a .keras file")
+    spm_path = spm_path or os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
+    if not os.path.isfile(spm_path):
+        raise FileNotFoundError(f"no SentencePiece model at {spm_path!r}: `keras-posenc train` writes "
+                                "spm.model beside model.keras (or pass --spm PATH)")
+    return model_path, spm_path
+
+
+def load_run(path, spm_path=None):
+    """`(CausalLM, serialized SentencePiece model)` of a run folder or `.keras` file."""
+    model_path, spm_path = resolve_run(path, spm_path)
+    model = keras.models.load_model(model_path, compile=False)
+    if not hasattr(model, "generate"):
+        raise ValueError(f"{model_path!r} holds a {type(model).__name__}, not a keras_posenc CausalLM.")
+    with open(spm_path, "rb") as f:
+        return model, f.read()
+
+
+def generate_text(model, sp_model, prompt, max_new_tokens=32, **sampling):
+    """Generates a continuation of `prompt`.
+
+    Args:
+        model: a `CausalLM`.
+        sp_model: bytes, the serialized SentencePiece model it was trained with.
+        prompt: str.
+        max_new_tokens: int >= 1.
+        **sampling: `sampler`, `temperature`, `k`, `p`, `seed` of `CausalLM.generate`.
+
+    Returns:
+        dict with `ids` (the generated ids, list of int, up to `</s>`),
+        `text` (their decoded text), `ttft_ms` (prefill and first token, in
+        milliseconds) and `decode_tokens_per_s` (None with a single token),
+        both timed after one untimed warm-up step (tracing and compilation
+        left out).
+    """
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    prompt_ids = [data_lib.BOS_ID] + list(processor.EncodeAsIds(prompt))
+    result = generation.generate(model, [prompt_ids], max_new_tokens, stop_id=data_lib.EOS_ID, warmup=True,
+                                 **sampling)
+    ids = [int(i) for i in result.ids[0]]
+    if data_lib.EOS_ID in ids:
+        ids = ids[:ids.index(data_lib.EOS_ID) + 1]
+    rate = result.decode_tokens_per_second
+    return {"ids": ids, "text": data_lib.decode(sp_model, ids), "ttft_ms": result.prefill_seconds * 1e3,
+            "decode_tokens_per_s": rate}
+
+
+def format_result(prompt, result, as_json=False):
+    """The printout of `keras-posenc generate`: the text and the timing line, or one JSON object."""
+    if as_json:
+        return json.dumps(result)
+    rate = result["decode_tokens_per_s"]
+    rate_text = "n/a (one token)" if rate is None else f"{rate:.1f} tokens/s"
+    count = len(result["ids"])
+    return (f"{prompt}{'' if prompt.endswith(' ') else ' '}{result['text']}\n"
+            f"time to first token {result['ttft_ms']:.1f} ms, decode {rate_text} ({count} tokens)")
