@@ -15,9 +15,20 @@ from keras_posenc.models import CausalLM
 
 BASE = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 40, "max_length": 24,
         "dropout": 0.0}
+# Every RoPE scaling. "dynamic" and "longrope" scale by the call's length, as Hugging Face does:
+# each decode step by its own length, the cached keys keeping the rotation they were written
+# with. Their steps equal the full pass while the length stays within `original_length` (below),
+# where neither switches; past it they follow Hugging Face's generate, not one full pass.
 ROTARY = [{"scaling": None}, {"scaling": "linear", "scaling_factor": 2.0},
           {"scaling": "ntk", "scaling_factor": 2.0},
-          {"scaling": "yarn", "scaling_factor": 2.0, "original_length": 12}]
+          {"scaling": "yarn", "scaling_factor": 2.0, "original_length": 12},
+          {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 12, "mscale": 0.707,
+           "mscale_all_dim": 0.707, "partial_rotary_factor": 0.5},
+          {"scaling": "yarn-turns", "scaling_factor": 2.0, "original_length": 12},
+          {"scaling": "llama3", "scaling_factor": 8.0, "original_length": 12},
+          {"scaling": "dynamic", "scaling_factor": 2.0, "original_length": 16},
+          {"scaling": "longrope", "scaling_factor": 2.0, "original_length": 16,
+           "short_factor": [1.0, 1.5, 2.0, 2.5], "long_factor": [2.0, 3.0, 4.0, 5.0]}]
 POSITIONS = (
     [("sinusoidal", {"table": table}) for table in ("full", "factorized", "interpolated")]
     + [("learned", {}), ("integer", {}), ("none", {}), ("alibi", {}),
