@@ -1,0 +1,30 @@
+"""The shrunk counterexamples of the property tests (tests/test_properties*.py), as plain tests.
+
+Each one failed before the fix named in its docstring. Backend-agnostic: runs on Keras 2 and on
+Keras 3 with TensorFlow and JAX.
+"""
+
+import numpy as np
+from layer_test_helper import to_numpy
+
+from keras_posenc.layers import SinusoidalPositionEmbedding
+
+
+def test_extend_keeps_stored_rows_inside_the_table_when_a_batch_overflows():
+    """overflow="extend" with a lossy (interpolated) table: a packed row whose second sequence
+    reaches past max_length used the formula for every position, so the first sequence's tokens
+    differed from the same tokens alone by 0.25. Positions inside the table now always get the
+    stored rows."""
+    layer = SinusoidalPositionEmbedding(2, base=2.0, table="interpolated", stored_dims=2, overflow="extend",
+                                        zero_padding=False)
+    x = np.zeros([1, 5, 3], "float32")
+    packed = to_numpy(layer(x, position_ids=np.array([[0, 1, 0, 1, 2]], "int32")))[0]
+    alone = to_numpy(layer(x[:, :2]))[0]
+    np.testing.assert_array_equal(packed[:2], alone)
+    np.testing.assert_array_equal(packed[2:4], alone)
+    # Position 2 is past the table: the formula (interleaved sin/cos of 2 * base ** (-2k / depth)).
+    angles = 2.0 / 2.0 ** (2.0 * np.arange(2) / 3)
+    np.testing.assert_allclose(packed[4], [np.sin(angles[0]), np.cos(angles[0]), np.sin(angles[1])],
+                               rtol=0, atol=1e-6)
+    # The prefix of a longer row: the same stored rows, then the formula.
+    np.testing.assert_array_equal(to_numpy(layer(np.zeros([1, 3, 3], "float32")))[0], packed[2:])
