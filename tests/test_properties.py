@@ -15,7 +15,7 @@ HYPOTHESIS_PROFILE=thorough (`make test-thorough`).
 import math
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from layer_test_helper import to_numpy
 from strategies import (
@@ -34,10 +34,14 @@ from strategies import (
 )
 
 from keras_posenc import Encoder, position_ids
-from keras_posenc.backend import keras, ops
+from keras_posenc.backend import backend_name, keras, ops
 from keras_posenc.encoder import ENCODER_POSITIONS
 from keras_posenc.layers import RotaryEmbedding, SinusoidalPositionEmbedding2D, TokenAndPositionEmbedding
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
+
+# JAX compiles every op again for every new shape in eager mode (about 6x TensorFlow's time per
+# example here): a fifth of the profile's examples there, all of them on the TensorFlow stacks.
+per_backend = settings(max_examples=max(4, settings.default.max_examples // (5 if backend_name() == "jax" else 1)))
 
 # Max abs difference allowed between two computations of the same value: float32 paths differ by
 # rounding only; the half-precision policies round the sum to their precision (relative).
@@ -63,6 +67,7 @@ def set_language_scales(layer, rng):
 
 
 # Positions ----------------------------------------------------------------------------------
+@per_backend
 @given(any_masks_and_segments(), st.data())
 def test_position_ids_number_real_tokens_of_any_mask_segments_and_offset(layout, data):
     mask, segments = layout
@@ -75,6 +80,7 @@ def test_position_ids_number_real_tokens_of_any_mask_segments_and_offset(layout,
                                   reference_position_ids(mask, None, offset))
 
 
+@per_backend
 @given(padded_batches(max_real=8), st.integers(2, 50), st.data(), seeds)
 def test_position_ids_of_any_pad_id_match_the_unpadded_rows(batch, vocab_size, data, seed):
     lengths, mask = batch
@@ -96,6 +102,7 @@ def draw_position_layer(data, depth, longest, policy):
     return POSITION_LAYERS[kind](max_length, dtype=policy, **kwargs)
 
 
+@per_backend
 @given(depths, policies, padded_batches(max_real=7), st.data(), seeds)
 def test_position_layers_padded_rows_equal_bare_rows_and_padding_gets_zero(depth, policy, batch, data, seed):
     lengths, mask = batch
@@ -116,6 +123,7 @@ def test_position_layers_padded_rows_equal_bare_rows_and_padding_gets_zero(depth
     assert to_numpy(layer.compute_mask(x, mask)).tolist() == mask.tolist()
 
 
+@per_backend
 @given(depths, policies, segment_layouts(), st.data(), seeds)
 def test_position_layers_packed_rows_equal_separate_rows(depth, policy, layout, data, seed):
     lengths, segments = layout
@@ -135,6 +143,7 @@ def test_position_layers_packed_rows_equal_separate_rows(depth, policy, layout, 
         start += n
 
 
+@per_backend
 @given(depths, st.integers(1, 12), st.data(), seeds)
 def test_position_layer_config_round_trip_gives_the_same_layer(depth, max_length, data, seed):
     layer = draw_position_layer(data, depth, max_length, data.draw(policies, "policy"))
@@ -150,6 +159,7 @@ def test_position_layer_config_round_trip_gives_the_same_layer(depth, max_length
     np.testing.assert_array_equal(numpy_of(clone(x, **kwargs)), numpy_of(layer(x, **kwargs)))
 
 
+@per_backend
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4), st.booleans(), st.sampled_from(POLICIES))
 def test_2d_layer_encodes_the_column_then_the_row_and_passes_the_mask(height, width, quarter, cls, policy):
     layer = SinusoidalPositionEmbedding2D(height, width, cls_token=cls, dtype=policy)
@@ -173,15 +183,16 @@ def test_2d_layer_encodes_the_column_then_the_row_and_passes_the_mask(height, wi
 
 # TokenAndPositionEmbedding ------------------------------------------------------------------
 @st.composite
-def token_and_position_layers(draw, max_length, policy=None, languages=True):
+def token_and_position_configs(draw, max_length, policy=None, languages=True):
+    """kwargs of a TokenAndPositionEmbedding: any pad id, every position kind (layers are built in
+    the test body: Keras 3 draws random names, which hypothesis refuses inside a strategy)."""
     depth = draw(depths)
     vocab_size = draw(st.integers(2, 30))
     kind, config = draw(position_layer_configs(depth=depth, languages=languages))
-    layer = TokenAndPositionEmbedding(
-        vocab_size, depth, max_length, pad_id=draw(st.integers(0, vocab_size - 1)), position=kind,
-        scale_embeddings=draw(st.booleans()), dropout=0.0, embeddings_initializer="random_normal",
-        position_config=config, dtype=policy or draw(policies))
-    return layer
+    return dict(vocab_size=vocab_size, d_model=depth, max_length=max_length,
+                pad_id=draw(st.integers(0, vocab_size - 1)), position=kind,
+                scale_embeddings=draw(st.booleans()), dropout=0.0, embeddings_initializer="random_normal",
+                position_config=config, dtype=policy or draw(policies))
 
 
 def token_embedding_of(layer, ids):
@@ -190,10 +201,11 @@ def token_embedding_of(layer, ids):
     return x * ops.cast(math.sqrt(layer.d_model), x.dtype) if layer.scale_embeddings else x
 
 
+@per_backend
 @given(padded_batches(max_real=7), st.data(), seeds)
 def test_token_and_position_embedding_any_pad_id_padded_rows_equal_bare_rows(batch, data, seed):
     lengths, mask = batch
-    layer = data.draw(token_and_position_layers(max(lengths)), "layer")
+    layer = TokenAndPositionEmbedding(**data.draw(token_and_position_configs(max(lengths)), "layer"))
     policy = layer.dtype_policy.name
     rng = np.random.default_rng(seed)
     ids = token_ids_for(rng, mask, layer.vocab_size, layer.pad_id)
@@ -211,10 +223,11 @@ def test_token_and_position_embedding_any_pad_id_padded_rows_equal_bare_rows(bat
     assert to_numpy(layer.compute_mask(ids)).tolist() == mask.tolist()
 
 
+@per_backend
 @given(segment_layouts(), st.data(), seeds)
 def test_token_and_position_embedding_packed_rows_equal_separate_rows(layout, data, seed):
     lengths, segments = layout
-    layer = data.draw(token_and_position_layers(max(lengths)), "layer")
+    layer = TokenAndPositionEmbedding(**data.draw(token_and_position_configs(max(lengths)), "layer"))
     rng = np.random.default_rng(seed)
     ids = token_ids_for(rng, (segments > 0)[None], layer.vocab_size, layer.pad_id)
     language = ({"language_ids": np.array([0], "int32")} if layer.position_embedding.num_languages else {})
@@ -226,9 +239,11 @@ def test_token_and_position_embedding_packed_rows_equal_separate_rows(layout, da
         start += n
 
 
+@per_backend
 @given(st.integers(1, 8), st.data())
 def test_token_and_position_embedding_config_round_trip_and_mask_reaches_the_next_layer(length, data):
-    layer = data.draw(token_and_position_layers(length, policy="float32", languages=False), "layer")
+    layer = TokenAndPositionEmbedding(**data.draw(
+        token_and_position_configs(length, policy="float32", languages=False), "layer"))
     rng = np.random.default_rng(length)
     mask = np.stack([data.draw(st.lists(st.booleans(), min_size=length, max_size=length), "mask")
                      for _ in range(2)])
@@ -266,6 +281,7 @@ def rotary_logits(q, k):
     return np.einsum("bqhd,bkhd->bhqk", q, k)
 
 
+@per_backend
 @given(rope_configs(), st.integers(1, 6), st.integers(1, 6), st.integers(0, 200), st.booleans(), st.data(),
        seeds)
 def test_rope_logits_depend_only_on_relative_positions(config, queries, keys, shift, tables, data, seed):
@@ -283,6 +299,7 @@ def test_rope_logits_depend_only_on_relative_positions(config, queries, keys, sh
                                   numpy_of(layer(q, position_ids=q_ids + shift)))
 
 
+@per_backend
 @given(rope_configs(), any_masks_and_segments(max_batch=3, max_length=8), st.booleans(), st.data(), seeds)
 def test_rope_mask_segments_and_offset_equal_the_ids_they_number(config, layout, tables, data, seed):
     mask, segments = layout
@@ -304,25 +321,26 @@ def test_rope_mask_segments_and_offset_equal_the_ids_they_number(config, layout,
 
 # Encoder ------------------------------------------------------------------------------------
 @st.composite
-def encoders(draw, max_length):
+def encoder_configs(draw, max_length):
+    """kwargs of a small Encoder: every position (RoPE with every relative scaling), any pad id."""
     position = draw(st.sampled_from(ENCODER_POSITIONS))
     config = {}
     if position == "rope":
         config = draw(rope_configs())
     elif position in POSITION_LAYERS:
         _, config = draw(position_layer_configs((position,), depth=8, languages=False))
-    heads = draw(st.sampled_from([1, 2]))
     vocab_size = draw(st.integers(3, 20))
-    return Encoder(draw(st.integers(1, 2)), 8, heads, 8, vocab_size, max_length, dropout=0.0,
-                   norm_first=draw(st.booleans()), pad_id=draw(st.integers(0, vocab_size - 1)),
-                   position=position, position_config=config)
+    return dict(num_layers=draw(st.integers(1, 2)), d_model=8, num_heads=draw(st.sampled_from([1, 2])), dff=8,
+                vocab_size=vocab_size, max_length=max_length, dropout=0.0, norm_first=draw(st.booleans()),
+                pad_id=draw(st.integers(0, vocab_size - 1)), position=position, position_config=config)
 
 
+@per_backend
 @given(segment_layouts(max_segments=3, max_segment_length=4), st.booleans(), st.data(), seeds)
 def test_encoder_packed_rows_equal_separate_rows(layout, causal, data, seed):
     lengths, segments = layout
     keras.utils.set_random_seed(seed)
-    encoder = data.draw(encoders(max(lengths) + 3), "encoder")
+    encoder = Encoder(**data.draw(encoder_configs(max(lengths) + 3), "encoder"))
     rng = np.random.default_rng(seed)
     ids = token_ids_for(rng, (segments > 0)[None], encoder.vocab_size, encoder.pad_id)
     packed = numpy_of(encoder(ids, segment_ids=segments[None], use_causal_mask=causal))[0]
@@ -333,11 +351,12 @@ def test_encoder_packed_rows_equal_separate_rows(layout, causal, data, seed):
         start += n
 
 
+@per_backend
 @given(padded_batches(max_real=5, max_batch=2, max_pad=3), st.data(), seeds)
 def test_encoder_padded_rows_equal_bare_rows(batch, data, seed):
     lengths, mask = batch
     keras.utils.set_random_seed(seed)
-    encoder = data.draw(encoders(max(lengths)), "encoder")
+    encoder = Encoder(**data.draw(encoder_configs(max(lengths)), "encoder"))
     ids = token_ids_for(np.random.default_rng(seed), mask, encoder.vocab_size, encoder.pad_id)
     y = numpy_of(encoder(ids))
     for b in range(len(mask)):

@@ -7,7 +7,7 @@ Keras 3 with TensorFlow and JAX.
 import numpy as np
 from layer_test_helper import to_numpy
 
-from keras_posenc.layers import SinusoidalPositionEmbedding
+from keras_posenc.layers import RotaryEmbedding, SinusoidalPositionEmbedding
 
 
 def test_extend_keeps_stored_rows_inside_the_table_when_a_batch_overflows():
@@ -28,3 +28,13 @@ def test_extend_keeps_stored_rows_inside_the_table_when_a_batch_overflows():
                                rtol=0, atol=1e-6)
     # The prefix of a longer row: the same stored rows, then the formula.
     np.testing.assert_array_equal(to_numpy(layer(np.zeros([1, 3, 3], "float32")))[0], packed[2:])
+
+
+def test_rope_with_tables_takes_a_row_with_no_tokens():
+    """The bare counterpart of an all-padding row is empty: RotaryEmbedding(max_length=...) raised
+    "Cannot compute the min of an empty tensor" on Keras 3 (TensorFlow and JAX) while checking the
+    ids' range, though the check itself allows empty ids. Fixed: min/max with an initial value."""
+    layer = RotaryEmbedding(2.0, max_length=60)
+    y = layer(np.zeros([1, 0, 4], "float32"), offset=np.zeros([1], "int32"))
+    assert tuple(y.shape) == (1, 0, 4)
+    assert tuple(layer(np.zeros([2, 0, 2, 4], "float32"), mask=np.zeros([2, 0], bool)).shape) == (2, 0, 2, 4)

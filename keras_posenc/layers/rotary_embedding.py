@@ -421,7 +421,7 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
         if self._tables is None:
             return rotary_cos_sin(ids, self._frequencies)
         # ValueError in eager mode, InvalidArgumentError in a TF graph (see `validation.check`).
-        low, high = ops.min(ids), ops.max(ids)
+        low, high = ops.min(ids, initial=2**31 - 1), ops.max(ids, initial=-2**31)  # empty ids: no error
         in_range = ops.logical_or(ops.equal(ops.size(ids), 0),
                                   ops.logical_and(low >= 0, high < self.max_length))
         ids = with_checks(ids, check(in_range, "Position ids must be in [0, max_length="
