@@ -41,7 +41,8 @@ from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 
 # JAX compiles every op again for every new shape in eager mode (about 6x TensorFlow's time per
 # example here): a fifth of the profile's examples there, all of them on the TensorFlow stacks.
-per_backend = settings(max_examples=max(4, settings.default.max_examples // (5 if backend_name() == "jax" else 1)))
+_JAX_SHARE = 5 if backend_name() == "jax" else 1
+per_backend = settings(max_examples=max(4, settings.default.max_examples // _JAX_SHARE))
 
 # Max abs difference allowed between two computations of the same value: float32 paths differ by
 # rounding only; the half-precision policies round the sum to their precision (relative).
