@@ -5,7 +5,8 @@ Keras 3 with TensorFlow and JAX.
 """
 
 import numpy as np
-from layer_test_helper import to_numpy
+import pytest
+from layer_test_helper import requires_tf, to_numpy
 
 from keras_posenc.layers import RotaryEmbedding, SinusoidalPositionEmbedding
 
@@ -38,3 +39,21 @@ def test_rope_with_tables_takes_a_row_with_no_tokens():
     y = layer(np.zeros([1, 0, 4], "float32"), offset=np.zeros([1], "int32"))
     assert tuple(y.shape) == (1, 0, 4)
     assert tuple(layer(np.zeros([2, 0, 2, 4], "float32"), mask=np.zeros([2, 0], bool)).shape) == (2, 0, 2, 4)
+
+
+@requires_tf
+def test_export_checks_the_length_against_a_rope_table_too():
+    """A model whose shortest table is a RotaryEmbedding's cos/sin (max_length=3, after an
+    embedding of 8 rows): to_tflite(sequence_length=4) failed deep inside the traced layer instead
+    of saying which length the model takes. The exporter now counts RoPE tables."""
+    from keras_posenc.backend import keras
+    from keras_posenc.export import to_tflite
+    from keras_posenc.layers import TokenAndPositionEmbedding
+
+    ids = keras.Input(shape=(None,), dtype="int32")
+    hidden = RotaryEmbedding(max_length=3)(TokenAndPositionEmbedding(5, 4, 8, dropout=0.0)(ids))
+    model = keras.Model(ids, hidden)
+    for target in ("cpu", "gpu"):
+        with pytest.raises(ValueError, match=r"`sequence_length`=4 exceeds the model's max_length=3\."):
+            to_tflite(model, sequence_length=4, target=target)
+    assert len(to_tflite(model, sequence_length=3, target="cpu")) > 0

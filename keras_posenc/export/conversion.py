@@ -31,6 +31,7 @@ from keras_posenc.backend import keras
 from keras_posenc.export import emitters
 from keras_posenc.export import gl as _gl  # noqa: F401  (registers the gl formulations)
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
+from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_posenc.validation import check_choice, check_positive_int
 
@@ -246,9 +247,13 @@ class ModelSpec:
             raise ValueError(f"Model '{model.name}' contains no keras_posenc position layer "
                              "(TokenAndPositionEmbedding, SinusoidalPositionEmbedding, ...): "
                              "nothing to export with this tool.")
-        longest = min(layer.max_length for layer in positions)
-        if sequence_length > longest:
-            raise ValueError(f"`sequence_length`={sequence_length} exceeds the model's max_length={longest}.")
+        # The shortest table decides: Keras refuses a longer row in any of them (RoPE cos/sin included).
+        shortest = min([layer.max_length for layer in positions] + [
+            layer.max_length for layer in layers
+            if isinstance(layer, RotaryEmbedding) and layer.max_length is not None])
+        if sequence_length > shortest:
+            raise ValueError(
+                f"`sequence_length`={sequence_length} exceeds the model's max_length={shortest}.")
         needs_languages = any(layer.num_languages is not None for layer in positions)
         roles, ranks = ["token_ids"], [2]
         if is_functional(model):
