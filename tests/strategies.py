@@ -21,7 +21,7 @@ RELATIVE_SCALINGS = tuple(s for s in ROTARY_SCALINGS if s not in LENGTH_DEPENDEN
 # Extra constructor arguments a scaling needs beyond `scaling_factor` and `original_length`.
 SCALING_ARGUMENTS = {}
 
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "bfloat16")
 seeds = st.integers(0, 2**16)
 depths = st.integers(1, 9)  # odd depths included
 bases = st.sampled_from([2.0, 100.0, 10000.0, 123456.0]) | st.floats(1.5, 1e6)

@@ -46,7 +46,7 @@ per_backend = settings(max_examples=max(4, settings.default.max_examples // _JAX
 
 # Max abs difference allowed between two computations of the same value: float32 paths differ by
 # rounding only; the half-precision policies round the sum to their precision (relative).
-TOLERANCE = {"float32": 1e-5, "mixed_float16": 2e-3, "mixed_bfloat16": 1.6e-2}
+TOLERANCE = {"float32": 1e-5, "mixed_float16": 2e-3, "mixed_bfloat16": 1.6e-2, "bfloat16": 1.6e-2}
 
 
 def assert_close(got, expected, policy="float32", what=""):
@@ -79,6 +79,36 @@ def test_position_ids_number_real_tokens_of_any_mask_segments_and_offset(layout,
     # Without segments: one run per row.
     np.testing.assert_array_equal(to_numpy(position_ids(mask, offset=offset)),
                                   reference_position_ids(mask, None, offset))
+
+
+def compiled_position_ids():
+    """`position_ids` compiled with unknown batch and length: one dynamic-shape tf.function graph
+    (its shape checks are graph ops) on TensorFlow, `jax.jit` on JAX. (XLA compiles again for
+    every shape: tests/test_positions.py runs it on fixed cases.)"""
+    def call(mask, segments, offset):
+        return position_ids(mask, segment_ids=segments, offset=offset)
+
+    if backend_name() == "jax":
+        import jax
+
+        return jax.jit(call)
+    import tensorflow as tf
+
+    signature = [tf.TensorSpec([None, None], tf.bool), tf.TensorSpec([None, None], tf.int32),
+                 tf.TensorSpec([None], tf.int32)]
+    return tf.function(call, input_signature=signature)
+
+
+COMPILED_POSITION_IDS = compiled_position_ids()
+
+
+@per_backend
+@given(any_masks_and_segments(), st.lists(st.integers(0, 40), min_size=4, max_size=4))
+def test_compiled_position_ids_match_the_loop(layout, offsets):
+    mask, segments = layout
+    offset = np.array(offsets[:len(mask)], np.int32)
+    got = to_numpy(COMPILED_POSITION_IDS(mask, segments, offset))
+    np.testing.assert_array_equal(got, reference_position_ids(mask, segments, offset))
 
 
 @per_backend
