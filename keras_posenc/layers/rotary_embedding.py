@@ -496,7 +496,7 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
         if self.max_length is None:
             return ids
         # ValueError in eager mode, InvalidArgumentError in a TF graph (see `validation.check`).
-        low, high = ops.min(ids), ops.max(ids)
+        low, high = ops.min(ids, initial=2**31 - 1), ops.max(ids, initial=-2**31)  # empty ids: no error
         in_range = ops.logical_or(ops.equal(ops.size(ids), 0),
                                   ops.logical_and(low >= 0, high < self.max_length))
         return with_checks(ids, check(in_range, "Position ids must be in [0, max_length="
