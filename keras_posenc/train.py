@@ -186,8 +186,8 @@ class TrainConfig:
     strategy: str = _option("default", "training", "tf.distribute strategy; multiworker reads TF_CONFIG",
                             choices=STRATEGIES)
     jit_compile: str = _option("auto", "training", "XLA-compile the train and eval steps (one compile per "
-                               "bucket length); auto: on where it is faster (see the README)",
-                               choices=JIT_COMPILE)
+                               "bucket length); auto: on for one GPU, off on CPUs, where compiling costs "
+                               "more than it saves", choices=JIT_COMPILE)
     verbose: int = _option(1, "training", "no progress bar", flag="--quiet", const=0)
 
     def model_config(self, vocab_size):
