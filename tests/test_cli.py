@@ -117,14 +117,18 @@ def _actions(argv):
 
 def test_every_config_field_is_a_flag_with_the_modules_own_choices():
     actions = _actions("train")
+    for command in ("train", "demo", "export", "inspect", "ablate"):  # shown before TensorFlow loads
+        assert _actions(command)["runtime_logs"].option_strings == ["--verbose"]
+    del actions["runtime_logs"]
     assert set(actions) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert actions["jit_compile"].choices == list(train_lib.JIT_COMPILE) == ["auto", "on", "off"]
     assert actions["position"].choices == list(NAMED_POSITIONS)
     assert actions["table"].choices == list(TABLE_KINDS)
     assert actions["corpus_format"].choices == list(data.FORMATS)
     assert actions["strategy"].choices == list(STRATEGIES)
     assert _actions("export")["target"].choices == TARGETS
     demo = _actions("demo")
-    assert set(demo) == {"out", "steps", "seed", "verbose"}
+    assert set(demo) == {"out", "steps", "seed", "verbose", "runtime_logs"}
     assert (demo["out"].default, demo["steps"].default) == (cli.DEMO_OUT, cli.DEMO_SETTINGS["steps"])
 
 
