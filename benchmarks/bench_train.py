@@ -25,7 +25,8 @@ Every variant reads the same batches (the first `--steps` batches of the
 `data.lm_dataset` pipeline on the embedded corpus, cached: 60 for `demo`, 20
 for `d256`), runs one batch of every shape first (tracing and XLA compiles
 are not timed), then times 3 (`demo`) or 2 (`d256`) passes over them.
-tokens/s counts real (non-padding) label tokens.
+tokens/s counts real (non-padding) label tokens, per wall-clock second and
+per CPU-second of the process (steadier than wall time on a shared machine).
 
 Run: python benchmarks/bench_train.py [--rounds 2] [--models demo d256]
          [--keras2-python .venv/bin/python] [--keras3-python .venv-keras3/bin/python]
@@ -51,6 +52,15 @@ VARIANTS = [("keras2", "ours", False), ("keras3", "ours", False), ("keras2", "ou
 
 
 # Worker: one variant in this process ---------------------------------------------------------------
+def _clocks():
+    return time.perf_counter(), time.process_time()
+
+
+def _elapsed(start):
+    """(wall seconds, CPU seconds of this process) since `start`."""
+    return tuple(now - then for now, then in zip(_clocks(), start))
+
+
 def _batches(spec, steps):
     from keras_posenc import data
 
@@ -89,11 +99,11 @@ def _ours(spec, element_spec, warm, timed, jit_compile):
     steps = _Steps(model, tf.distribute.get_strategy(), element_spec, jit_compile)
     for batch in warm:
         steps.train(batch)["loss"].numpy()
-    start = time.perf_counter()
+    start = _clocks()
     for _ in range(spec["passes"]):
         for batch in timed:
             steps.train(batch)["loss"].numpy()  # as `train` does: the step's logs reach the callbacks
-    return time.perf_counter() - start
+    return _elapsed(start)
 
 
 def _hub_fit(spec, warm, timed):
@@ -117,20 +127,20 @@ def _hub_fit(spec, warm, timed):
         return features["token_ids"], labels, tf.cast(labels != 0, "float32")
 
     model.fit(warm.map(weighted), verbose=0)
-    start = time.perf_counter()
+    start = _clocks()
     model.fit(timed.map(weighted), epochs=spec["passes"], verbose=0)
-    return time.perf_counter() - start
+    return _elapsed(start)
 
 
 def _worker(model_name, variant, jit_compile):
     spec = MODELS[model_name]
     element_spec, warm, timed, tokens, shapes = _batches(spec, spec["steps"])
     if variant == "ours":
-        seconds = _ours(spec, element_spec, warm, timed, jit_compile)
+        wall, cpu = _ours(spec, element_spec, warm, timed, jit_compile)
     else:
-        seconds = _hub_fit(spec, warm, timed)
-    print(json.dumps({"tokens_per_second": spec["passes"] * tokens / seconds, "seconds": seconds,
-                      "shapes": shapes}))
+        wall, cpu = _hub_fit(spec, warm, timed)
+    print(json.dumps({"tokens_per_second": spec["passes"] * tokens / wall,
+                      "tokens_per_cpu_second": spec["passes"] * tokens / cpu, "shapes": shapes}))
 
 
 # Driver: every variant in its own process, alternating -----------------------------------------------
@@ -143,7 +153,7 @@ def _run(python, stack, model_name, variant, jit_compile):
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if result.returncode:
         raise RuntimeError(f"{stack} {model_name} {variant} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])["tokens_per_second"]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _label(stack, variant, jit_compile):
@@ -151,6 +161,30 @@ def _label(stack, variant, jit_compile):
     if variant == "hub-fit":
         return f"{stack_name}, keras-hub layers + `fit`"
     return f"{stack_name}, ours, XLA {'on' if jit_compile else 'off'}"
+
+
+def _report(model_name, results):
+    """Prints the medians and the ratios of one model, per wall-clock and per CPU-second."""
+    metrics = ("tokens_per_second", "tokens_per_cpu_second")
+    median = {(key[1:], metric): statistics.median(run[metric] for run in runs)
+              for key, runs in results.items() if key[0] == model_name for metric in metrics}
+    print(f"### {model_name}\n")
+    print("| variant | tokens/s, wall (median) | tokens per CPU-second (median) | runs (wall) |")
+    print("|---|---:|---:|---|")
+    for key in VARIANTS:
+        runs = ", ".join(f"{run['tokens_per_second']:.0f}" for run in results[(model_name, *key)])
+        print(f"| {_label(*key)} | {median[key, metrics[0]]:.0f} | {median[key, metrics[1]]:.0f} | {runs} |")
+    ratios = [(f"Keras 3 / Keras 2, ours, XLA {'on' if jit else 'off'}",
+               ("keras3", "ours", jit), ("keras2", "ours", jit)) for jit in (False, True)]
+    ratios += [(f"XLA on / off, ours, {stack}", (stack, "ours", True), (stack, "ours", False))
+               for stack in ("keras2", "keras3")]
+    ratios += [(f"ours (Keras 3, XLA {'on' if jit else 'off'}) / keras-hub `fit`", ("keras3", "ours", jit),
+                ("keras3", "hub-fit", None)) for jit in (False, True)]
+    print("\n| ratio | wall | CPU time |\n|---|---:|---:|")
+    for name, top, bottom in ratios:
+        print(f"| {name} | {median[top, metrics[0]] / median[bottom, metrics[0]]:.2f} | "
+              f"{median[top, metrics[1]] / median[bottom, metrics[1]]:.2f} |")
+    print()
 
 
 def main():
@@ -170,31 +204,14 @@ def main():
     for round_index in range(args.rounds):
         for model_name in args.models:
             for stack, variant, jit in VARIANTS:
-                value = _run(pythons[stack], stack, model_name, variant, jit)
-                results.setdefault((model_name, stack, variant, jit), []).append(value)
+                run = _run(pythons[stack], stack, model_name, variant, jit)
+                results.setdefault((model_name, stack, variant, jit), []).append(run)
                 print(f"round {round_index + 1} {model_name} {_label(stack, variant, jit)}: "
-                      f"{value:.0f} tokens/s", flush=True)
-    median = {key: statistics.median(values) for key, values in results.items()}
+                      f"{run['tokens_per_second']:.0f} tokens/s, "
+                      f"{run['tokens_per_cpu_second']:.0f} per CPU-second", flush=True)
     print()
     for model_name in args.models:
-        m = {key[1:]: value for key, value in median.items() if key[0] == model_name}
-        print(f"### {model_name}\n")
-        print("| variant | tokens/s (median) | runs |\n|---|---:|---|")
-        for stack, variant, jit in VARIANTS:
-            runs = ", ".join(f"{v:.0f}" for v in results[(model_name, stack, variant, jit)])
-            print(f"| {_label(stack, variant, jit)} | {m[(stack, variant, jit)]:.0f} | {runs} |")
-        hub = m[("keras3", "hub-fit", None)]
-        print("\n| ratio | value |\n|---|---:|")
-        for jit in (False, True):
-            xla = "on" if jit else "off"
-            print(f"| Keras 3 / Keras 2, ours, XLA {xla} | "
-                  f"{m[('keras3', 'ours', jit)] / m[('keras2', 'ours', jit)]:.2f} |")
-        for stack in ("keras2", "keras3"):
-            print(f"| XLA on / off, {stack} | {m[(stack, 'ours', True)] / m[(stack, 'ours', False)]:.2f} |")
-        for jit in (False, True):
-            print(f"| ours (Keras 3, XLA {'on' if jit else 'off'}) / keras-hub `fit` | "
-                  f"{m[('keras3', 'ours', jit)] / hub:.2f} |")
-        print()
+        _report(model_name, results)
 
 
 if __name__ == "__main__":
