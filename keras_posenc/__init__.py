@@ -4,8 +4,8 @@
 # Python 3.8, the Python of the TF 2.12 GPU image) segfaults training a model otherwise.
 import sentencepiece  # noqa: F401, I001
 
-# For the `keras-posenc` command, TensorFlow's C++ start-up log stays quiet unless the user set
-# TF_CPP_MIN_LOG_LEVEL; importing _startup does it, before TensorFlow's first import below.
+# For the `keras-posenc` command, the runtime's log lines and the libraries' warnings stay off the
+# output unless --verbose is given; importing _startup sets that up, before TensorFlow's first import.
 from keras_posenc import _startup  # noqa: F401, I001
 
 from keras_posenc import layers

@@ -291,7 +291,7 @@ class AblationData:
 def _tokenized(texts, sp_model, length):
     """`[len(texts), length + 1]` ids: `<s>` then the first `length` pieces (via `data.lm_dataset`)."""
     ds = data.lm_dataset(texts, sp_model, max_length=length, batch_size=len(texts), add_bos=True,
-                         add_eos=False, bucket_boundaries=None, shuffle=False)
+                         add_eos=False, bucket_lengths=None, shuffle=False)
     features, labels = next(iter(ds))
     tokens = np.concatenate([features["token_ids"].numpy(), labels.numpy()[:, -1:]], axis=1)
     assert tokens.shape == (len(texts), length + 1) and not np.any(tokens == data.PAD_ID), tokens.shape

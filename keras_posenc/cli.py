@@ -9,6 +9,10 @@ flags of `train` and `demo` are generated from the fields of
 Exit status: 0 on success, 1 when `export` fails its parity or GPU check,
 2 on a usage or input error (the message goes to stderr, no traceback).
 
+Output: the command's own lines only. TensorFlow's, XLA's and TFLite's log
+lines and the libraries' Python warnings are dropped unless a subcommand gets
+`--verbose` (`keras_posenc._startup` sets this up before TensorFlow loads).
+
 Example:
 
 >>> main(["train", "--corpus", "missing.txt"])  # prints the error to stderr
@@ -32,6 +36,8 @@ import dataclasses
 import os
 import sys
 import warnings
+
+from keras_posenc import _startup
 
 __all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "EXPORT_TOLERANCE", "build_parser", "export_model",
            "main"]
@@ -527,11 +533,19 @@ def build_parser():
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add_parser, _ in _SUBCOMMANDS.values():
         add_parser(subparsers)
+    for subparser in subparsers.choices.values():
+        subparser.add_argument(_startup.VERBOSE_FLAG, dest="runtime_logs", action="store_true",
+                               help="also show TensorFlow's, XLA's and TFLite's log lines and the "
+                                    "libraries' warnings (default: off)")
     return parser
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"keras-posenc: warning: {message}", file=sys.stderr)
+def _warning_printer(show_library_warnings):
+    def show(message, category, filename, lineno, file=None, line=None):
+        if show_library_warnings or _startup.is_package_warning(filename):
+            print(f"keras-posenc: warning: {message}", file=sys.stderr)
+
+    return show
 
 
 def main(argv=None):
@@ -561,7 +575,7 @@ def main(argv=None):
         print(f"keras-posenc: error: `{args.command}` needs KERAS_BACKEND=tensorflow "
               f"(this process runs Keras on {backend_name()}).", file=sys.stderr)
         return 2
-    previous, warnings.showwarning = warnings.showwarning, _show_warning
+    previous, warnings.showwarning = warnings.showwarning, _warning_printer(args.runtime_logs)
     try:
         return _SUBCOMMANDS[args.command][1](args)
     except (_Error, ValueError, OSError) as err:

@@ -44,7 +44,7 @@ from keras_posenc.validation import check_choice, check_positive_ints
 
 __all__ = [
     "BOS_ID", "EOS_ID", "FORMATS", "NUM_RESERVED_IDS", "PAD_ID", "SEP_ID", "SEP_PIECE", "UNK_ID",
-    "CorpusError", "corpus_texts", "decode", "default_bucket_boundaries", "default_corpus_path",
+    "CorpusError", "corpus_texts", "decode", "default_bucket_lengths", "default_corpus_path",
     "lm_dataset", "load_corpus", "parallel_corpus_path", "read_text_corpus", "read_tsv_corpus",
     "sentencepiece_vocab_size", "split_corpus", "train_sentencepiece", "unigram_cross_entropy",
 ]
@@ -404,38 +404,62 @@ def decode(sp_model, ids):
     return processor.DecodeIds([int(i) for i in ids if int(i) >= NUM_RESERVED_IDS or int(i) == UNK_ID])
 
 
-def default_bucket_boundaries(max_length):
-    """Powers of two from 8 up to `max_length` (sequence-length bucket edges).
+def default_bucket_lengths(max_length):
+    """The lengths batches are padded to: powers of two from 8 below `max_length`, then `max_length`.
+
+    A row of `n` tokens goes to the shortest bucket length `>= n`, so a
+    training or evaluation step sees one of these few shapes and a
+    `tf.function` traces (and XLA compiles) once per bucket.
 
     Args:
         max_length: int, the longest sequence.
 
     Returns:
-        list of int, the `bucket_boundaries` that `lm_dataset` uses for
-        `"auto"` (empty below 8: no bucketing).
+        list of int, ascending, ending with `max_length`: the
+        `bucket_lengths` that `lm_dataset` uses for `"auto"`.
 
     Example:
 
-    >>> default_bucket_boundaries(64), default_bucket_boundaries(100), default_bucket_boundaries(4)
-    ([8, 16, 32, 64], [8, 16, 32, 64], [])
+    >>> default_bucket_lengths(64), default_bucket_lengths(48), default_bucket_lengths(100)
+    ([8, 16, 32, 64], [8, 16, 32, 48], [8, 16, 32, 64, 100])
+    >>> default_bucket_lengths(4)
+    [4]
     """
-    boundaries, edge = [], 8
-    while edge <= max_length:
-        boundaries.append(edge)
+    lengths, edge = [], 8
+    while edge < max_length:
+        lengths.append(edge)
         edge *= 2
-    return boundaries
+    return lengths + [max_length]
+
+
+def _check_bucket_lengths(bucket_lengths, max_length):
+    """`bucket_lengths` sorted and validated: positive ints, the longest at least `max_length`."""
+    if bucket_lengths == "auto":
+        return default_bucket_lengths(max_length)
+    if bucket_lengths is None:
+        return None
+    lengths = sorted(set(bucket_lengths))
+    if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
+        raise ValueError(f"`bucket_lengths` must be 'auto', None or a list of positive ints, "
+                         f"got bucket_lengths={bucket_lengths!r}.")
+    if lengths[-1] < max_length:
+        raise ValueError(f"The longest of `bucket_lengths` must be at least max_length={max_length} so that "
+                         f"every row fits a bucket, got bucket_lengths={bucket_lengths!r}.")
+    return lengths
 
 
 def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_eos=True,
-               bucket_boundaries="auto", shuffle=True, seed=0, repeat=False, drop_remainder=False):
+               bucket_lengths="auto", fill_batches=False, shuffle=True, seed=0, repeat=False,
+               drop_remainder=False):
     """A tf.data pipeline of next-token batches `(features, labels)`.
 
-    Each example is tokenized inside the pipeline with
-    `tensorflow_text.SentencepieceTokenizer`, framed with optional `<s>` and
-    `</s>` (pairs get `<sep>` between the sides), truncated to
-    `max_length + 1` tokens and shifted: inputs are tokens `[:-1]`, labels
-    tokens `[1:]`, both at most `max_length` long. Batches group sequences of
-    similar length (bucketing) and are padded with `PAD_ID` (0).
+    The examples are tokenized once, when the pipeline is built, with
+    `tensorflow_text.SentencepieceTokenizer`; each is then framed with
+    optional `<s>` and `</s>` (pairs get `<sep>` between the sides),
+    truncated to `max_length + 1` tokens and shifted: inputs are tokens
+    `[:-1]`, labels tokens `[1:]`, both at most `max_length` long. Batches
+    group rows of similar length (bucketing) and are padded with `PAD_ID`
+    (0) to their bucket's length, so they come in a few fixed shapes.
 
     Args:
         examples: list of strings, or of `(source, target)` pairs.
@@ -444,12 +468,17 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
         batch_size: int, sequences per batch.
         add_bos: bool, start every sequence with `<s>`.
         add_eos: bool, end every sequence with `</s>`.
-        bucket_boundaries: `"auto"` (powers of two), a list of length edges,
-            or None for no bucketing (pad to the longest in the batch).
+        bucket_lengths: `"auto"` (`default_bucket_lengths`), a list of
+            lengths whose longest is at least `max_length` (a row goes to the
+            shortest bucket it fits and is padded to that length), or None
+            for no bucketing (pad to the longest row of the batch).
+        fill_batches: bool, pad a bucket's last, short batch with all-padding
+            rows up to `batch_size` (they carry no label), so that every batch
+            has `batch_size` rows.
         shuffle: bool, shuffle the examples (seeded, reshuffled each epoch).
         seed: int, shuffle seed.
         repeat: bool, repeat forever.
-        drop_remainder: bool, drop a final smaller batch.
+        drop_remainder: bool, drop each bucket's last, short batch.
 
     Returns:
         A dataset of `({"token_ids", "position_ids"[, "language_ids"]}, labels)`,
@@ -457,7 +486,8 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
         of each row; `language_ids` exist for pairs.
 
     Raises:
-        ValueError: `max_length` or `batch_size` is not a positive int.
+        ValueError: `max_length` or `batch_size` is not a positive int, or bad
+            `bucket_lengths`.
         CorpusError: `examples` is empty.
 
     Example:
@@ -465,7 +495,7 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
     >>> texts = ["the cat sat on the mat", "the dog sat on the log"] * 20
     >>> sp_model = train_sentencepiece(texts, vocab_size=20)
     >>> ds = lm_dataset(texts[:2], sp_model, max_length=6, batch_size=2, shuffle=False,
-    ...                 bucket_boundaries=None)
+    ...                 bucket_lengths=None)
     >>> features, labels = next(iter(ds))
     >>> features["token_ids"].shape, labels.shape
     (TensorShape([2, 6]), TensorShape([2, 6]))
@@ -473,6 +503,10 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
     [0, 1, 2, 3, 4, 5]
     >>> bool(tf.reduce_all(features["token_ids"][:, 1:] == labels[:, :-1]))  # labels: inputs shifted
     True
+    >>> ds = lm_dataset(texts[:3], sp_model, max_length=12, batch_size=2, shuffle=False,
+    ...                 bucket_lengths=[4, 12], fill_batches=True)
+    >>> [tuple(labels.shape) for _, labels in ds]  # every row is at most 12 long: one bucket
+    [(2, 12), (2, 12)]
 
     References:
         - `tf.data.Dataset.bucket_by_sequence_length`,
@@ -481,21 +515,26 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
           https://www.tensorflow.org/text/api_docs/python/text/SentencepieceTokenizer.
     """
     check_positive_ints([("max_length", max_length), ("batch_size", batch_size)])
+    bucket_lengths = _check_bucket_lengths(bucket_lengths, max_length)
     if not examples:
         raise CorpusError("Cannot build a dataset from an empty list of examples.")
     paired = isinstance(examples[0], tuple)
+    # Tokenized here, once: a pipeline that runs the (stateful) tokenizer op per element is turned
+    # into a sequential map under op determinism, and TF 2.21 logs an error line each time it does.
     tokenizer = tf_text.SentencepieceTokenizer(model=sp_model, out_type=tf.int32)
+    columns = tuple(zip(*examples)) if paired else (list(examples),)
+    pieces = tuple(tokenizer.tokenize(tf.constant(column, tf.string)) for column in columns)
     bos = tf.constant([BOS_ID] if add_bos else [], tf.int32)
     eos = tf.constant([EOS_ID] if add_eos else [], tf.int32)
 
     def frame(source, target=None):
-        head = tf.concat([bos, tokenizer.tokenize(source)], axis=0)
+        head = tf.concat([bos, source], axis=0)
         if target is None:
             tokens = tf.concat([head, eos], axis=0)
             languages = tf.zeros_like(tokens)
         else:
             head = tf.concat([head, [SEP_ID]], axis=0)
-            tail = tf.concat([tokenizer.tokenize(target), eos], axis=0)
+            tail = tf.concat([target, eos], axis=0)
             tokens = tf.concat([head, tail], axis=0)
             languages = tf.concat([tf.zeros_like(head), tf.ones_like(tail)], axis=0)
         tokens, languages = tokens[:max_length + 1], languages[:max_length + 1]
@@ -504,8 +543,7 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
             features["language_ids"] = languages[:-1]
         return features, tokens[1:]
 
-    columns = tuple(zip(*examples)) if paired else (list(examples),)
-    ds = tf.data.Dataset.from_tensor_slices(tuple(tf.constant(c, tf.string) for c in columns))
+    ds = tf.data.Dataset.from_tensor_slices(pieces)
     if shuffle:
         ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
     if repeat:
@@ -515,15 +553,23 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
     feature_names = ["token_ids", "language_ids"] if paired else ["token_ids"]
     padded_shapes = ({k: [None] for k in feature_names}, [None])
     padding_values = ({k: PAD_ID for k in padded_shapes[0]}, PAD_ID)
-    if bucket_boundaries == "auto":
-        bucket_boundaries = default_bucket_boundaries(max_length)
-    if bucket_boundaries:
+    if bucket_lengths:
+        # Bucket i holds the rows shorter than boundaries[i] and pads them to boundaries[i] - 1; every
+        # row is at most max_length <= bucket_lengths[-1] long, so the last, open bucket stays empty.
         ds = ds.bucket_by_sequence_length(
-            lambda features, labels: tf.size(labels), list(bucket_boundaries),
-            [batch_size] * (len(bucket_boundaries) + 1), padded_shapes=padded_shapes,
-            padding_values=padding_values, drop_remainder=drop_remainder)
+            lambda features, labels: tf.size(labels), [n + 1 for n in bucket_lengths],
+            [batch_size] * (len(bucket_lengths) + 1), padded_shapes=padded_shapes,
+            padding_values=padding_values, pad_to_bucket_boundary=True, drop_remainder=drop_remainder)
     else:
         ds = ds.padded_batch(batch_size, padded_shapes, padding_values, drop_remainder=drop_remainder)
+
+    def fill(features, labels):
+        missing = batch_size - tf.shape(labels)[0]
+        return tf.nest.map_structure(
+            lambda t: tf.pad(t, [[0, missing], [0, 0]], constant_values=PAD_ID), (features, labels))
+
+    if fill_batches and not drop_remainder:
+        ds = ds.map(fill)
 
     def add_positions(features, labels):
         features = dict(features)

@@ -282,7 +282,7 @@ def probe_batch(sp_model, texts, max_length, num_languages=None):
     (TensorShape([2, 6]), None, True)
     """
     ds = data_lib.lm_dataset(list(texts), sp_model, max_length=max_length, batch_size=len(texts),
-                             shuffle=False, bucket_boundaries=None)
+                             shuffle=False, bucket_lengths=None)
     features, _ = next(iter(ds))
     token_ids = features["token_ids"]
     language_ids = tf.zeros_like(token_ids) if num_languages else None

@@ -55,10 +55,11 @@ from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.tables import TABLE_KINDS
 from keras_posenc.validation import check_choice, check_positive_ints
 
-__all__ = ["STRATEGIES", "StepLog", "TrainConfig", "default_warmup_steps", "list_checkpoints",
+__all__ = ["JIT_COMPILE", "STRATEGIES", "StepLog", "TrainConfig", "default_warmup_steps", "list_checkpoints",
            "make_strategy", "train"]
 
 STRATEGIES = ("default", "mirrored", "multiworker")
+JIT_COMPILE = ("auto", "on", "off")
 _CONFIG_FILE = "config.json"
 _SCHEDULE_FILE = "schedule.json"
 
@@ -140,6 +141,9 @@ class TrainConfig:
         log_every: int, TensorBoard logging interval in steps.
         resume: bool, continue from the latest checkpoint in `out`.
         strategy: one of `STRATEGIES`.
+        jit_compile: one of `JIT_COMPILE`: XLA-compile the train and eval
+            steps (`"on"`, one replica only), not (`"off"`), or `"auto"`:
+            on for one GPU, off on CPUs.
         verbose: int, 0 for no progress bar.
 
     Example:
@@ -181,6 +185,9 @@ class TrainConfig:
     resume: bool = _option(False, "training", "continue from the latest checkpoint in --out")
     strategy: str = _option("default", "training", "tf.distribute strategy; multiworker reads TF_CONFIG",
                             choices=STRATEGIES)
+    jit_compile: str = _option("auto", "training", "XLA-compile the train and eval steps (one compile per "
+                               "bucket length); auto: on for one GPU, off on CPUs, where compiling costs "
+                               "more than it saves", choices=JIT_COMPILE)
     verbose: int = _option(1, "training", "no progress bar", flag="--quiet", const=0)
 
     def model_config(self, vocab_size):
@@ -416,6 +423,30 @@ def make_strategy(name):
 
 
 # Training ----------------------------------------------------------------------------------
+def _use_jit_compile(setting, strategy):
+    """Whether the train and eval steps are XLA-compiled, for `setting` in `JIT_COMPILE`.
+
+    `"auto"` is on for one replica on a GPU and off otherwise. On CPUs XLA
+    does not pay for itself here: compiling the steps once per bucket length
+    costs more than the runs save (benchmarks/RESULTS.md, `bench_train.py`).
+    XLA compiles a step onto one device, so it needs one replica.
+
+    Example:
+
+    >>> _use_jit_compile("off", tf.distribute.get_strategy())
+    False
+    """
+    check_choice("jit_compile", setting, JIT_COMPILE)
+    replicas = strategy.num_replicas_in_sync
+    if setting == "on" and replicas > 1:
+        raise ValueError(f"jit_compile='on' (--jit-compile on) needs one replica, got {replicas}: XLA "
+                         "compiles the step onto one device, and the replicas' variables live on several. "
+                         "Use --jit-compile off or auto.")
+    if setting == "auto":
+        return replicas == 1 and bool(tf.config.list_logical_devices("GPU"))
+    return setting == "on"
+
+
 def _check_config(cfg):
     check_positive_ints((name, getattr(cfg, name)) for name in (
         "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length"))
@@ -476,7 +507,11 @@ def train(cfg):
         `final_train_loss`, `eval_loss` / `eval_perplexity`,
         `unigram_eval_loss` / `unigram_eval_perplexity`, `vocab_size`,
         `train_examples`, `eval_examples`, `train_seconds`,
-        `tokens_per_second`, `num_replicas`, `model_config`, `train_config`
+        `tokens_per_second`, `num_replicas`, `jit_compile` (what `auto`
+        chose), `bucket_lengths`, `traces` (how often the train and eval
+        steps traced: once each), `batch_shapes` (how many batch shapes
+        each step saw: at most one per bucket length, so at most that many
+        XLA compiles), `model_config`, `train_config`
         and (on the chief) `loss_plot`.
 
     Raises:
@@ -548,15 +583,18 @@ def train(cfg):
     step_log = StepLog()
     callbacks = [step_log, _CheckpointCallback(manager, cfg.checkpoint_every, optimizer),
                  _ScalarLog(os.path.join(cfg.out, "logs"), cfg.log_every, optimizer)]
+    jit_compile = _use_jit_compile(cfg.jit_compile, strategy)
+    steps_fn = _Steps(model, strategy, train_ds.element_spec, jit_compile)
     try:
-        _fit(model, strategy, batches, cfg.steps - start_step, callbacks, cfg.verbose)
+        _fit(steps_fn, batches, cfg.steps - start_step, callbacks, cfg.verbose)
     finally:
         if not chief:
             shutil.rmtree(save_dir, ignore_errors=True)
 
+    # Short last batches are filled with padding rows: every eval batch has one of the bucket shapes.
     eval_ds = data_lib.lm_dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
-                                  **dataset_kwargs)
-    eval_loss = _evaluate(model, strategy, eval_ds)
+                                  fill_batches=True, **dataset_kwargs)
+    eval_loss = _evaluate(steps_fn, eval_ds)
     unigram_train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=256, shuffle=False,
                                            **dataset_kwargs)
     unigram_loss = data_lib.unigram_cross_entropy(unigram_train_ds, eval_ds, vocab_size)
@@ -586,6 +624,10 @@ def train(cfg):
         "train_seconds": step_log.seconds,
         "tokens_per_second": step_log.tokens / step_log.seconds if step_log.seconds else None,
         "num_replicas": strategy.num_replicas_in_sync,
+        "jit_compile": jit_compile,
+        "bucket_lengths": data_lib.default_bucket_lengths(cfg.max_length),
+        "traces": dict(steps_fn.traces),
+        "batch_shapes": {name: len(shapes) for name, shapes in steps_fn.shapes.items()},
         "model_config": model_config,
         "train_config": dataclasses.asdict(cfg),
         "warmup_steps": warmup_steps,
@@ -599,7 +641,49 @@ def train(cfg):
     return report
 
 
-def _fit(model, strategy, batches, steps, callbacks, verbose):
+class _Steps:
+    """The train and eval step functions of one run, each traced once.
+
+    Both take a global batch of `data.lm_dataset`, whose signature leaves the
+    batch and length dimensions open, so each function traces once for the
+    whole run. Batches come in one shape per bucket length (`[batch_size, L]`),
+    so with `jit_compile` XLA compiles each function at most once per bucket.
+    `traces` counts the traces (the Python body of a `tf.function` runs only
+    when it traces) and `shapes` the distinct batch shapes each function saw.
+    """
+
+    def __init__(self, model, strategy, element_spec, jit_compile):
+        self.model, self.strategy = model, strategy
+        self.traces = {"train": 0, "eval": 0}
+        self.shapes = {"train": set(), "eval": set()}
+        signature = [element_spec]
+        self._train = tf.function(self._train_step, jit_compile=jit_compile, input_signature=signature)
+        self._eval = tf.function(self._eval_step, jit_compile=jit_compile, input_signature=signature)
+
+    def train(self, batch):
+        self.shapes["train"].add(tuple(batch[1].shape))
+        return self._train(batch)
+
+    def eval(self, batch):
+        self.shapes["eval"].add(tuple(batch[1].shape))
+        return self._eval(batch)
+
+    def _sum_over_replicas(self, values):
+        return tf.nest.map_structure(
+            lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), values)
+
+    def _train_step(self, batch):
+        self.traces["train"] += 1
+        outputs = self.strategy.run(lambda b: self.model.train_step(_replica_slice(b)), args=(batch,))
+        return self._sum_over_replicas(outputs)
+
+    def _eval_step(self, batch):
+        self.traces["eval"] += 1
+        sums = self.strategy.run(lambda b: self.model.token_loss_sums(_replica_slice(b)), args=(batch,))
+        return self._sum_over_replicas(list(sums))
+
+
+def _fit(steps_fn, batches, steps, callbacks, verbose):
     """Runs `steps` training steps on the global batches of the iterator `batches`.
 
     Keras `fit` would make its own iterator, which cannot be checkpointed
@@ -609,19 +693,13 @@ def _fit(model, strategy, batches, steps, callbacks, verbose):
     """
     if steps <= 0:
         return
-
-    @tf.function
-    def train_step(iterator):
-        outputs = strategy.run(lambda batch: model.train_step(_replica_slice(batch)), args=(next(iterator),))
-        return {k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in outputs.items()}
-
     progress = keras.utils.Progbar(steps, verbose=verbose) if verbose else None
     for callback in callbacks:
-        callback.set_model(model)
+        callback.set_model(steps_fn.model)
         callback.on_train_begin()
     logs = {}
     for batch in range(steps):
-        logs = {k: v.numpy() for k, v in train_step(batches).items()}
+        logs = {k: v.numpy() for k, v in steps_fn.train(next(batches)).items()}
         for callback in callbacks:
             callback.on_train_batch_end(batch, logs)
         if progress:
@@ -639,7 +717,7 @@ def _replica_slice(batch):
     return tf.nest.map_structure(lambda t: t[start:start + size], batch)
 
 
-def _evaluate(model, strategy, dataset):
+def _evaluate(steps_fn, dataset):
     """The mean cross-entropy over the real labels of `dataset`, each replica on its slice of each batch.
 
     Like `_fit`, every worker reads the same global batches, so every worker
@@ -648,14 +726,9 @@ def _evaluate(model, strategy, dataset):
     inputs to a tensor); the sums here are reduced over replicas per batch and
     added up in float64, independent of the Keras version.
     """
-    @tf.function
-    def eval_step(batch):
-        sums = strategy.run(lambda b: model.token_loss_sums(_replica_slice(b)), args=(batch,))
-        return [strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in sums]
-
     total, count = 0.0, 0.0
     for batch in dataset:
-        batch_sum, batch_count = eval_step(batch)
+        batch_sum, batch_count = steps_fn.eval(batch)
         total, count = total + float(batch_sum), count + float(batch_count)
     return total / max(count, 1.0)
 

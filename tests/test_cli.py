@@ -117,14 +117,18 @@ def _actions(argv):
 
 def test_every_config_field_is_a_flag_with_the_modules_own_choices():
     actions = _actions("train")
+    for command in ("train", "demo", "export", "inspect", "ablate"):  # shown before TensorFlow loads
+        assert _actions(command)["runtime_logs"].option_strings == ["--verbose"]
+    del actions["runtime_logs"]
     assert set(actions) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert actions["jit_compile"].choices == list(train_lib.JIT_COMPILE) == ["auto", "on", "off"]
     assert actions["position"].choices == list(NAMED_POSITIONS)
     assert actions["table"].choices == list(TABLE_KINDS)
     assert actions["corpus_format"].choices == list(data.FORMATS)
     assert actions["strategy"].choices == list(STRATEGIES)
     assert _actions("export")["target"].choices == TARGETS
     demo = _actions("demo")
-    assert set(demo) == {"out", "steps", "seed", "verbose"}
+    assert set(demo) == {"out", "steps", "seed", "verbose", "runtime_logs"}
     assert (demo["out"].default, demo["steps"].default) == (cli.DEMO_OUT, cli.DEMO_SETTINGS["steps"])
 
 
@@ -173,6 +177,31 @@ def test_help_prints_no_tensorflow_log_line(argv):
                              text=True, timeout=120).stdout.strip()
               for module in ("tensorflow", "keras_posenc")]
     assert levels[0] == levels[1] != "2"
+
+
+def test_train_and_export_print_no_runtime_log_line(tsv_corpus, tmp_path):
+    """The command's stderr holds its own lines only: no TensorFlow, absl, XLA or TFLite line, no
+    library warning (TF 2.21 on a machine without a GPU driver logs `failed call to cuInit`, its
+    tf.data logs `use_unbounded_threadpool` lines, TFLite an XNNPACK `INFO` line)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    out = str(tmp_path / "run")
+    flags = [f for f in TINY_FLAGS]
+    flags[flags.index("--steps") + 1] = "2"
+    flags[flags.index("--warmup-steps") + 1] = "2"  # the package's own warning still shows
+    command = [sys.executable, "-m", "keras_posenc.cli"]
+    train = subprocess.run(command + ["train", "--corpus", tsv_corpus, "--format", "tsv", "--skip-bad-lines",
+                                      "--vocab-size", "60", "--out", out] + flags,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert train.stderr.splitlines() == [
+        "keras-posenc: warning: --warmup-steps 2 >= --steps 2: the learning rate never leaves warmup and the "
+        "run may learn little. Leave --warmup-steps out to use 1 (half the steps)."]
+    export = subprocess.run(command + ["export", os.path.join(out, "model.keras"), "--out",
+                                       str(tmp_path / "m.tflite"), "--sequence-length", "8"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0 and "Parity vs Keras" in export.stdout, export.stderr[-3000:]
+    assert export.stderr == ""
 
 
 def test_demo_trains_the_demo_config_and_calls_the_exporter(monkeypatch, tmp_path, capsys):

@@ -119,7 +119,7 @@ def _rows(ds):
 def test_text_rows_are_bos_pieces_eos_shifted_by_one(sp_model):
     processor = _processor(sp_model)
     texts = TEXTS[:5]
-    ds = data.lm_dataset(texts, sp_model, max_length=64, batch_size=5, shuffle=False, bucket_boundaries=None)
+    ds = data.lm_dataset(texts, sp_model, max_length=64, batch_size=5, shuffle=False, bucket_lengths=None)
     for text, (tokens, labels, positions, languages, padding) in zip(texts, _rows(ds)):
         full = [data.BOS_ID] + processor.EncodeAsIds(text) + [data.EOS_ID]
         assert tokens == full[:-1] and labels == full[1:]
@@ -153,24 +153,48 @@ def test_tsv_pairs_get_sep_and_language_ids(sp_model):
     assert languages == [0] * (len(source) + 2) + [1] * len(target)
 
 
-def test_bucketing_groups_similar_lengths_and_pads_with_zero(sp_model):
+def test_bucketing_pads_each_batch_to_its_bucket_length_with_zero(sp_model):
     ds = data.lm_dataset(TEXTS, sp_model, max_length=64, batch_size=4, shuffle=True, seed=1,
-                         bucket_boundaries=[6, 12])
-    seen = 0
+                         bucket_lengths=[12, 6, 64])
+    seen, shapes = 0, set()
     for features, labels in ds:
         lengths = np.sum(labels.numpy() != 0, axis=1)
-        bucket = np.digitize(lengths, [6, 12])
-        assert len(set(bucket)) == 1, lengths  # one bucket per batch
-        assert features["token_ids"].shape[1] == lengths.max()
+        width = labels.shape[1]
+        shorter = {6: 0, 12: 6, 64: 12}[width]  # rows longer than the next shorter bucket only
+        assert np.all((lengths > shorter) & (lengths <= width)), (width, lengths)
+        assert features["token_ids"].shape == labels.shape == features["position_ids"].shape
         assert np.all((features["token_ids"].numpy() == 0) == (labels.numpy() == 0))
         seen += labels.shape[0]
+        shapes.add(tuple(labels.shape))
     assert seen == len(TEXTS)
+    assert {width for _, width in shapes} <= {6, 12, 64}
+
+
+def test_filled_batches_have_one_shape_per_bucket_and_the_same_rows(sp_model):
+    kwargs = dict(max_length=64, batch_size=3, shuffle=False, bucket_lengths=[6, 12, 64])
+    plain = list(data.lm_dataset(TEXTS, sp_model, **kwargs))
+    filled = list(data.lm_dataset(TEXTS, sp_model, fill_batches=True, **kwargs))
+    assert len(plain) == len(filled)
+    assert {tuple(labels.shape) for _, labels in filled} <= {(3, 6), (3, 12), (3, 64)}
+    assert any(labels.shape[0] < 3 for _, labels in plain)  # the fill had something to do
+    for (features, labels), (filled_features, filled_labels) in zip(plain, filled):
+        rows = labels.shape[0]
+        np.testing.assert_array_equal(filled_labels[:rows], labels)
+        for name in features:
+            np.testing.assert_array_equal(filled_features[name][:rows], features[name])
+        assert not np.any(filled_labels[rows:]) and not np.any(filled_features["token_ids"][rows:])
+
+
+def test_default_bucket_lengths_end_at_max_length():
+    assert data.default_bucket_lengths(48) == [8, 16, 32, 48]
+    assert data.default_bucket_lengths(128) == [8, 16, 32, 64, 128]
+    assert data.default_bucket_lengths(8) == [8] and data.default_bucket_lengths(9) == [8, 9]
 
 
 def test_shuffle_order_is_fixed_by_seed(sp_model):
     def order(seed):
         ds = data.lm_dataset(TEXTS[:5], sp_model, max_length=64, batch_size=1, shuffle=True, seed=seed,
-                             bucket_boundaries=None)
+                             bucket_lengths=None)
         return [row[0] for row in _rows(ds)]
 
     assert order(7) == order(7)
@@ -195,6 +219,11 @@ def test_pipeline_argument_errors(sp_model):
         data.lm_dataset(TEXTS, sp_model, max_length=0, batch_size=2)
     with pytest.raises(data.CorpusError, match="empty list"):
         data.lm_dataset([], sp_model, max_length=8, batch_size=2)
+    with pytest.raises(ValueError, match=r"longest of `bucket_lengths` must be at least max_length=8 .* "
+                                         r"got bucket_lengths=\[4, 6\]"):
+        data.lm_dataset(TEXTS, sp_model, max_length=8, batch_size=2, bucket_lengths=[4, 6])
+    with pytest.raises(ValueError, match=r"list of positive ints, got bucket_lengths=\[0, 8\]"):
+        data.lm_dataset(TEXTS, sp_model, max_length=8, batch_size=2, bucket_lengths=[0, 8])
 
 
 def test_shipped_parallel_corpus_is_clean_unique_and_licensed():

@@ -63,6 +63,42 @@ def test_run_writes_artifacts_and_beats_unigram(trained):
     assert [s for s, _ in list_checkpoints(os.path.join(out, "checkpoints"))] == [30, 60, 90]
 
 
+def test_train_and_eval_steps_trace_once_and_see_one_batch_shape_per_bucket(trained):
+    _, report = trained
+    assert report["bucket_lengths"] == data.default_bucket_lengths(TINY["max_length"]) == [8, 16]
+    assert report["traces"] == {"train": 1, "eval": 1}
+    # At most one shape per bucket (so at most that many XLA compiles): the eval's last, short batch
+    # is filled up to the batch size.
+    assert 1 <= report["batch_shapes"]["train"] <= 2 and 1 <= report["batch_shapes"]["eval"] <= 2
+
+
+def test_xla_runs_are_bit_identical_and_resume_exactly(corpus, tmp_path):
+    xla = dict(TINY, jit_compile="on", dropout=0.1, max_length=32)
+    first = train(TrainConfig(corpus=corpus, out=str(tmp_path / "a"), **xla))
+    again = train(TrainConfig(corpus=corpus, out=str(tmp_path / "b"), **xla))
+    assert first["jit_compile"] is True and first["traces"] == {"train": 1, "eval": 1}
+    assert first["bucket_lengths"] == [8, 16, 32]
+    assert 1 <= first["batch_shapes"]["train"] <= 3 and 1 <= first["batch_shapes"]["eval"] <= 3
+    assert first["losses"] == again["losses"] and first["eval_loss"] == again["eval_loss"]
+    out = str(tmp_path / "resumed")
+    train(TrainConfig(corpus=corpus, out=out, **dict(xla, steps=4)))
+    resumed = train(TrainConfig(corpus=corpus, out=out, resume=True, **xla))
+    assert resumed["start_step"] == 4 and resumed["losses"] == first["losses"][4:]
+    for got, want in zip(_weights(out), _weights(str(tmp_path / "a"))):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_jit_compile_on_needs_one_replica():
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    with pytest.raises(ValueError, match=r"jit_compile='on' \(--jit-compile on\) needs one replica, got 2"):
+        train_lib._use_jit_compile("on", TwoReplicas())
+    assert train_lib._use_jit_compile("auto", TwoReplicas()) is False
+    with pytest.raises(ValueError, match=r"`jit_compile` must be one of \('auto', 'on', 'off'\), got"):
+        train_lib._use_jit_compile("yes", TwoReplicas())
+
+
 def test_same_seed_gives_bit_identical_losses(corpus, tmp_path):
     runs = [train(TrainConfig(corpus=corpus, out=str(tmp_path / f"r{i}"), seed=seed, dropout=0.1, **TINY))
             for i, seed in enumerate((5, 5, 6))]
@@ -173,7 +209,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     # 5 examples in batches of 4: the last batch's one row goes to replica 0, replica 1 gets none.
     import numpy as np
     from keras_posenc.models import CausalLM
-    from keras_posenc.train import _evaluate
+    from keras_posenc.train import _evaluate, _Steps
     rng = np.random.default_rng(0)
     features = rng.integers(1, 30, (5, 6)).astype(np.int32)
     labels = rng.integers(0, 30, (5, 6)).astype(np.int32)
@@ -181,7 +217,8 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     with strategy.scope():
         model = CausalLM(dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=30, max_length=16))
         model.build_on_dummy()
-    ragged_eval = _evaluate(model, strategy, tf.data.Dataset.from_tensor_slices((features, labels)).batch(4))
+    ragged = tf.data.Dataset.from_tensor_slices((features, labels)).batch(4)
+    ragged_eval = _evaluate(_Steps(model, strategy, ragged.element_spec, jit_compile=False), ragged)
     logits = model(tf.constant(features)).numpy().astype(np.float64)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     picked = np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
