@@ -187,6 +187,9 @@ def _add_generate_parser(subparsers):
     parser.add_argument("--top-k", type=_positive_int, default=None, dest="k", help="k of --sampler top_k")
     parser.add_argument("--top-p", type=float, default=None, dest="p", help="p of --sampler top_p")
     parser.add_argument("--seed", type=int, default=None, help="seed of the sampler")
+    parser.add_argument("--language", type=int, default=None, dest="language_ids",
+                        help="language id of every token, for models with a position scale per language "
+                             "(TSV runs: 0 source, 1 target)")
     parser.add_argument("--spm", help="SentencePiece model (default: spm.model beside the model)")
     parser.add_argument("--json", action="store_true",
                         help='print one JSON object {"ids", "text", "ttft_ms", "decode_tokens_per_s"}')
@@ -195,7 +198,7 @@ def _add_generate_parser(subparsers):
 def _run_generate(args):
     _print_generation(args.run, args.prompt, spm=args.spm, as_json=args.json,
                       max_new_tokens=args.max_new_tokens, sampler=args.sampler, temperature=args.temperature,
-                      k=args.k, p=args.p, seed=args.seed)
+                      k=args.k, p=args.p, seed=args.seed, language_ids=args.language_ids)
     return 0
 
 

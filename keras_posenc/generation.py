@@ -210,6 +210,9 @@ def generate(model, prompt_ids, max_new_tokens, *, sampler="greedy", temperature
         raise ValueError(f"Generating past the model's max_length={encoder.max_length}: the longest prompt "
                          f"({longest - int(max_new_tokens)} tokens) plus max_new_tokens={max_new_tokens} "
                          f"needs {longest} positions.")
+    if bool(model.num_languages) != (language_ids is not None):
+        raise ValueError(f"`language_ids` must be given exactly when the model has num_languages "
+                         f"(num_languages={model.num_languages}, language_ids={language_ids!r}).")
     if language_ids is not None:
         language_ids = ops.convert_to_tensor(np.broadcast_to(np.asarray(language_ids, np.int32), [batch]))
     rng = np.random.default_rng(seed)

@@ -58,7 +58,8 @@ def generate_text(model, sp_model, prompt, max_new_tokens=32, **sampling):
         sp_model: bytes, the serialized SentencePiece model it was trained with.
         prompt: str.
         max_new_tokens: int >= 1.
-        **sampling: `sampler`, `temperature`, `k`, `p`, `seed` of `CausalLM.generate`.
+        **sampling: `sampler`, `temperature`, `k`, `p`, `seed`, `language_ids` of
+            `CausalLM.generate`.
 
     Returns:
         dict with `ids` (the generated ids, list of int, up to `</s>`),

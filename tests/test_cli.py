@@ -202,6 +202,11 @@ def test_train_and_export_print_no_runtime_log_line(tsv_corpus, tmp_path):
                             env=env, capture_output=True, text=True, timeout=300)
     assert export.returncode == 0 and "Parity vs Keras" in export.stdout, export.stderr[-3000:]
     assert export.stderr == ""
+    generate = subprocess.run(command + ["generate", out, "--prompt", "the cat", "--max-new-tokens", "3",
+                                         "--language", "1"],
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert generate.returncode == 0 and "time to first token" in generate.stdout, generate.stderr[-3000:]
+    assert generate.stderr == ""
 
 
 def test_demo_trains_the_demo_config_and_calls_the_exporter(monkeypatch, tmp_path, capsys):

@@ -191,6 +191,13 @@ def test_bad_sampling_settings_are_rejected(kwargs, match):
         model.generate([[3, 4]], **kwargs)
 
 
+def test_language_ids_are_required_exactly_with_languages():
+    with pytest.raises(ValueError, match="num_languages=3, language_ids=None"):
+        _model("sinusoidal", {"num_languages": 3}).generate([[3, 4]], 2)
+    with pytest.raises(ValueError, match="num_languages=None, language_ids=1"):
+        _model().generate([[3, 4]], 2, language_ids=1)
+
+
 def test_a_model_without_the_causal_mask_cannot_generate():
     model = CausalLM({**BASE}, causal=False)
     with pytest.raises(ValueError, match="causal=False"):
