@@ -293,7 +293,7 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
     ops = op_counts(tflite_bytes)
     backends = TARGET_BACKENDS[target]
     return {
-        "cost": cost_summary(graph_cost(tflite_bytes), weight_bytes(model)),
+        "cost": cost_summary(graph_cost(tflite_bytes), weights_in_file(model, tflite_bytes)),
         "target": target,
         "ops": ops,
         "verdicts": {backend: gpu_incompatible_ops(tflite_bytes, backend) for backend in backends},
@@ -305,6 +305,14 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
         "weight_bytes": weight_bytes(model),
         "size_ratio": len(tflite_bytes) / max(1, weight_bytes(model)),
     }
+
+
+def weights_in_file(model, tflite_bytes):
+    """The model's weight bytes that the file holds: all of them, less the token table of a host file."""
+    weights = weight_bytes(model)
+    if any(role_of(name) == HOST_EMBEDDINGS for name in input_names(tflite_bytes)):
+        weights -= host_embedding_table(model).nbytes
+    return weights
 
 
 def cost_summary(cost, weights):

@@ -55,10 +55,13 @@ def case(request):
     return request.param, model, quantize, ids, languages
 
 
-def feeds_of(ids, languages, row, dtype):
+def feeds_of(ids, languages, row, dtype, table=None):
+    """The probe's feeds of one row; with `table` (an `embedding="host"` file) the rows table[ids]."""
     feeds = {"token_ids": ids[row:row + 1].astype(dtype)}
     if languages is not None:
         feeds["language_ids"] = languages[row:row + 1].astype(dtype)
+    if table is not None:
+        feeds["embeddings"] = table[ids[row:row + 1]]
     return feeds
 
 
@@ -71,12 +74,12 @@ def keras_rows(model, ids, languages, row):
 ROWS = (1, 3)
 
 
-def check_gpu_file(edge, half_precision, path, model, ids, languages, rows, tolerance):
+def check_gpu_file(edge, half_precision, path, model, ids, languages, rows, tolerance, table=None):
     """The `gpu` file on LiteRT: GPU-only in float32 (== CPU to 1e-4, == Keras to `tolerance`) and
     in the accelerator's float16 mode (`half_precision` against the float32 CPU logits)."""
     length, vocab = ids.shape[1], model.encoder_config["vocab_size"]
     for row in rows:
-        feeds = feeds_of(ids, languages, row, np.int32)
+        feeds = feeds_of(ids, languages, row, np.int32, table)
         gpu = edge.run_litert(path, feeds, accelerator="gpu")  # GPU only: fails unless every op runs
         cpu = edge.run_litert(path, feeds, accelerator="cpu")
         half = edge.run_litert(path, feeds, accelerator="gpu", fp16=True)
@@ -90,12 +93,12 @@ def check_gpu_file(edge, half_precision, path, model, ids, languages, rows, tole
         half_precision(half.output.reshape(length, vocab), cpu.output.reshape(length, vocab), real)
 
 
-def check_gl_file(edge, half_precision, path, model, ids, languages, rows, tolerance):
+def check_gl_file(edge, half_precision, path, model, ids, languages, rows, tolerance, table=None):
     """The `gl` file on the GL delegate: float32 (no refusal, == CPU to 1e-3, == Keras to
     `tolerance`) and `allow_precision_loss: true` (`half_precision` against the CPU logits)."""
     length, vocab = ids.shape[1], model.encoder_config["vocab_size"]
     for row in rows:
-        feeds = feeds_of(ids, languages, row, np.float32)
+        feeds = feeds_of(ids, languages, row, np.float32, table)
         gl = edge.run_gl(path, feeds)
         cpu = edge.run_gl(path, feeds, cpu=True)
         half = edge.run_gl(path, feeds, fp16=True)
@@ -146,6 +149,18 @@ def test_length_128_vocab_8000_in_float32_and_float16(edge, target, tflite_file,
     assert export.gpu_incompatible_ops(flat, "webgpu" if target == "gpu" else "gl") == []
     check = check_gpu_file if target == "gpu" else check_gl_file
     check(edge, half_precision, tflite_file(target, flat), model, ids, None, (3,), 1e-4)  # left padded
+
+
+@pytest.mark.parametrize("target", ["gpu", "gl"])
+def test_host_embedding_file_on_the_gpu_runtimes(edge, target, tflite_file, half_precision):
+    """`embedding="host"`: the runner feeds table[ids]; ids above 2048 never reach the GPU as floats."""
+    model = demo_model({"table": "full", "vocab_size": 3000})
+    ids, _ = export.sample_token_batch(model, LENGTH, seed=4)
+    flat = export.to_tflite(model, sequence_length=LENGTH, target=target, embedding="host")
+    assert export.gpu_incompatible_ops(flat, "webgpu" if target == "gpu" else "gl") == []
+    table = export.host_embedding_table(model)
+    check = check_gpu_file if target == "gpu" else check_gl_file
+    check(edge, half_precision, tflite_file(target, flat), model, ids, None, ROWS, 1e-4, table)
 
 
 def float16_copy(onnx_bytes):
