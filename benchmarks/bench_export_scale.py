@@ -6,8 +6,9 @@ target (`cpu`, `gpu`, `gl`; `tensorrt` too when tf2onnx is importable, e.g. with
 `PYTHONPATH=.edge-cache/onnx-site`):
 
 - file bytes / the fp32 weight bytes;
-- conversion seconds (`to_tflite` / `to_onnx` only) and the peak RSS of the whole converting
-  process, TensorFlow and the model included (each conversion runs in its own subprocess, its
+- conversion seconds (`to_tflite` / `to_onnx` only), wall-clock and the process's CPU time (on
+  a shared machine the wall-clock time depends on the other load), and the peak RSS of the
+  whole converting process, TensorFlow and the model included (each conversion runs in its own subprocess, its
   `ru_maxrss` read with `os.wait4`; one above `--max-rss-gb` is killed and reported as such);
 - multiply-adds, non-weight constant bytes and the largest intermediate tensor
   (`keras_posenc.export.cost`), multiply-adds as a ratio to the `cpu` file's;
@@ -44,7 +45,7 @@ def convert(config, target, length, out, embedding):
     keras.utils.set_random_seed(0)
     model = CausalLM(dict(config, max_length=length), name="lm")
     model.build_on_dummy()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if target == "tensorrt":
         flat = export.to_onnx(model, sequence_length=length)
         cost = onnx_cost(flat)
@@ -52,13 +53,14 @@ def convert(config, target, length, out, embedding):
         options = {"embedding": embedding} if embedding and target in ("gpu", "gl") else {}
         flat = export.to_tflite(model, sequence_length=length, target=target, **options)
         cost = graph_cost(flat)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     with open(out, "wb") as f:
         f.write(flat)
     weights = export.weight_bytes(model)
     in_file = weights if target == "tensorrt" else export.parity.weights_in_file(model, flat)
-    print(json.dumps(dict(cost, seconds=seconds, file_bytes=len(flat), weight_bytes=weights,
-                          non_weight_constant_bytes=max(0, cost["constant_bytes"] - in_file))))
+    extra = max(0, cost["constant_bytes"] - in_file)
+    print(json.dumps(dict(cost, seconds=seconds, cpu_seconds=cpu_seconds, file_bytes=len(flat),
+                          weight_bytes=weights, non_weight_constant_bytes=extra)))
 
 
 def run_child(args, max_rss_gb):
@@ -137,8 +139,9 @@ def main():
     if args.seed_size or args.only_seed_size:
         rows.append(("d512 L6", SEED, 512))
     targets = args.targets.split(",")
-    header = ("| model | T | target | file / weights | convert s | peak RSS GB | multiply-adds (G) | / cpu "
-              "| non-weight constants MB | largest tensor MB | CPU latency / cpu |")
+    header = ("| model | T | target | file / weights | convert s (wall / CPU) | peak RSS GB "
+              "| multiply-adds (G) | / cpu | non-weight constants MB | largest tensor MB "
+              "| CPU latency / cpu |")
     print(header)
     print("|" + "---|" * 11)
     with tempfile.TemporaryDirectory() as folder:
@@ -164,7 +167,7 @@ def main():
                 extra = result["non_weight_constant_bytes"]
                 size = result["file_bytes"] / result["weight_bytes"]
                 print(f"| {label} | {length} | {target} | {size:.2f} | "
-                      f"{result['seconds']:.1f} | {peak / 2 ** 30:.2f} | "
+                      f"{result['seconds']:.1f} / {result['cpu_seconds']:.1f} | {peak / 2 ** 30:.2f} | "
                       f"{result['multiply_adds'] / 1e9:.2f} | {ratio:.2f} | {extra / 2 ** 20:.1f} | "
                       f"{result['largest_tensor_bytes'] / 2 ** 20:.1f} | "
                       f"{'' if slower is None else f'{slower:.2f}'} |", flush=True)

@@ -10,10 +10,13 @@ same for the `tensorrt` target through tf2onnx.
 Targets (`TARGETS`):
 
 - `gpu` (default): the LiteRT GPU accelerator (WebGPU/Vulkan, JetPack 6) and the OpenCL GPU
-  delegate. int32 inputs, cast once to float, then the shader-only formulation of `gl` (one-hot
-  products by constant weights instead of GATHER, no STRIDED_SLICE, BATCH_MATMUL or CUMSUM):
-  the lookups cost `T * vocab * d_model` multiply-adds, the price of keeping every op on the GPU
-  (a LiteRT GPU run of the one-hot/EQUAL/CUMSUM graph gave wrong logits on lavapipe). Batch 1.
+  delegate. int32 inputs, cast once to float (ids above 2048 split into digits by FLOOR_DIV
+  first, exact in float16), then the shader-only formulation of `gl` (one-hot products by
+  constant weights instead of GATHER, no STRIDED_SLICE, BATCH_MATMUL or CUMSUM): the token
+  lookup costs `T * vocab * d_model` multiply-adds with `embedding="graph"`, none with
+  `embedding="host"` (the runner feeds the looked-up rows), the price of keeping every op on the
+  GPU (a LiteRT GPU run of the one-hot/EQUAL/CUMSUM graph gave wrong logits on lavapipe).
+  Finite and within 3.4e-3 of float32 in the accelerator's float16 mode. Batch 1.
 - `gl`: the classic GPU delegate's OpenGL ES backend (Jetson with tflite-runtime): the same
   graph with float32 inputs (GL has no CAST shader), see `keras_posenc.export.gl`. Batch 1.
 - `cpu`: XNNPACK, GATHER lookups (the smallest compute).

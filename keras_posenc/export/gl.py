@@ -20,8 +20,13 @@ MUL, SUB, ADD, ABS, RELU, RSQRT, EXP, AVERAGE_POOL_2D and SOFTMAX:
   query by CONCATENATION times a constant `[T, T]` structure, `(keep - 1) * 1e4`: every
   constant of the file grows at most as T^2, and the bias is finite in float16.
 
-Batch 1 only (what the GL delegate runs); segment ids, position ids and attention masks must be
-constant in the traced graph.
+Every constant and intermediate is representable in float16, what the delegates compute in
+with precision loss allowed: masked scores get -1e4, LayerNorm squares values scaled by 1/8,
+and token ids above 2048 (float16's last exact integer) are looked up as two digits
+(`token_one_hot`); with `embedding="host"` the file takes the looked-up rows instead.
+
+Batch 1 only (what the GL delegate runs); position ids and attention masks must be constant in
+the traced graph (segment ids may be a runtime input).
 """
 
 import math
