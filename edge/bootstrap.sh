@@ -5,13 +5,15 @@
 #                           packages extracted with dpkg -x (the system's apt setup is left as it is)
 #   $CACHE/venv-litert/     ai-edge-litert 2.3.0: the LiteRT GPU accelerator (WebGPU over Vulkan)
 #   $CACHE/venv-mediapipe/  mediapipe 0.10.21: the classic TFLite GPU delegate, OpenGL ES backend
-#   $CACHE/onnx-site/       tf2onnx + onnx + onnxruntime, put on the path of .venv (TF 2.12)
+#   $CACHE/onnx-site/       tf2onnx + onnx + onnxruntime (+ onnxconverter-common, for the float16
+#                           copy of the tensorrt export), put on the path of .venv (TF 2.12)
 #   $CACHE/onnx-site-py312/ the same for .venv-keras3 (TF 2.21, Python 3.12; tf2onnx 1.17.0), when
 #                           that venv exists (or KERAS3_PY names a Python 3.12 with TF 2.21)
 #
 # EGL/GLES for the GL delegate (llvmpipe) come from Debian: libegl1 libgles2 libegl-mesa0
 # libgl1-mesa-dri, installed with apt-get when missing. Every step is skipped when its stamp
-# exists; a registry that cannot be reached fails with a message that says which one.
+# exists and names the same pins (a changed pin list reinstalls that part); a registry that cannot
+# be reached fails with a message that says which one.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CACHE=${EDGE_CACHE:-.edge-cache}
@@ -21,9 +23,9 @@ KERAS3_PY=${KERAS3_PY:-.venv-keras3/bin/python}
 # are not needed for inference).
 LITERT_PINS="ai-edge-litert==2.3.0 backports.strenum==1.2.8 flatbuffers==25.12.19 ml_dtypes==0.5.4 numpy==1.26.4 protobuf==7.36.2 tqdm==4.70.1 typing_extensions==4.16.0"
 MEDIAPIPE_PINS="mediapipe==0.10.21 absl-py==2.5.1 attrs==26.1.0 flatbuffers==25.12.19 numpy==1.26.4 protobuf==4.25.9"
-ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.19.2 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
+ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.19.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
 # tf2onnx 1.17.0 converts TF 2.21 graphs and takes any protobuf >= 3.20 (the Keras 3 lock has 7.x).
-ONNX_KERAS3_PINS="tf2onnx==1.17.0 onnx==1.19.1 onnxruntime==1.23.2 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
+ONNX_KERAS3_PINS="tf2onnx==1.17.0 onnx==1.19.1 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
 MESA_PACKAGES="mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports libdrm-amdgpu1/bookworm-backports libvulkan1/bookworm"
 GL_PACKAGES="libegl1 libgles2 libegl-mesa0 libgl1-mesa-dri"
 mkdir -p "$CACHE"
@@ -84,15 +86,19 @@ $missing"
   touch "$CACHE/mesa/.stamp"
 fi
 
+current() {  # current STAMP PINS: the part was installed with exactly PINS
+  [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]
+}
+
 runtime_venv() {  # runtime_venv NAME PINS: a venv of exactly PINS (--no-deps) under $CACHE/NAME
   local name=$1 pins=$2
-  [ -f "$CACHE/$name/.stamp" ] && return 0
+  current "$CACHE/$name/.stamp" "$pins" && return 0
   echo "edge bootstrap: $pins -> $CACHE/$name"
   rm -rf "$CACHE/$name"
   "$PY" -m venv "$CACHE/$name"
   # shellcheck disable=SC2086
   pypi "$pins" "$CACHE/$name/bin/python" -m pip install --quiet --no-deps $pins
-  touch "$CACHE/$name/.stamp"
+  echo "$pins" > "$CACHE/$name/.stamp"
 }
 
 # --- ai-edge-litert 2.3.0 -----------------------------------------------------------------
@@ -102,19 +108,19 @@ runtime_venv venv-litert "$LITERT_PINS"
 runtime_venv venv-mediapipe "$MEDIAPIPE_PINS"
 
 # --- tf2onnx + onnxruntime beside .venv's TensorFlow (tf2onnx pins protobuf~=3.20: --no-deps) -
-if [ ! -f "$CACHE/onnx-site/.stamp" ]; then
+if ! current "$CACHE/onnx-site/.stamp" "$ONNX_PINS"; then
   echo "edge bootstrap: $ONNX_PINS -> $CACHE/onnx-site"
   rm -rf "$CACHE/onnx-site"
   # shellcheck disable=SC2086
   pypi "$ONNX_PINS" "$PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site" $ONNX_PINS
-  touch "$CACHE/onnx-site/.stamp"
+  echo "$ONNX_PINS" > "$CACHE/onnx-site/.stamp"
 fi
-if [ -x "$KERAS3_PY" ] && [ ! -f "$CACHE/onnx-site-py312/.stamp" ]; then
+if [ -x "$KERAS3_PY" ] && ! current "$CACHE/onnx-site-py312/.stamp" "$ONNX_KERAS3_PINS"; then
   echo "edge bootstrap: $ONNX_KERAS3_PINS -> $CACHE/onnx-site-py312"
   rm -rf "$CACHE/onnx-site-py312"
   # shellcheck disable=SC2086
   pypi "$ONNX_KERAS3_PINS" "$KERAS3_PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site-py312" \
     $ONNX_KERAS3_PINS
-  touch "$CACHE/onnx-site-py312/.stamp"
+  echo "$ONNX_KERAS3_PINS" > "$CACHE/onnx-site-py312/.stamp"
 fi
 echo "edge bootstrap: ready in $CACHE"

@@ -11,7 +11,7 @@ The model takes float32 inputs `[1, N]` (the `gl` export target): each is fed th
 `TensorConverterCalculator` (row-major matrix); several inputs are joined into one tensor vector
 in the order of the npz keys given with --inputs-order.
 
-    python probe_gl.py MODEL.tflite INPUTS.npz OUTPUT.npy [--cpu]
+    python probe_gl.py MODEL.tflite INPUTS.npz OUTPUT.npy [--cpu | --fp16]
 """
 
 import argparse
@@ -68,12 +68,13 @@ node {{
 """
 
 
-def graph_config(model, count, cpu):
+def graph_config(model, count, cpu, fp16=False):
     text = "".join(f'input_stream: "in{i}"\n' for i in range(count)) + 'output_stream: "floats"\n'
     text += "".join(_CONVERTER.format(i=i) for i in range(count))
     if count > 1:
         text += _JOIN.format(inputs=" ".join(f'input_stream: "t{i}"' for i in range(count)))
-    delegate = "tflite {}" if cpu else "gpu { use_advanced_gpu_api: false allow_precision_loss: false }"
+    loss = "true" if fp16 else "false"
+    delegate = "tflite {}" if cpu else f"gpu {{ use_advanced_gpu_api: false allow_precision_loss: {loss} }}"
     text += _INFERENCE.format(tensors="tensors" if count > 1 else "t0", model=model, delegate=delegate)
     return text_format.Parse(text, calculator_pb2.CalculatorGraphConfig())
 
@@ -86,11 +87,14 @@ def main():
     parser.add_argument("--inputs-order", default="token_ids,language_ids",
                         help="npz keys in the model's input order (missing keys are skipped)")
     parser.add_argument("--cpu", action="store_true", help="TFLite CPU kernels instead of the GL delegate")
+    parser.add_argument("--fp16", action="store_true",
+                        help="allow_precision_loss: true (float16 compute, the delegate's usual setting)")
     args = parser.parse_args()
     feeds = np.load(args.inputs)
     arrays = [np.asarray(feeds[key], np.float32).reshape(1, -1)
               for key in args.inputs_order.split(",") if key in feeds]
-    graph = calculator_graph.CalculatorGraph(graph_config=graph_config(args.model, len(arrays), args.cpu))
+    config = graph_config(args.model, len(arrays), args.cpu, args.fp16)
+    graph = calculator_graph.CalculatorGraph(graph_config=config)
     got = []
     graph.observe_output_stream("floats",
                                 lambda stream, packet: got.append(packet_getter.get_float_list(packet)))

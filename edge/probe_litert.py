@@ -4,7 +4,7 @@ Run inside the litert venv of the edge cache (see edge/bootstrap.sh), with Mesa 
 Vulkan driver for `--accelerator gpu` (edge/runtimes.py sets the environment). The runtime's own
 log lines go to stderr, where the caller reads them.
 
-    python probe_litert.py MODEL.tflite INPUTS.npz OUTPUT.npy --accelerator gpu|cpu
+    python probe_litert.py MODEL.tflite INPUTS.npz OUTPUT.npy --accelerator gpu|cpu [--fp16]
 """
 
 import argparse
@@ -26,11 +26,13 @@ def main():
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), required=True)
     parser.add_argument("--allow-cpu", action="store_true",
                         help="gpu: let the CPU run the ops the GPU rejects")
+    parser.add_argument("--fp16", action="store_true",
+                        help="gpu: the accelerator's default precision (float16), not enforce_f32")
     args = parser.parse_args()
     accelerators = HardwareAccelerator.GPU | (HardwareAccelerator.CPU if args.allow_cpu else 0)
     if args.accelerator == "gpu":
         options = Options(hardware_accelerators=accelerators,
-                          gpu_options=GpuOptions(enforce_f32=True))
+                          gpu_options=GpuOptions(enforce_f32=not args.fp16))
     else:
         options = Options(hardware_accelerators=HardwareAccelerator.CPU)
     model = CompiledModel.from_file(args.model, options=options)

@@ -71,24 +71,27 @@ def _probe(venv, script, model_path, feeds, flags, timeout):
         return Run(result.returncode, info, result.stderr, data)
 
 
-def run_litert(model_path, feeds, *, accelerator="gpu", allow_cpu=False, timeout=600):
+def run_litert(model_path, feeds, *, accelerator="gpu", allow_cpu=False, fp16=False, timeout=600):
     """Runs `model_path` with LiteRT's CompiledModel; GPU-only unless `allow_cpu`.
 
     `feeds`: {"token_ids": array, "language_ids": array, ...} matched to the inputs by name.
     A GPU-only compilation fails (non-zero exit, the runtime's reason in the log) when any op
-    does not run on the GPU.
+    does not run on the GPU. `fp16`: the GPU computes in float16 (no enforce_f32).
     """
     flags = ["--accelerator", accelerator] + (["--allow-cpu"] if allow_cpu else [])
+    flags += ["--fp16"] if fp16 else []
     return _probe("venv-litert", "probe_litert.py", model_path, feeds, flags, timeout)
 
 
-def run_gl(model_path, feeds, *, cpu=False, timeout=600):
+def run_gl(model_path, feeds, *, cpu=False, fp16=False, timeout=600):
     """Runs `model_path` on the GL delegate (or TFLite's CPU kernels with `cpu=True`) via mediapipe.
 
     The probe joins the arrays in the model's input order, read from the file: each key of `feeds`
-    (token_ids, segment_ids, ...) goes to the input whose name contains it.
+    (token_ids, segment_ids, ...) goes to the input whose name contains it. `fp16`: the delegate
+    with `allow_precision_loss: true` (float16 compute).
     """
     flags = ["--inputs-order", ",".join(input_order(model_path, feeds))] + (["--cpu"] if cpu else [])
+    flags += ["--fp16"] if fp16 else []
     return _probe("venv-mediapipe", "probe_gl.py", model_path, feeds, flags, timeout)
 
 

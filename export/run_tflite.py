@@ -15,7 +15,9 @@ Token ids come from `--token-ids FILE.npy` (int, `[batch, length]` of the model)
 ids drawn with `--seed` from `[1, vocab_size)`, the vocab size read from `MODEL.tflite.json`
 (written by `keras-posenc export`) or given with `--vocab-size`. Language ids, when the model has
 that input, are 0 unless `--language-ids FILE.npy` is given. Inputs are fed in the model's input
-dtype (float32 for a `--target gl` export, int32 otherwise).
+dtype (float32 for a `--target gl` export, int32 otherwise). A file exported with `--embedding host`
+also takes `embeddings`, the rows `table[token_ids]`, which this runner looks up from
+`MODEL.tflite.embeddings.npy` (written beside the file by `keras-posenc export`).
 
 Usage:
     python3 run_tflite.py model.tflite [--accelerator cpu|gpu] [--delegate libtensorflowlite_gpu_delegate.so]
@@ -140,22 +142,44 @@ def read_metadata(model_path):
         return json.load(f)
 
 
+def token_ids(shape, args, metadata):
+    """The token ids: --token-ids, else random ids from [1, vocab) drawn with --seed."""
+    if args.token_ids:
+        return np.load(args.token_ids)
+    vocab = args.vocab_size or metadata.get("vocab_size")
+    if not vocab:
+        raise SystemExit(f"No vocab size for random token ids: pass --vocab-size or --token-ids, or "
+                         f"keep {args.model}.json from `keras-posenc export` beside the model.")
+    return np.random.default_rng(args.seed).integers(1, vocab, size=shape)
+
+
+def embedding_rows(ids, args, metadata):
+    """`table[ids]` for a file exported with `--embedding host`, the table from FILE.embeddings.npy."""
+    name = metadata.get("embedding_table") or os.path.basename(args.model) + ".embeddings.npy"
+    path = os.path.join(os.path.dirname(os.path.abspath(args.model)), name)
+    if not os.path.isfile(path):
+        raise SystemExit(f"{args.model} takes looked-up `embeddings` (exported with --embedding host): copy "
+                         f"{name} from `keras-posenc export` beside it.")
+    table = np.load(path)
+    if ids.min() < 0 or ids.max() >= len(table):
+        raise SystemExit(f"Token ids must lie in [0, {len(table)}), got ids from {ids.min()} to {ids.max()}.")
+    return table[ids]
+
+
 def make_inputs(inputs, args, metadata):
-    """One array per model input, matched by name (token_ids / language_ids), in its dtype."""
-    rng = np.random.default_rng(args.seed)
+    """One array per model input, matched by name (token_ids / language_ids / embeddings), in its dtype."""
+    token_shape = next((tuple(int(n) for n in detail["shape"]) for detail in inputs
+                        if "language_ids" not in detail["name"] and "embeddings" not in detail["name"]), None)
+    ids = token_ids(token_shape, args, metadata) if token_shape else None
     arrays = []
     for detail in inputs:
         shape = tuple(int(n) for n in detail["shape"])
         if "language_ids" in detail["name"]:
             values = np.load(args.language_ids) if args.language_ids else np.zeros(shape)
-        elif args.token_ids:
-            values = np.load(args.token_ids)
+        elif "embeddings" in detail["name"]:
+            values = embedding_rows(np.asarray(ids), args, metadata)
         else:
-            vocab = args.vocab_size or metadata.get("vocab_size")
-            if not vocab:
-                raise SystemExit(f"No vocab size for random token ids: pass --vocab-size or --token-ids, or "
-                                 f"keep {args.model}.json from `keras-posenc export` beside the model.")
-            values = rng.integers(1, vocab, size=shape)
+            values = ids
         if tuple(values.shape) != shape:
             raise SystemExit(f"Input '{detail['name']}' needs shape {shape}, got {tuple(values.shape)}.")
         arrays.append(values.astype(detail["dtype"]))

@@ -354,6 +354,11 @@ def _add_export_parser(subparsers):
     parser.add_argument("--target", choices=TARGETS, default="gpu",
                         help="gpu: LiteRT GPU accelerator / OpenCL delegate; gl: OpenGL ES delegate (float "
                              "inputs); cpu: XNNPACK with GATHER; tensorrt: ONNX for trtexec (default: gpu)")
+    parser.add_argument("--embedding", choices=("host", "graph"),
+                        help="gpu/gl: host = the file takes the looked-up rows table[ids] as float "
+                             "input `embeddings` (the kit reads them from FILE.embeddings.npy), graph = a "
+                             "one-hot product on the GPU (T x vocab x d_model multiply-adds) (default: host "
+                             "for gpu/gl models with a token table, the faster on a GPU; graph otherwise)")
     parser.add_argument("--require-gpu", action="store_true",
                         help="fail when the GPU delegate would reject an op (default: off)")
     parser.add_argument("--tolerance", type=float,
@@ -402,7 +407,7 @@ def _export_parity_batch(model, model_path, sequence_length, batch_size, token_i
 
 
 def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=None, target="gpu",
-                 require_gpu=False, tolerance=None, token_ids=None):
+                 require_gpu=False, tolerance=None, token_ids=None, embedding=None):
     """Exports a trained model and checks it, printing the report; returns the exit status.
 
     What `keras-posenc export` and the end of `keras-posenc demo` run: converts
@@ -423,34 +428,51 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
             largest parity error accepted.
         token_ids: optional path of an int `.npy` `[n, sequence_length]`
             for the parity check.
+        embedding: "host", "graph" or None (`export.default_embedding`); with
+            "host", `out.embeddings.npy` holds the table the runner reads.
 
     Returns:
         int, 0 when every check passed, else 1.
     """
     import json
 
+    import numpy as np
+
     from keras_posenc import export
 
     model = export.load_model(model_path)
+    if target == "tensorrt" and embedding == "host":
+        raise _Error("--embedding host is for the gpu and gl targets; tensorrt GATHERs its lookups.")
     token_ids, language_ids = _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     if target == "tensorrt":
         flat = export.to_onnx(model, sequence_length=sequence_length, batch_size=batch_size)
         parity = export.check_onnx_parity(model, flat, token_ids, language_ids)
-        report = {"parity": parity, "verdicts": {}}
+        report = {"parity": parity, "verdicts": {},
+                  "cost": export.cost_summary(export.onnx_cost(flat), export.weight_bytes(model))}
         lines = [f"ONNX opset {export.ONNX_OPSET}, static shapes, int32 ids "
                  f"(trtexec --onnx={out} --fp16)",
-                 f"Parity onnxruntime vs Keras: max abs diff {parity:.3g} on real tokens"]
+                 f"Parity onnxruntime vs Keras: max abs diff {parity:.3g} on real tokens",
+                 export.format_cost(report["cost"])]
     else:
+        embedding = embedding or export.default_embedding(model, target)
         flat = export.to_tflite(model, sequence_length=sequence_length, target=target,
-                                batch_size=batch_size, quantize=quantize)
+                                batch_size=batch_size, quantize=quantize, embedding=embedding)
         report = export.export_report(model, flat, token_ids, language_ids, target=target)
         lines = export.format_report(report)
+    if embedding == "host":
+        table_path = out + ".embeddings.npy"
+        np.save(table_path, export.host_embedding_table(model))
+        lines.append(f"Embedding: host; the runner feeds {os.path.basename(table_path)}[token_ids] as "
+                     "`embeddings` (export/run_tflite.py does)")
     with open(out, "wb") as f:
         f.write(flat)
     with open(out + ".json", "w") as f:
-        json.dump(export.runtime_metadata(model, sequence_length, batch_size, quantize=quantize,
-                                          target=target), f, indent=1)
+        table = os.path.basename(out) + ".embeddings.npy" if embedding == "host" else None
+        metadata = export.runtime_metadata(model, sequence_length, batch_size, quantize=quantize,
+                                           target=target, embedding=embedding or "graph",
+                                           embedding_table=table)
+        json.dump(dict(metadata, cost=report["cost"]), f, indent=1)
     print(f"Wrote {out} ({len(flat)} bytes, target {target}, quantize={quantize or 'none'}, "
           f"batch {batch_size} x length {sequence_length}) and {out}.json")
     for line in lines:
@@ -475,7 +497,7 @@ def _run_export(args):
         raise _Error("export needs --sequence-length (or --generate with --cache-length).")
     return export_model(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
                         quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
-                        tolerance=args.tolerance, token_ids=args.token_ids)
+                        tolerance=args.tolerance, token_ids=args.token_ids, embedding=args.embedding)
 
 
 def _export_generator(args):

@@ -445,6 +445,11 @@ def test_export_command_names_the_backend_and_fails_on_request(tmp_path, capsys)
     assert export.check_parity(model, flat, batch) == pytest.approx(parity, rel=0.01, abs=1e-7)
     metadata = json.load(open(out + ".json"))
     assert metadata["vocab_size"] == 40 and metadata["target"] == "gpu" and metadata["input_dtype"] == "int32"
+    # The gpu default: the runner looks the rows up (the cost model's choice), from the .npy beside.
+    assert metadata["embedding"] == "host" and metadata["inputs"] == ["token_ids", "embeddings"]
+    np.testing.assert_array_equal(np.load(out + ".embeddings.npy"), export.host_embedding_table(model))
+    assert metadata["cost"]["multiply_adds"] == export.graph_cost(flat)["multiply_adds"] > 0
+    assert "Cost: " in printed and "G multiply-adds" in printed
     # The cpu target with --require-gpu, and float16 parity over a 1e-6 tolerance: exit status 1.
     assert cli.main(argv + ["--target", "cpu", "--quantize", "float16", "--require-gpu",
                             "--tolerance", "1e-6"]) == 1
@@ -453,3 +458,79 @@ def test_export_command_names_the_backend_and_fails_on_request(tmp_path, capsys)
     assert "GATHER" in printed and "FAILED: parity" in printed
     assert cli.main(["export", str(tmp_path / "none.keras"), "--out", out, "--sequence-length", "4"]) == 2
     assert "Model file not found" in capsys.readouterr().err
+
+
+# float16 safety, quadratic constants, host embedding, cost ----------------------------------
+def test_token_ids_above_2048_are_split_into_exact_digits():
+    """vocab > 2048: two one-hot digits joined by an outer product select the id's own row."""
+    keras.utils.set_random_seed(4)
+    model = encoder_model(vocab=5000, causal=True)
+    batch = np.array([[2049, 2051, 4097, 4999, 0, 0, 0, 0], [1, 2048, 3333, 4998, 4096, 7, 0, 0]], np.int32)
+    for target in ("gpu", "gl"):
+        flat = export.to_tflite(model, sequence_length=LENGTH, target=target)
+        assert ("FLOOR_DIV" in export.op_counts(flat)) == (target == "gpu")  # int32 ids on gpu only
+        assert export.check_parity(model, flat, batch) <= 1e-4
+
+
+def test_token_one_hot_digits_equal_the_one_hot_row():
+    ids = np.array([[0, 1, 70, 71, 2048, 2049, 4999, 5040]], np.float32)
+    for dtype in (tf.int32, tf.float32):
+        rows = export.gl.token_one_hot(tf.constant(ids, dtype), 5041).numpy()[0]
+        expected = np.eye(rows.shape[-1], dtype=np.float32)[ids[0].astype(int)]
+        np.testing.assert_array_equal(rows, expected)
+
+
+def test_masked_scores_are_finite_in_float16():
+    assert np.isfinite(np.float16(export.gl._MASKED))
+    assert np.exp(np.float32(export.gl._MASKED) + 50.0) == 0.0  # a masked key gets exactly 0 weight
+
+
+@pytest.mark.parametrize("target", ["gpu", "gl"])
+def test_constants_beyond_the_weights_grow_at_most_quadratically(target):
+    """Doubling T at most quadruples what the formulation adds (a [T, T*T] constant would octuple it)."""
+    keras.utils.set_random_seed(2)
+    model = encoder_model(max_length=64, takes=("segment_ids",), causal=True)
+    extra = []
+    for length in (16, 32, 64):
+        cost = export.graph_cost(export.to_tflite(model, sequence_length=length, target=target))
+        extra.append(cost["constant_bytes"] - export.weight_bytes(model))
+    assert extra[2] / extra[1] <= 4.2 and extra[1] / extra[0] <= 4.2, extra
+
+
+def test_graph_cost_counts_the_dense_products_of_the_cpu_file():
+    keras.utils.set_random_seed(3)
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    hidden = TokenAndPositionEmbedding(40, 16, 16, dropout=0.0)(ids)
+    model = keras.Model(ids, keras.layers.Dense(24)(hidden))
+    cost = export.graph_cost(export.to_tflite(model, sequence_length=LENGTH, target="cpu"))
+    # The head (T x 16 x 24) and the sqrt(d) scale and mask MULs (T x 16 each at most).
+    assert LENGTH * 16 * 24 <= cost["multiply_adds"] <= LENGTH * 16 * 24 + 3 * LENGTH * 16
+    assert cost["largest_tensor_bytes"] == LENGTH * 24 * 4
+
+
+@pytest.mark.parametrize("target", ["gpu", "gl"])
+def test_host_embedding_takes_the_looked_up_rows(target):
+    keras.utils.set_random_seed(5)
+    model = encoder_model(vocab=40, causal=True)
+    flat = export.to_tflite(model, sequence_length=LENGTH, target=target, embedding="host")
+    details = export.interpreter_class()(model_content=flat).get_input_details()
+    shapes = sorted(tuple(d["shape"]) for d in details)
+    assert shapes == [(1, LENGTH), (1, LENGTH, 16)]
+    assert export.check_parity(model, flat, BATCH) <= 1e-4
+    graph = export.to_tflite(model, sequence_length=LENGTH, target=target, embedding="graph")
+    # The one-hot lookup is gone: T x vocab x d_model multiply-adds fewer (at least).
+    saved = export.graph_cost(graph)["multiply_adds"] - export.graph_cost(flat)["multiply_adds"]
+    assert saved >= LENGTH * 40 * 16
+    assert export.default_embedding(model, target) == "host"
+
+
+def test_host_embedding_errors(fp32_model):
+    with pytest.raises(ValueError, match="is for the gpu and gl targets"):
+        export.to_tflite(fp32_model, sequence_length=LENGTH, target="cpu", embedding="host")
+    with pytest.raises(ValueError, match="`embedding` must be one of"):
+        export.to_tflite(fp32_model, sequence_length=LENGTH, embedding="table")
+    ids = keras.Input(shape=(None,), dtype="int32")
+    model = keras.Model(ids, SinusoidalPositionEmbedding(max_length=16)(keras.layers.Embedding(30, 6)(ids)))
+    assert export.default_embedding(model, "gpu") == "graph"
+    with pytest.raises(ValueError, match="needs a token embedding, and model '.*' has no TokenAndPosition"):
+        export.to_tflite(model, sequence_length=LENGTH, embedding="host")

@@ -89,3 +89,27 @@ def test_run_tensorrt_says_what_it_needs(exported, tmp_path):
     missing = subprocess.run([sys.executable, runner, str(tmp_path / "none.onnx")], capture_output=True,
                              text=True, timeout=120)
     assert missing.returncode != 0 and "model file not found" in missing.stderr
+
+
+def test_host_embedding_file_reads_its_table_beside_it(tmp_path):
+    """`--embedding host`: the runner feeds table[ids] from MODEL.tflite.embeddings.npy."""
+    keras.utils.set_random_seed(1)
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    model = keras.Model(ids, TokenAndPositionEmbedding(3000, 8, max_length=16)(ids))
+    path = str(tmp_path / "host.tflite")
+    with open(path, "wb") as f:
+        f.write(export.to_tflite(model, sequence_length=6, embedding="host"))
+    metadata = export.runtime_metadata(model, 6, embedding="host",
+                                       embedding_table="host.tflite.embeddings.npy")
+    with open(path + ".json", "w") as f:
+        json.dump(metadata, f)
+    token_ids = np.array([[2999, 2049, 7, 8, 0, 0]], np.int32)
+    np.save(tmp_path / "ids.npy", token_ids)
+    missing = run(path, "--token-ids", str(tmp_path / "ids.npy"), "--iterations", "1")
+    assert missing.returncode != 0 and "copy host.tflite.embeddings.npy" in missing.stderr
+    np.save(path + ".embeddings.npy", export.host_embedding_table(model))
+    result = run(path, "--token-ids", str(tmp_path / "ids.npy"), "--iterations", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = model(token_ids).numpy().astype(np.float64)
+    assert summary["checksum"] == pytest.approx(float(expected.sum()), abs=1e-4)

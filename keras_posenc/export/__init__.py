@@ -6,26 +6,34 @@ Modules:
 - `emitters` and `gl`: the formulation of each keras_posenc layer per target (a registry keyed
   by layer class);
 - `flatbuffer`: operators of a TFLite file, read with TensorFlow's flatbuffer utilities;
+- `cost`: multiply-adds, constant bytes and the largest intermediate of a TFLite or ONNX file;
 - `verdicts`: `gpu_incompatible_ops(tflite, backend="opencl" | "webgpu" | "gl")`;
 - `parity`: the exported file against Keras (TFLite interpreter, onnxruntime) and the report
   that `keras-posenc export` prints.
 """
 
 from keras_posenc.export.conversion import (
+                                            EMBEDDINGS,
+                                            HOST_EMBEDDINGS,
                                             ONNX_OPSET,
                                             QUANTIZE_MODES,
                                             TARGETS,
                                             ModelSpec,
+                                            default_embedding,
+                                            host_embedding_table,
                                             load_model,
                                             to_onnx,
                                             to_tflite,
 )
+from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.export.flatbuffer import op_counts, operators
 from keras_posenc.export.parity import (
                                             TARGET_BACKENDS,
                                             check_onnx_parity,
                                             check_parity,
+                                            cost_summary,
                                             export_report,
+                                            format_cost,
                                             format_report,
                                             interpreter_class,
                                             run_interpreter,
@@ -44,9 +52,10 @@ from keras_posenc.export.verdicts import (
 )
 
 __all__ = [
-    "BACKENDS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS",
-    "TARGET_BACKENDS", "ModelSpec", "analyzer_report", "check_onnx_parity", "check_parity",
-    "export_report", "format_report", "gpu_incompatible_ops", "interpreter_class", "load_model",
-    "op_counts", "operators", "run_interpreter", "run_onnx", "runtime_metadata", "sample_token_batch",
-    "to_onnx", "to_tflite", "verdict_line", "weight_bytes",
+    "BACKENDS", "EMBEDDINGS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
+    "QUANTIZE_MODES", "TARGETS", "TARGET_BACKENDS", "ModelSpec", "analyzer_report", "check_onnx_parity",
+    "check_parity", "cost_summary", "default_embedding", "export_report", "format_cost", "format_report",
+    "gpu_incompatible_ops", "graph_cost", "host_embedding_table", "interpreter_class", "load_model",
+    "onnx_cost", "op_counts", "operators", "run_interpreter", "run_onnx", "runtime_metadata",
+    "sample_token_batch", "to_onnx", "to_tflite", "verdict_line", "weight_bytes",
 ]

@@ -10,10 +10,13 @@ same for the `tensorrt` target through tf2onnx.
 Targets (`TARGETS`):
 
 - `gpu` (default): the LiteRT GPU accelerator (WebGPU/Vulkan, JetPack 6) and the OpenCL GPU
-  delegate. int32 inputs, cast once to float, then the shader-only formulation of `gl` (one-hot
-  products by constant weights instead of GATHER, no STRIDED_SLICE, BATCH_MATMUL or CUMSUM):
-  the lookups cost `T * vocab * d_model` multiply-adds, the price of keeping every op on the GPU
-  (a LiteRT GPU run of the one-hot/EQUAL/CUMSUM graph gave wrong logits on lavapipe). Batch 1.
+  delegate. int32 inputs, cast once to float (ids above 2048 split into digits by FLOOR_DIV
+  first, exact in float16), then the shader-only formulation of `gl` (one-hot products by
+  constant weights instead of GATHER, no STRIDED_SLICE, BATCH_MATMUL or CUMSUM): the token
+  lookup costs `T * vocab * d_model` multiply-adds with `embedding="graph"`, none with
+  `embedding="host"` (the runner feeds the looked-up rows), the price of keeping every op on the
+  GPU (a LiteRT GPU run of the one-hot/EQUAL/CUMSUM graph gave wrong logits on lavapipe).
+  Finite and within 3.4e-3 of float32 in the accelerator's float16 mode. Batch 1.
 - `gl`: the classic GPU delegate's OpenGL ES backend (Jetson with tflite-runtime): the same
   graph with float32 inputs (GL has no CAST shader), see `keras_posenc.export.gl`. Batch 1.
 - `cpu`: XNNPACK, GATHER lookups (the smallest compute).
@@ -21,6 +24,7 @@ Targets (`TARGETS`):
 """
 
 import contextlib
+import math
 import os
 
 import numpy as np
@@ -36,15 +40,31 @@ from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_posenc.validation import check_choice, check_positive_int
 
-__all__ = ["ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec", "load_model", "rebuild", "to_onnx",
-           "to_tflite"]
+__all__ = ["EMBEDDINGS", "HOST_EMBEDDINGS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec",
+           "default_embedding", "host_embedding_table", "load_model", "rebuild", "to_onnx", "to_tflite"]
 
 QUANTIZE_MODES = (None, "float16", "dynamic_int8")
 TARGETS = emitters.TARGETS
+EMBEDDINGS = ("graph", "host")
 ONNX_OPSET = 17
 
 
-def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=None):
+def default_embedding(model, target):
+    """The faster token lookup on a GPU: "host" for the gpu and gl targets of a model with a token table.
+
+    The cost model: `embedding="graph"` looks a token up as a one-hot row times the table on the
+    GPU, `T * vocab * d_model` multiply-adds (2.1 G at T = 512, vocab 8000, d_model 512: a
+    sixth of the whole encoder's); `embedding="host"` moves `T * d_model` floats instead of T
+    ids to the GPU (1 MiB at that size) and costs the GPU nothing. The `cpu` and `tensorrt`
+    targets GATHER, which costs `T * d_model` copies: "graph".
+    """
+    if target not in ("gpu", "gl"):
+        return "graph"
+    has_table = any(isinstance(layer, TokenAndPositionEmbedding) for layer in _all_layers(model))
+    return "host" if has_table else "graph"
+
+
+def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding="graph"):
     """Converts a Keras model built on keras_posenc layers to a TFLite flatbuffer for `target`.
 
     The model is rebuilt with fixed input shapes `[batch_size, sequence_length]`
@@ -68,6 +88,11 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
         batch_size: int, the fixed batch size (1 for the GPU delegates).
         quantize: None (float32), "float16" (float16 weights, float32 compute)
             or "dynamic_int8" (int8 weights, dynamic-range kernels on CPU).
+        embedding: "graph" (the file looks the token ids up) or "host" (gpu and
+            gl: the file takes the rows `host_embedding_table(model)[token_ids]`
+            as a float32 input `embeddings` `[batch, T, d_model]`, after its
+            other inputs; the token ids still come first, for the padding mask).
+            `default_embedding` says which is faster on a GPU.
 
     Returns:
         The `.tflite` flatbuffer as bytes.
@@ -115,9 +140,19 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
     if target in ("gpu", "gl") and batch_size != 1:
         raise ValueError(f"target={target!r} exports batch 1 only (what the GPU delegates run), "
                          f"got batch_size={batch_size}.")
+    check_choice("embedding", embedding, EMBEDDINGS)
+    if embedding == "host":
+        if target not in ("gpu", "gl"):
+            raise ValueError(f"`embedding='host'` is for the gpu and gl targets (their lookup is a one-hot "
+                             f"product); target={target!r} GATHERs: use embedding='graph'.")
+        host_embedding_table(model)  # ValueError without a token table
     clone = rebuild(model, spec, target)
     dtype = tf.float32 if target == "gl" else tf.int32
-    function = tf.function(spec.caller(clone), input_signature=spec.signature(dtype))
+    signature = spec.signature(dtype)
+    call = spec.caller(clone)
+    if embedding == "host":
+        call, signature = _with_host_embeddings(clone, call, signature, spec)
+    function = tf.function(call, input_signature=signature)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)], clone)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if quantize is not None:
@@ -167,6 +202,20 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
     return proto.SerializeToString()
 
 
+def _with_host_embeddings(clone, call, signature, spec):
+    """`call` taking the looked-up rows as a last input, handed to each token-embedding layer."""
+    layers = [layer for layer in _all_layers(clone) if isinstance(layer, TokenAndPositionEmbedding)]
+    rows = tf.TensorSpec([spec.batch_size, spec.sequence_length, layers[0].d_model], tf.float32,
+                         name=HOST_EMBEDDINGS)
+
+    def with_rows(*inputs):
+        for layer in layers:
+            layer._export_embeddings = inputs[-1]  # read by the gl/gpu formulation while traced
+        return call(*inputs[:-1])
+
+    return with_rows, signature + [rows]
+
+
 def load_model(path):
     """Loads a `.keras`/`.h5` file or SavedModel directory with the keras_posenc layers registered.
 
@@ -202,9 +251,32 @@ def load_model(path):
 ROLES = ("token_ids", "language_ids", "position_ids", "segment_ids")
 
 
+# The input of a file exported with `embedding="host"`: the looked-up token rows [batch, T, d_model].
+HOST_EMBEDDINGS = "embeddings"
+
+
 def role_of(name):
-    """The input role (`ROLES`) an input or interpreter tensor name stands for; token ids by default."""
+    """The input role (`ROLES`, or `HOST_EMBEDDINGS`) a tensor name stands for; token ids by default."""
+    if HOST_EMBEDDINGS in name:
+        return HOST_EMBEDDINGS
     return next((role for role in ROLES[1:] if role in name), "token_ids")
+
+
+def host_embedding_table(model):
+    """The token table that an `embedding="host"` file reads its rows from, `sqrt(d_model)` included.
+
+    float32 `[vocab_size, d_model]`: the runner feeds `table[token_ids]` as the `embeddings` input.
+
+    Raises:
+        ValueError: the model has no token embedding (`TokenAndPositionEmbedding`).
+    """
+    layers = [layer for layer in _all_layers(model) if isinstance(layer, TokenAndPositionEmbedding)]
+    if not layers:
+        raise ValueError(f"`embedding='host'` needs a token embedding, and model '{model.name}' has no "
+                         "TokenAndPositionEmbedding: export it with embedding='graph'.")
+    layer = layers[0]
+    table = np.asarray(layer.token_embedding.embeddings.numpy(), np.float32)
+    return table * np.float32(math.sqrt(layer.d_model)) if layer.scale_embeddings else table
 
 
 class ModelSpec:

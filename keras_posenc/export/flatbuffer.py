@@ -8,7 +8,7 @@ import collections
 
 from tensorflow.lite.tools import flatbuffer_utils
 
-__all__ = ["check_flatbuffer", "op_counts", "operators"]
+__all__ = ["check_flatbuffer", "input_names", "op_counts", "operators"]
 
 Operator = collections.namedtuple("Operator", ["name", "version", "inputs", "outputs", "input_tensors",
                                                "output_tensors"])
@@ -112,3 +112,20 @@ def op_counts(tflite_bytes):
     """
     counts = collections.Counter(op.name for op in operators(tflite_bytes))
     return dict(sorted(counts.items()))
+
+
+def input_names(tflite_bytes):
+    """The names of the model's inputs (first subgraph), in the file's order.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> add = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([3], tf.float32, name="ids")])
+    >>> input_names(tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert())
+    ['ids']
+    """
+    check_flatbuffer(tflite_bytes)
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_bytes))
+    graph = model.subgraphs[0]
+    names = [graph.tensors[index].name for index in graph.inputs]
+    return [name.decode() if isinstance(name, bytes) else str(name) for name in names]

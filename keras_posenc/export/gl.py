@@ -16,11 +16,17 @@ MUL, SUB, ADD, ABS, RELU, RSQRT, EXP, AVERAGE_POOL_2D and SOFTMAX:
   TILE into one), multiplied, summed over channels by a 1x1 CONV_2D with constant weights,
   reshaped to keys-in-channels for SOFTMAX, and the weighted sum of values is an
   AVERAGE_POOL_2D over the key axis times T;
-- the attention bias (padding keys, causal mask, constant segments) is `real @ W` with a
-  constant `[T, T*T]` matrix W: a broadcast with constant weights, no runtime broadcasting.
+- the attention bias (padding keys, causal mask, segments) is the runtime key row repeated per
+  query by CONCATENATION times a constant `[T, T]` structure, `(keep - 1) * 1e4`: every
+  constant of the file grows at most as T^2, and the bias is finite in float16.
 
-Batch 1 only (what the GL delegate runs); segment ids, position ids and attention masks must be
-constant in the traced graph.
+Every constant and intermediate is representable in float16, what the delegates compute in
+with precision loss allowed: masked scores get -1e4, LayerNorm squares values scaled by 1/8,
+and token ids above 2048 (float16's last exact integer) are looked up as two digits
+(`token_one_hot`); with `embedding="host"` the file takes the looked-up rows instead.
+
+Batch 1 only (what the GL delegate runs); position ids and attention masks must be constant in
+the traced graph (segment ids may be a runtime input).
 """
 
 import math
@@ -34,11 +40,16 @@ from keras_posenc.export.emitters import emits, exclusive_count_matrix, frozen, 
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 
-__all__ = ["layer_norm", "one_hot"]
+__all__ = ["layer_norm", "one_hot", "token_one_hot"]
 
 _RSQRT_EXPONENT = float(np.nextafter(np.float32(-0.5), np.float32(-1.0)))
-# What Keras adds to masked attention scores (keras Softmax, float32).
-_MASKED = -1e9
+# Added to masked attention scores. Finite in float16 (largest 65504; Keras' float32 -1e9 is inf
+# there, and the bias (keep - 1) * 1e9 then 0 * inf = NaN), and exp(score - 1e4) underflows to
+# exactly 0 in float16 and float32 alike, as Keras' does: the same softmax at real tokens.
+_MASKED = -1e4
+_LAYER_NORM_SCALE = 0.125
+# float16 represents every integer in [0, 2048] exactly.
+_FLOAT16_INTEGERS = 2048
 
 
 def _not(real_like):
@@ -71,6 +82,39 @@ def one_hot(values, depth):
     return _not(tf.abs(spread - tf.range(depth, dtype=tf.float32)))
 
 
+def token_one_hot(token_ids, vocab_size):
+    """Token ids `[1, T]` -> `[1, T, V']` one-hot rows (V' >= vocab_size), exact in float16 too.
+
+    float16 holds every integer up to 2048 only: above that, `|v - classes|` would pick a
+    neighbouring row. Larger vocabs split each id into two digits below 2048 (high = v // base,
+    low = v % base), one-hot each, and join them as the outer product, whose row
+    `high * base + low` is the id's. int32 ids (the `gpu` target) are split by FLOOR_DIV before
+    the one CAST; float ids (`gl`) by counting the thresholds `base * h` they pass, read from the
+    input (which the delegates keep in float32).
+    """
+    if vocab_size <= _FLOAT16_INTEGERS:
+        return one_hot(token_ids, vocab_size)
+    base = math.isqrt(vocab_size - 1) + 1
+    count = -(-vocab_size // base)
+    length = token_ids.shape[-1]
+    if token_ids.dtype.is_integer:
+        high = tf.math.floordiv(token_ids, base)
+        low = tf.cast(token_ids - high * base, tf.float32)
+        high = tf.cast(high, tf.float32)
+    else:
+        values = tf.reshape(token_ids, [1, length, 1])
+        # step h = 1 when v >= base * h: min(relu(v - base * h + 1), 1) for integer-valued v.
+        thresholds = 1.0 - base * np.arange(1, count, dtype=np.float32)
+        steps = tf.minimum(tf.nn.relu(linear(values, np.ones([1, count - 1], np.float32), thresholds)), 1.0)
+        high = linear(steps, np.ones([count - 1, 1], np.float32))  # [1, T, 1]
+        low = tf.reshape(values - high * float(base), [1, length])
+        high = tf.reshape(high, [1, length])
+    high = tf.reshape(one_hot(high, count), [1, length, count, 1])
+    high = tf.reshape(linear(high, np.ones([1, base], np.float32)), [1, length, count, base])
+    low = _broadcast_rows(tf.reshape(one_hot(low, base), [1, length, 1, base]), count, axis=2)
+    return tf.reshape(high * low, [1, length, count * base])
+
+
 def real_tokens(token_ids, pad_id):
     """1.0 for real tokens, 0.0 for the pad id, from float token ids `[1, T]`."""
     return 1.0 - _not(tf.abs(tf.cast(token_ids, tf.float32) - float(pad_id)))
@@ -80,13 +124,17 @@ def layer_norm(x, norm):
     """LayerNormalization over the last axis of `x` `[1, N, D]` with `norm`'s weights."""
     depth = x.shape[-1]
     average = tf.constant(np.full([depth, depth], 1.0 / depth, np.float32))
-    centered = x - linear(x, average)
+    # Centered values scaled by 1/8 before squaring: float16 squares overflow above 255, so the
+    # variance of activations up to 2047 stays finite in half precision, and
+    # c * (v + eps)^-1/2 = (c / 8) * (v / 64 + eps / 64)^-1/2 exactly.
+    centered = (x - linear(x, average)) * _LAYER_NORM_SCALE
     variance = linear(centered * centered, average)
     # POW, not RSQRT: the GL RSQRT shader declares a `nan` constant, and fused shaders with
     # several RSQRT fail to compile ("`nan' redeclared"). Grappler rewrites pow(v, -0.5) as
     # RSQRT, so the exponent is the next float32 below -0.5: a relative change of
     # 6e-8 * |ln v|, far below float32 LayerNorm rounding.
-    y = centered * tf.pow(variance + norm.epsilon, _RSQRT_EXPONENT)
+    epsilon = norm.epsilon * _LAYER_NORM_SCALE ** 2
+    y = centered * tf.pow(variance + epsilon, _RSQRT_EXPONENT)
     if norm.scale:
         y = y * norm.gamma
     if norm.center:
@@ -146,11 +194,27 @@ def _position(layer, inputs, position_ids=None, language_ids=None, mask=None, tr
 def _embed(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None):
     """`[1, T, D]` embeddings and the float real-token row `[1, T]` for float token ids `[1, T]`."""
     _check_batch(token_ids)
-    real = real_tokens(token_ids, layer.pad_id)
+    rows = getattr(layer, "_export_embeddings", None)
+    if rows is not None:  # embedding="host": the runner looked the rows up, scaled
+        # The pad test reads the ids as floats: exact for a pad id up to 2048 in float16, because
+        # only ids above 2048 round, and never below 2048.
+        x = tf.reshape(rows, [1, token_ids.shape[1], layer.d_model])
+        real = real_tokens(token_ids, layer.pad_id)
+        x = _position_rows(layer.position_embedding, x, real, position_ids, language_ids, segment_ids)
+        return x, real
     table = layer.token_embedding.embeddings
     if layer.scale_embeddings:
         table = table * math.sqrt(layer.d_model)
-    x = linear(one_hot(token_ids, layer.vocab_size), table)
+    rows = token_one_hot(token_ids, layer.vocab_size)
+    if rows.shape[-1] > layer.vocab_size:  # digit rows past the vocab select nothing
+        table = tf.concat([table, tf.zeros([rows.shape[-1] - layer.vocab_size, table.shape[-1]])], 0)
+    if layer.vocab_size <= _FLOAT16_INTEGERS:
+        real = real_tokens(token_ids, layer.pad_id)
+    else:  # the pad id's one-hot column: exact for any pad id
+        column = np.zeros([rows.shape[-1], 1], np.float32)
+        column[layer.pad_id] = 1.0
+        real = tf.reshape(1.0 - linear(rows, column), [1, -1])
+    x = linear(rows, table)
     x = _position_rows(layer.position_embedding, x, real, position_ids, language_ids, segment_ids)
     return x, real
 
@@ -251,58 +315,68 @@ def _encoder_layer(layer, x, mask=None, attention_mask=None, use_causal_mask=Fal
     length = x.shape[1]
     if attention_mask is None or attention_mask.shape.rank != 4:
         allowed, _ = static_structure(length, attention_mask=attention_mask, use_causal_mask=use_causal_mask)
-        bias = tf.constant(np.where(allowed, 0.0, _MASKED).astype(np.float32).reshape(1, length, 1, length))
         if mask is not None:
-            real = tf.reshape(tf.cast(mask, tf.float32), [1, length])
-            bias = bias + _key_bias(real, np.ones([length, length], bool))
+            bias = _key_bias(tf.reshape(tf.cast(mask, tf.float32), [1, length]), allowed)
+        else:
+            bias = _pair_constant(np.where(allowed, 0.0, _MASKED))
     else:
         bias = attention_mask
     return _encoder_layer_rows(layer, x, bias)
 
 
-def _pairs(values, weights):
-    """`[1, T]` -> `[1, T * T]` with entry (q, k) = sum_a values[a] * weights[a, q, k] (constant weights)."""
-    length = weights.shape[0]
-    return linear(values, weights.reshape(length, length * length).astype(np.float32))
+def _key_rows(row):
+    """`[1, T]` -> `[1, T, 1, T]` with entry (q, k) = row[k]: the row once per query (CONCATENATION)."""
+    length = row.shape[-1]
+    return _broadcast_rows(tf.reshape(row, [1, 1, 1, length]), length, axis=1)
+
+
+def _query_columns(column):
+    """`[1, T]` -> `[1, T, 1, T]` with entry (q, k) = column[q]: a product with constant ones `[1, T]`."""
+    length = column.shape[-1]
+    return tf.reshape(linear(tf.reshape(column, [1, length, 1]), np.ones([1, length], np.float32)),
+                      [1, length, 1, length])
+
+
+def _pair_constant(matrix):
+    """A constant `[T, T]` (query, key) matrix as the `[1, T, 1, T]` float32 tensor of the scores."""
+    length = len(matrix)
+    return tf.constant(np.asarray(matrix, np.float32).reshape(1, length, 1, length))
 
 
 def _same_segment(segment_ids):
-    """`[1, T * T]`: 1.0 where tokens q and k carry the same (runtime) segment id, else 0.0."""
+    """`[1, T, 1, T]`: 1.0 where tokens q and k carry the same (runtime) segment id, else 0.0.
+
+    Segment ids are compared as floats: exact below 2048, also in float16.
+    """
     segments = tf.reshape(tf.cast(segment_ids, tf.float32), [1, -1])
-    length = segments.shape[1]
-    eye = np.eye(length, dtype=np.float32)
-    of_query = _pairs(segments, np.einsum("aq,k->aqk", eye, np.ones(length, np.float32)))
-    of_key = _pairs(segments, np.einsum("ak,q->aqk", eye, np.ones(length, np.float32)))
-    return _not(tf.abs(of_query - of_key))
+    return _not(tf.abs(_query_columns(segments) - _key_rows(segments)))
 
 
 def _segment_positions(real, segment_ids):
     """Position ids that restart per segment, from runtime segment ids (real tokens before, same id).
 
     Segments are told apart by their id, so a packed row must not reuse an id for two runs
-    (packing numbers them 1, 2, 3, ...).
+    (packing numbers them 1, 2, 3, ...). Constants `[T, T]` only: the key row is repeated per
+    query by CONCATENATION, and the count over keys is a product with constant ones.
     """
     length = real.shape[1]
-    before = np.arange(length)[:, None] < np.arange(length)[None, :]  # [key j, query i]
-    eye = np.eye(length, dtype=np.float32)
-    # (i, j) -> real[j] if j < i: the count of real tokens before i in i's segment, summed over j.
-    real_before = _pairs(real, np.einsum("aj,ji->aij", eye, before.astype(np.float32)))
-    counted = tf.reshape(real_before * _same_segment(segment_ids), [1, length, length, 1])
-    summed = tf.nn.avg_pool2d(counted, ksize=[1, length], strides=[1, 1], padding="VALID") * float(length)
+    before = np.arange(length)[None, :] < np.arange(length)[:, None]  # [query i, key j]: j < i
+    counted = _key_rows(real) * _pair_constant(before) * _same_segment(segment_ids)
+    summed = linear(tf.reshape(counted, [1, length, length]), np.ones([length, 1], np.float32))
     return tf.reshape(summed, [1, length])
 
 
 def _key_bias(real, allowed, same_segment=None):
     """Additive bias `[1, T, 1, T]`: 0 where `allowed[q, k]`, key k is real (and, with
-    `same_segment` `[1, T * T]`, q and k share a segment), else -1e9."""
-    length = len(allowed)
-    spread = np.zeros([length, length, length], np.float32)  # [key', query, key]
-    for key in range(length):
-        spread[key, :, key] = allowed[:, key]
-    keep = _pairs(real, spread)
+    `same_segment` `[1, T, 1, T]`, q and k share a segment), else `_MASKED`.
+
+    Built from the runtime key row (repeated per query) and the constant `[T, T]` structure:
+    constants quadratic in T, and `keep` is exactly 0 or 1, so the bias is finite in float16.
+    """
+    keep = _key_rows(real) * _pair_constant(allowed)
     if same_segment is not None:
         keep = keep * same_segment
-    return tf.reshape((keep - 1.0) * -_MASKED, [1, length, 1, length])
+    return keep * -_MASKED + _MASKED
 
 
 @emits(("gl", "gpu"), Encoder)

@@ -3,12 +3,21 @@
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.conversion import ROLES, ModelSpec, role_of, rope_notes
-from keras_posenc.export.flatbuffer import check_flatbuffer, op_counts
+from keras_posenc.export.conversion import (
+    HOST_EMBEDDINGS,
+    ROLES,
+    ModelSpec,
+    host_embedding_table,
+    role_of,
+    rope_notes,
+)
+from keras_posenc.export.cost import graph_cost
+from keras_posenc.export.flatbuffer import check_flatbuffer, input_names, op_counts
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
-__all__ = ["check_onnx_parity", "check_parity", "export_report", "format_report", "interpreter_class",
-           "run_interpreter", "run_onnx", "runtime_metadata", "sample_token_batch", "weight_bytes"]
+__all__ = ["check_onnx_parity", "check_parity", "cost_summary", "export_report", "format_cost",
+           "format_report", "interpreter_class", "run_interpreter", "run_onnx", "runtime_metadata",
+           "sample_token_batch", "weight_bytes"]
 
 # The backends whose verdict `export` prints for each target (the target's own first).
 TARGET_BACKENDS = {"gpu": ("webgpu", "opencl", "gl"), "gl": ("gl", "webgpu"), "cpu": ("gl", "webgpu"),
@@ -63,12 +72,21 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_
     feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
                        segment_ids=segment_ids)
     expected = np.asarray(spec.caller(model)(*[tf.constant(f) for f in feeds]), np.float64)
-    got = run_interpreter(tflite_bytes, feeds, spec.roles).astype(np.float64).reshape(expected.shape)
+    feeds, roles = with_host_rows(model, tflite_bytes, feeds, spec.roles)
+    got = run_interpreter(tflite_bytes, feeds, roles).astype(np.float64).reshape(expected.shape)
     difference = np.abs(got - expected)
     if ignore_padding and spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
         difference = difference[token_ids != spec.pad_id]
     return float(np.max(difference)) if difference.size else 0.0
 
+
+
+def with_host_rows(model, tflite_bytes, feeds, roles):
+    """`(feeds, roles)` plus the looked-up rows `table[token_ids]` when the file takes `embeddings`."""
+    if not any(role_of(name) == HOST_EMBEDDINGS for name in input_names(tflite_bytes)):
+        return feeds, list(roles)
+    table = host_embedding_table(model)
+    return list(feeds) + [table[feeds[0]]], list(roles) + [HOST_EMBEDDINGS]
 
 
 def run_interpreter(tflite_bytes, feeds, roles=None):
@@ -210,12 +228,15 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
 
 
 
-def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, target="gpu"):
+def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, target="gpu", embedding="graph",
+                     embedding_table=None):
     """What a runtime-only runner needs to feed the exported model (`export/run_tflite.py` reads it).
 
     Args:
-        model, sequence_length, batch_size, quantize, target: as in
+        model, sequence_length, batch_size, quantize, target, embedding: as in
             `to_tflite`.
+        embedding_table: for `embedding="host"`, the `.npy` file (name beside
+            the model) that holds `host_embedding_table(model)`.
 
     Returns:
         A JSON-ready dict: fixed shapes, vocab size, pad id, number of
@@ -229,7 +250,7 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
     >>> runtime_metadata(model, 6)  # doctest: +NORMALIZE_WHITESPACE
     {'sequence_length': 6, 'batch_size': 1, 'vocab_size': 50, 'pad_id': 0, 'num_languages': None,
-     'inputs': ['token_ids'], 'input_dtype': 'int32', 'quantize': None, 'target': 'gpu'}
+     'inputs': ['token_ids'], 'input_dtype': 'int32', 'quantize': None, 'target': 'gpu', 'embedding': 'graph'}
     """
     spec = ModelSpec.of(model, sequence_length, batch_size)
     languages = [layer.num_languages for layer in spec.position_layers if layer.num_languages]
@@ -239,10 +260,12 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
         "vocab_size": spec.vocab_size,
         "pad_id": spec.pad_id,
         "num_languages": min(languages) if languages else None,
-        "inputs": [s.name for s in spec.signature()],
+        "inputs": [s.name for s in spec.signature()] + ([HOST_EMBEDDINGS] if embedding == "host" else []),
         "input_dtype": "float32" if target == "gl" else "int32",
         "quantize": quantize,
         "target": target,
+        "embedding": embedding,
+        **({"embedding_table": embedding_table} if embedding == "host" else {}),
     }
 
 
@@ -260,8 +283,8 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
         A dict with keys `target`, `ops` (histogram), `verdicts` ({backend:
         sorted ops it does not run}), `verdict_lines`, `flex_ops`, `parity` (max
         abs diff on real tokens), `parity_all` (padding included),
-        `file_bytes`, `weight_bytes`, `size_ratio`, `rope_notes` (RoPE
-        scalings frozen at the exported length).
+        `file_bytes`, `weight_bytes`, `size_ratio`, `cost` (`cost_summary`),
+        `rope_notes` (RoPE scalings frozen at the exported length).
 
     Example:
 
@@ -278,6 +301,7 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
     ops = op_counts(tflite_bytes)
     backends = TARGET_BACKENDS[target]
     return {
+        "cost": cost_summary(graph_cost(tflite_bytes), weights_in_file(model, tflite_bytes)),
         "target": target,
         "ops": ops,
         "verdicts": {backend: gpu_incompatible_ops(tflite_bytes, backend) for backend in backends},
@@ -290,6 +314,42 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
         "size_ratio": len(tflite_bytes) / max(1, weight_bytes(model)),
         "rope_notes": rope_notes(model, np.shape(token_ids)[-1]),
     }
+
+
+def weights_in_file(model, tflite_bytes):
+    """The model's weight bytes that the file holds: all of them, less the token table of a host file."""
+    weights = weight_bytes(model)
+    if any(role_of(name) == HOST_EMBEDDINGS for name in input_names(tflite_bytes)):
+        weights -= host_embedding_table(model).nbytes
+    return weights
+
+
+def cost_summary(cost, weights):
+    """`keras_posenc.export.cost` figures plus the constant bytes beyond the model's weight bytes.
+
+    Example:
+
+    >>> cost_summary({"multiply_adds": 10, "constant_bytes": 1500, "largest_tensor_bytes": 8,
+    ...               "largest_tensor_shape": [1, 2]}, 1000)["non_weight_constant_bytes"]
+    500
+    """
+    return dict(cost, non_weight_constant_bytes=max(0, int(cost["constant_bytes"]) - int(weights)))
+
+
+def format_cost(cost):
+    """One line: multiply-adds, constants beyond the weights, the largest intermediate tensor.
+
+    Example:
+
+    >>> print(format_cost({"multiply_adds": 2.5e9, "non_weight_constant_bytes": 3 * 2 ** 20,
+    ...                    "largest_tensor_bytes": 2 ** 26, "largest_tensor_shape": [1, 512, 512, 64]}))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    Cost: 2.500 G multiply-adds; constants beyond the weights 3.00 MiB; largest intermediate
+    [1, 512, 512, 64] 64.00 MiB
+    """
+    return (f"Cost: {cost['multiply_adds'] / 1e9:.3f} G multiply-adds; constants beyond the weights "
+            f"{cost['non_weight_constant_bytes'] / 2 ** 20:.2f} MiB; largest intermediate "
+            f"{list(cost['largest_tensor_shape'])} {cost['largest_tensor_bytes'] / 2 ** 20:.2f} MiB")
 
 
 def format_report(report):
@@ -314,6 +374,8 @@ def format_report(report):
                  f"({report['parity_all']:.3g} with padding positions)")
     lines.append(f"File size: {report['file_bytes']} bytes = {report['size_ratio']:.3f} x the weight bytes "
                  f"({report['weight_bytes']}); frozen position tables and graph count toward the file")
+    if "cost" in report:
+        lines.append(format_cost(report["cost"]))
     lines += report.get("rope_notes", [])
     return lines
 

@@ -42,7 +42,9 @@ def test_cli_gpu_target_is_fully_accelerated_by_litert(edge, demo):
     result = cli("export", path, "--out", out, "--sequence-length", str(LENGTH), "--target", "gpu")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all" in result.stdout and "ops run on the GPU" in result.stdout
-    feeds = {"token_ids": ids[3:4]}  # left padded
+    # The CLI's default for gpu: --embedding host, the rows looked up from the table beside the file.
+    table = np.load(out + ".embeddings.npy")
+    feeds = {"token_ids": ids[3:4], "embeddings": table[ids[3:4]]}  # left padded
     gpu = edge.run_litert(out, feeds, accelerator="gpu")
     cpu = edge.run_litert(out, feeds, accelerator="cpu")
     assert gpu.returncode == 0 and gpu.info["fully_accelerated"], gpu.log[-3000:]
@@ -56,7 +58,8 @@ def test_cli_gl_target_runs_both_layers_on_gl(edge, demo):
                  "--require-gpu")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OpenGL ES (Jetson + tflite-runtime): all" in result.stdout
-    feeds = {"token_ids": ids[1:2].astype(np.float32)}
+    table = np.load(out + ".embeddings.npy")
+    feeds = {"token_ids": ids[1:2].astype(np.float32), "embeddings": table[ids[1:2]]}
     gl = edge.run_gl(out, feeds)
     cpu = edge.run_gl(out, feeds, cpu=True)
     assert gl.returncode == 0 and edge.refusals(gl.log) == [], gl.log[-3000:]
