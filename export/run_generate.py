@@ -2,7 +2,9 @@
 """Generates text on the device from a prefill/decode `.tflite` (`keras-posenc export --generate`).
 
 Needs numpy, sentencepiece and one runtime: `ai-edge-litert` (its `CompiledModel`), else
-`tflite-runtime` or TensorFlow (the `Interpreter`, with `--delegate SO` for a GPU delegate).
+`tflite-runtime` or TensorFlow (the `Interpreter`, with `--delegate SO` for a GPU delegate); for
+the ONNX pair of `--target tensorrt` (`STEM.onnx` names `STEM.prefill.onnx` and
+`STEM.decode.onnx`), onnxruntime with TensorRT's or CUDA's execution provider where installed.
 The file's two signatures carry the key/value cache in and out: `prefill(token_ids [1, P])`
 over the right-padded prompt, then one `decode(token_id, position, cache)` per new token.
 The prompt is `<s>` + its SentencePiece pieces; generation stops at `</s>` or after
@@ -92,6 +94,32 @@ class LiteRtSession:
         return results
 
 
+class OnnxSession:
+    """The `STEM.prefill.onnx` / `STEM.decode.onnx` pair of `--target tensorrt`, on onnxruntime.
+
+    Execution providers in order of preference: TensorRT, CUDA, CPU (what the installed
+    onnxruntime offers).
+    """
+
+    def __init__(self, path):
+        try:
+            import onnxruntime
+        except ImportError:
+            raise SystemExit("An .onnx pair needs onnxruntime (onnxruntime-gpu on a Jetson).") from None
+        stem = path[:-len(".onnx")]
+        wanted = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+        providers = [p for p in wanted if p in onnxruntime.get_available_providers()]
+        self.sessions = {key: onnxruntime.InferenceSession(f"{stem}.{key}.onnx", providers=providers)
+                         for key in ("prefill", "decode")}
+        self.name = f"onnxruntime ({providers[0]})"
+        self.fully_accelerated = None
+
+    def run(self, signature, feeds):
+        session = self.sessions[signature]
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(None, feeds)))
+
+
 def sample(logits, rng, sampler="greedy", temperature=1.0, k=None, p=None):
     """The next id from float logits `[vocab]`: argmax, or top-k / top-p sampling (seeded `rng`)."""
     logits = np.asarray(logits, np.float64)
@@ -149,7 +177,9 @@ def checksum(ids):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="prefill/decode .tflite from `keras-posenc export --generate`")
+    parser.add_argument("model", help="prefill/decode .tflite from `keras-posenc export --generate`, or "
+                                      "STEM.onnx for the STEM.prefill.onnx/STEM.decode.onnx pair of "
+                                      "--target tensorrt (onnxruntime)")
     parser.add_argument("--spm", help="the run's SentencePiece model (spm.model); needed with --prompt")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the text to continue")
@@ -184,7 +214,9 @@ def parse_args(argv):
             args.prompt_ids = [int(i) for i in args.prompt_ids.split(",")]
         except ValueError:
             parser.error(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}")
-    for path in (args.model, args.spm, _metadata_path(args.model)):
+    model_files = [args.model] if not args.model.endswith(".onnx") else [
+        args.model[:-len(".onnx")] + f".{key}.onnx" for key in ("prefill", "decode")]
+    for path in (*model_files, args.spm, _metadata_path(args.model)):
         if path is not None and not os.path.isfile(path):
             parser.error(f"file not found: {path}")
     return args
@@ -195,6 +227,8 @@ def _metadata_path(model):
 
 
 def make_session(args):
+    if args.model.endswith(".onnx"):
+        return OnnxSession(args.model)
     if args.runtime == "litert" or (args.runtime == "auto" and not args.delegate):
         try:
             return LiteRtSession(args.model, args.accelerator, args.threads, args.precision)

@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 
 from keras_posenc.backend import keras
 from keras_posenc.export import generator
@@ -43,3 +44,9 @@ def test_the_onnx_pair_generates_the_keras_tokens(edge, tmp_path):
                                         check_tokens=32)
     assert result["files"] == [str(tmp_path / "gen.prefill.onnx"), str(tmp_path / "gen.decode.onnx")]
     assert result["same_tokens"] and result["tokens_checked"] == 32 and result["parity"] <= 1e-4
+    done = subprocess.run([sys.executable, KIT, out, "--prompt-ids", ",".join(map(str, PROMPT)),
+                           "--max-new-tokens", "32", "--json"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    kit = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kit["ids"] == model.generate(PROMPT, 32).ids[0].tolist()
