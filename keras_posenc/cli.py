@@ -181,18 +181,22 @@ def _add_generate_parser(subparsers):
                         help="a run folder (model.keras + spm.model), or a .keras file with spm.model "
                              "beside it")
     parser.add_argument("--prompt", required=True, help="the text to continue")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=32, help="default: %(default)s")
-    parser.add_argument("--sampler", choices=SAMPLERS, default="greedy", help="default: %(default)s")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=32,
+                        help="tokens to generate (default: %(default)s)")
+    parser.add_argument("--sampler", choices=SAMPLERS, default="greedy", help="(default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
-    parser.add_argument("--top-k", type=_positive_int, default=None, dest="k", help="k of --sampler top_k")
-    parser.add_argument("--top-p", type=float, default=None, dest="p", help="p of --sampler top_p")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the sampler")
+    parser.add_argument("--top-k", type=_positive_int, default=None, dest="k",
+                        help="k of --sampler top_k (default: none)")
+    parser.add_argument("--top-p", type=float, default=None, dest="p",
+                        help="p of --sampler top_p (default: none)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampler (default: none, random)")
     parser.add_argument("--language", type=int, default=None, dest="language_ids",
                         help="language id of every token, for models with a position scale per language "
-                             "(TSV runs: 0 source, 1 target)")
+                             "(TSV runs: 0 source, 1 target) (default: none)")
     parser.add_argument("--spm", help="SentencePiece model (default: spm.model beside the model)")
     parser.add_argument("--json", action="store_true",
-                        help='print one JSON object {"ids", "text", "ttft_ms", "decode_tokens_per_s"}')
+                        help='print one JSON object {"ids", "text", "ttft_ms", "decode_tokens_per_s"} '
+                             "(default: off)")
 
 
 def _run_generate(args):
@@ -344,8 +348,8 @@ def _add_export_parser(subparsers):
     parser.add_argument("--out", required=True,
                         help="output .tflite file (FILE.json with its input shapes is written beside)")
     parser.add_argument("--sequence-length", type=_positive_int,
-                        help="fixed input length, at most the model's max_length (required without "
-                             "--generate)")
+                        help="fixed input length, at most the model's max_length (default: none; required "
+                             "without --generate)")
     parser.add_argument("--batch-size", type=_positive_int, default=1,
                         help="fixed batch (1 for the GPU delegate) (default: 1)")
     parser.add_argument("--quantize", choices=[mode for mode in QUANTIZE_MODES if mode],
@@ -371,7 +375,8 @@ def _add_export_parser(subparsers):
                       "outputs, for export/run_generate.py (CausalLM, --target cpu or tensorrt)")
     generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
     generation.add_argument("--cache-length", type=_positive_int,
-                            help="cache slots: prompt + generated tokens, at most max_length")
+                            help="cache slots: prompt + generated tokens, at most max_length (default: none; "
+                                 "required with --generate)")
     generation.add_argument("--prompt-length", type=_positive_int,
                             help="prefill length P, prompts are right-padded to it (default: "
                                  "cache-length // 2)")
@@ -507,7 +512,7 @@ def _export_generator(args):
     if args.cache_length is None:
         raise _Error("--generate needs --cache-length C (prompt + generated tokens).")
     given = (("--sequence-length", args.sequence_length), ("--quantize", args.quantize),
-             ("--token-ids", args.token_ids))
+             ("--token-ids", args.token_ids), ("--embedding", args.embedding))
     ignored = [flag for flag, value in given if value is not None]
     if ignored or args.batch_size != 1:
         raise _Error("--generate exports batch 1 in float32 and takes no "

@@ -9,6 +9,7 @@ position numbering that every property compares against.
 import numpy as np
 from hypothesis import strategies as st
 
+from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
 from keras_posenc.layers.rotary_embedding import ROTARY_LAYOUTS, ROTARY_SCALINGS
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 from keras_posenc.tables import LAYOUTS, TABLE_KINDS
@@ -16,8 +17,7 @@ from keras_posenc.tables import LAYOUTS, TABLE_KINDS
 # Scalings whose frequencies depend on the call's length (Hugging Face "dynamic" NTK re-bases on
 # the current length, "longrope" switches factor lists past the original context): shifting
 # every position by k changes that length, so the relative property does not apply to them.
-LENGTH_DEPENDENT_SCALINGS = ("dynamic", "longrope")
-RELATIVE_SCALINGS = tuple(s for s in ROTARY_SCALINGS if s not in LENGTH_DEPENDENT_SCALINGS)
+RELATIVE_SCALINGS = tuple(s for s in ROTARY_SCALINGS if s not in DYNAMIC_SCALINGS)
 # Extra constructor arguments a scaling needs beyond `scaling_factor` and `original_length`.
 SCALING_ARGUMENTS = {}
 

@@ -147,7 +147,7 @@ def _help_entries(text):
     return {flag: " ".join(entry.split()) for flag, entry in entries.items()}
 
 
-@pytest.mark.parametrize("command", ["train", "demo", "export", "ablate", "inspect"])
+@pytest.mark.parametrize("command", ["train", "demo", "export", "ablate", "inspect", "generate"])
 def test_help_shows_every_default(command, capsys):
     with pytest.raises(SystemExit):
         cli.main([command, "--help"])
