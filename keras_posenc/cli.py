@@ -526,6 +526,8 @@ def _export_generator(args):
     print(f"Wrote {' and '.join(result['files'])} ({result['bytes']} bytes, target {args.target}: prefill "
           f"[1, {prompt_length}], decode [1, 1], cache {meta['cache_length']} slots = {meta['cache_bytes']} "
           f"bytes) and {args.out}.json")
+    print(f"Multiply-adds: prefill of {prompt_length} tokens {meta['prefill_multiply_adds']:,}, one decode "
+          f"step {meta['decode_multiply_adds']:,}")
     print(f"Greedy parity over {result['tokens_checked']} tokens: "
           f"{'same tokens' if result['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
           f"max abs logit diff {result['parity']:.3g}")

@@ -106,6 +106,17 @@ def _run_kit(*args):
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
+def test_the_report_counts_the_multiply_adds_of_prefill_and_decode(kit_files):
+    model, _, path, _ = kit_files
+    with open(path + ".json") as f:
+        meta = json.load(f)
+    layers, d, dff, vocab, cache = 2, 16, 32, 24, 24
+    dense = layers * (4 * d * d + 2 * d * dff) + vocab * d  # q, k, v, output, feed-forward, head
+    # A decode step adds at most a few passes over the cache per layer (write, keep, logits, values).
+    assert dense <= meta["decode_multiply_adds"] <= dense + layers * 8 * cache * d + 100 * d
+    assert meta["prefill_multiply_adds"] >= 8 * dense  # 8 prompt slots
+
+
 @kit_once
 def test_the_kit_prints_the_keras_continuation(kit_files):
     from keras_posenc import text_generation

@@ -58,11 +58,13 @@ def _batch_matmul(first, second, output):
     return _elements(output) * int(round(squared ** 0.5))
 
 
-def graph_cost(tflite_bytes):
+def graph_cost(tflite_bytes, signature=None):
     """Multiply-adds, constant bytes and the largest intermediate tensor of a TFLite file.
 
     Args:
         tflite_bytes: a TFLite flatbuffer (bytes).
+        signature: optional signature key (e.g. "decode" of a prefill/decode file): count that
+            signature's subgraph only; default every subgraph.
 
     Returns:
         A dict: `multiply_adds` (int), `constant_bytes` (int, each constant
@@ -84,7 +86,14 @@ def graph_cost(tflite_bytes):
     names = [flatbuffer_utils.opcode_to_name(model, index) for index in range(len(model.operatorCodes))]
     multiply_adds, constants, largest, largest_shape = 0, set(), 0, []
     constant_bytes = 0
-    for graph in model.subgraphs:
+    graphs = model.subgraphs
+    if signature is not None:
+        keys = {_text(definition.signatureKey): definition.subgraphIndex
+                for definition in model.signatureDefs or []}
+        if signature not in keys:
+            raise ValueError(f"`signature`={signature!r} is not in the file; it has {sorted(keys)}.")
+        graphs = [model.subgraphs[keys[signature]]]
+    for graph in graphs:
         tensors = graph.tensors or []
 
         def shape(index, tensors=tensors):
@@ -110,6 +119,10 @@ def graph_cost(tflite_bytes):
             multiply_adds += _multiply_adds(names[op.opcodeIndex], inputs, output)
     return {"multiply_adds": int(multiply_adds), "constant_bytes": int(constant_bytes),
             "largest_tensor_bytes": int(largest), "largest_tensor_shape": largest_shape}
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def onnx_cost(onnx_bytes):

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
+from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.validation import check_positive_int
 
 __all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
@@ -335,6 +336,11 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", c
     same, parity = check_generator_parity(model, session, prompt, tokens)
     metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
                                   target=target)
+    if target == "tensorrt":
+        costs = [onnx_cost(proto) for proto in protos]
+    else:
+        costs = [graph_cost(flat, signature=key) for key in ("prefill", "decode")]
+    metadata["prefill_multiply_adds"], metadata["decode_multiply_adds"] = (c["multiply_adds"] for c in costs)
     for path, content in files.items():
         with open(path, "wb") as f:
             f.write(content)
