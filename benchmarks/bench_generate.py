@@ -20,9 +20,9 @@ Usage:
 """
 
 import argparse
-import time
 
 import numpy as np
+from bench_export import median_call_ms
 
 from keras_posenc.backend import inference_function, is_tensorflow, keras, ops
 from keras_posenc.models import CausalLM
@@ -31,15 +31,6 @@ MODELS = {
     "demo (2x64)": dict(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=1000),
     "d256 (4x256)": dict(num_layers=4, d_model=256, num_heads=4, dff=1024, vocab_size=8000),
 }
-
-
-def median_ms(fn, calls):
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
 
 
 def tflite_pair(model, cache_length):
@@ -90,7 +81,7 @@ def measure(pair, repetitions, calls):
     decode, window = pair[:2]
     ratios, decode_ms, window_ms = [], [], []
     for _ in range(repetitions):
-        d, w = median_ms(decode, calls), median_ms(window, calls)
+        d, w = median_call_ms(decode, calls), median_call_ms(window, calls)
         decode_ms.append(d)
         window_ms.append(w)
         ratios.append(w / d)
@@ -117,7 +108,7 @@ def main():
             rows = []
             if is_tensorflow():
                 pair = tflite_pair(model, cache_length)
-                ttft = float(np.median([median_ms(pair[2], max(3, args.calls // 4))
+                ttft = float(np.median([median_call_ms(pair[2], max(3, args.calls // 4))
                                         for _ in range(args.repetitions)]))
                 rows.append(("TFLite", measure(pair, args.repetitions, args.calls), ttft))
             keras_times = measure(keras_pair(model, cache_length), args.repetitions, args.calls)

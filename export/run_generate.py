@@ -28,26 +28,15 @@ import sys
 import time
 
 import numpy as np
+from kit_runtime import compiled_model
+from kit_runtime import interpreter as open_interpreter
 
 
 class InterpreterSession:
     """The classic `Interpreter` (tflite-runtime, else TensorFlow's) and its signature runners."""
 
     def __init__(self, path, delegate, threads):
-        try:
-            from tflite_runtime.interpreter import Interpreter, load_delegate
-            self.name = "tflite_runtime"
-        except ImportError:
-            try:
-                import tensorflow as tf
-            except ImportError:
-                raise SystemExit("No TFLite runtime: pip install ai-edge-litert (JetPack 6) or "
-                                 "tflite-runtime (JetPack 5).") from None
-            Interpreter, load_delegate = tf.lite.Interpreter, tf.lite.experimental.load_delegate
-            self.name = "tensorflow"
-        delegates = [load_delegate(delegate)] if delegate else None
-        kwargs = {"num_threads": threads} if threads else {}
-        interpreter = Interpreter(model_path=path, experimental_delegates=delegates, **kwargs)
+        interpreter, self.name = open_interpreter(path, delegate, threads)
         self.runners = {key: interpreter.get_signature_runner(key) for key in ("prefill", "decode")}
         self.fully_accelerated = None
 
@@ -61,19 +50,7 @@ class LiteRtSession:
     name = "ai_edge_litert.CompiledModel"
 
     def __init__(self, path, accelerator, threads, precision):
-        from ai_edge_litert.compiled_model import CompiledModel
-        from ai_edge_litert.cpu_options import CpuOptions
-        from ai_edge_litert.gpu_options import GpuOptions
-        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-        from ai_edge_litert.options import Options
-
-        if accelerator == "gpu":
-            options = Options(hardware_accelerators=HardwareAccelerator.GPU,
-                              gpu_options=GpuOptions(enforce_f32=precision == "fp32"))
-        else:
-            options = Options(hardware_accelerators=HardwareAccelerator.CPU,
-                              cpu_options=CpuOptions(num_threads=threads) if threads else None)
-        self.model = CompiledModel.from_file(path, options=options)
+        self.model = compiled_model(path, accelerator, threads, precision)
         keys = list(self.model.get_signature_list())
         self.index = {key: keys.index(key) for key in ("prefill", "decode")}
         self.inputs = {key: self.model.get_input_tensor_details(key) for key in self.index}

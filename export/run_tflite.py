@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 from kit_report import print_summary, summarize, time_runs
+from kit_runtime import compiled_model, interpreter
 
 
 class LiteRtRunner:
@@ -39,19 +40,7 @@ class LiteRtRunner:
     name = "ai_edge_litert.CompiledModel"
 
     def __init__(self, path, accelerator, threads, precision):
-        from ai_edge_litert.compiled_model import CompiledModel
-        from ai_edge_litert.cpu_options import CpuOptions
-        from ai_edge_litert.gpu_options import GpuOptions
-        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-        from ai_edge_litert.options import Options
-
-        if accelerator == "gpu":
-            options = Options(hardware_accelerators=HardwareAccelerator.GPU,
-                              gpu_options=GpuOptions(enforce_f32=precision == "fp32"))
-        else:
-            options = Options(hardware_accelerators=HardwareAccelerator.CPU,
-                              cpu_options=CpuOptions(num_threads=threads) if threads else None)
-        self.model = CompiledModel.from_file(path, options=options)
+        self.model = compiled_model(path, accelerator, threads, precision)
         self.key = next(iter(self.model.get_signature_list()))
         details = self.model.get_input_tensor_details(self.key)
         self.inputs = [dict(detail, dtype=np.dtype(detail["dtype"])) for detail in details.values()]
@@ -77,20 +66,7 @@ class InterpreterRunner:
     """The classic `Interpreter` (tflite-runtime or TensorFlow), with an optional delegate library."""
 
     def __init__(self, path, delegate, threads):
-        try:
-            from tflite_runtime.interpreter import Interpreter, load_delegate
-            self.name = "tflite_runtime"
-        except ImportError:
-            try:
-                import tensorflow as tf
-            except ImportError:
-                raise SystemExit("No TFLite runtime: pip install ai-edge-litert (JetPack 6) or "
-                                 "tflite-runtime (JetPack 5).") from None
-            Interpreter, load_delegate = tf.lite.Interpreter, tf.lite.experimental.load_delegate
-            self.name = "tensorflow"
-        delegates = [load_delegate(delegate)] if delegate else None
-        kwargs = {"num_threads": threads} if threads else {}
-        self.interpreter = Interpreter(model_path=path, experimental_delegates=delegates, **kwargs)
+        self.interpreter, self.name = interpreter(path, delegate, threads)
         self.interpreter.allocate_tensors()
         self.inputs = [dict(detail, shape=list(detail["shape"]), dtype=np.dtype(detail["dtype"]))
                        for detail in self.interpreter.get_input_details()]
