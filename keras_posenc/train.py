@@ -569,7 +569,7 @@ def train(cfg):
     start_step = 0
     if cfg.resume:
         step, path = checkpoints[-1]
-        checkpoint.restore(path).assert_existing_objects_matched()
+        _restore(checkpoint, path, model, optimizer)
         start_step = int(optimizer.iterations.numpy())
         if start_step != step:
             raise ValueError(f"Checkpoint {path} holds optimizer step {start_step}, not {step}.")
@@ -681,6 +681,29 @@ class _Steps:
         self.traces["eval"] += 1
         sums = self.strategy.run(lambda b: self.model.token_loss_sums(_replica_slice(b)), args=(batch,))
         return self._sum_over_replicas(list(sums))
+
+
+def _restore(checkpoint, path, model, optimizer):
+    """Restores `path`; a checkpoint whose input-pipeline state no longer fits the pipeline keeps the rest.
+
+    The saved `tf.data` iterator only restores into the same pipeline definition. A checkpoint
+    written by an earlier version of the pipeline (before static-shape buckets, for example) then
+    still restores the model, the optimizer and the dropout generators, and the batches start from
+    a fresh shuffle of the corpus, with a warning: the run goes on, only its data order differs
+    from an uninterrupted run's.
+    """
+    try:
+        checkpoint.restore(path).assert_existing_objects_matched()
+    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as error:
+        if "dataset iterator" not in str(error):
+            raise
+        partial = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                      dropout_rng=_dropout_generators(model))
+        partial.restore(path).expect_partial()
+        warnings.warn(f"{path} holds the state of another input pipeline (written by an earlier "
+                      "keras-posenc): resumed the model, optimizer and dropout state; the batches "
+                      "restart from a fresh shuffle of the corpus, so the data order differs from an "
+                      "uninterrupted run.")
 
 
 def _fit(steps_fn, batches, steps, callbacks, verbose):

@@ -309,3 +309,16 @@ def test_warmup_defaults_to_half_the_steps_and_a_resume_keeps_it(corpus, tmp_pat
 def test_explicit_warmup_not_below_the_steps_warns(corpus, tmp_path):
     with pytest.warns(UserWarning, match=r"--warmup-steps 6 >= --steps 6: the learning rate never leaves"):
         train(TrainConfig(corpus=corpus, out=str(tmp_path), **dict(TINY, warmup_steps=6)))
+
+
+def test_a_checkpoint_of_another_pipeline_resumes_model_and_optimizer(corpus, tmp_path, monkeypatch):
+    """A checkpoint from an earlier input pipeline (e.g. before the buckets) is not lost: the model,
+    optimizer and step resume, the batches start afresh, and a warning says so."""
+    out = str(tmp_path / "run")
+    train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=4)))
+    original = data.lm_dataset
+    monkeypatch.setattr(data, "lm_dataset", lambda *a, **k: original(*a, **k).shuffle(4, seed=1))
+    with pytest.warns(UserWarning, match="holds the state of another input pipeline"):
+        report = train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, steps=6)))
+    # start_step is the restored optimizer's step count (train checks it against the checkpoint's).
+    assert report["start_step"] == 4 and report["steps"] == 6
