@@ -43,3 +43,19 @@ def interpreter(path, delegate, threads):
     delegates = [load_delegate(delegate)] if delegate else None
     kwargs = {"num_threads": threads} if threads else {}
     return Interpreter(model_path=path, experimental_delegates=delegates, **kwargs), name
+
+
+def open_runtime(args, litert, classic):
+    """The runtime the command line asks for: `litert(model, accelerator, threads, precision)` for
+    ai-edge-litert (the default when it is installed and no `--delegate` is given), else
+    `classic(model, delegate, threads)` for the Interpreter, with the delegate only on the GPU."""
+    if args.runtime == "litert" or (args.runtime == "auto" and not args.delegate):
+        try:
+            return litert(args.model, args.accelerator, args.threads, args.precision)
+        except ImportError:
+            if args.runtime == "litert":
+                raise SystemExit("--runtime litert: pip install ai-edge-litert") from None
+    if args.accelerator == "gpu" and not args.delegate:
+        raise SystemExit("--accelerator gpu without ai-edge-litert needs --delegate "
+                         "libtensorflowlite_gpu_delegate.so (see export/README.md).")
+    return classic(args.model, args.delegate if args.accelerator == "gpu" else None, args.threads)

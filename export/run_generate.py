@@ -28,7 +28,7 @@ import sys
 import time
 
 import numpy as np
-from kit_runtime import compiled_model
+from kit_runtime import compiled_model, open_runtime
 from kit_runtime import interpreter as open_interpreter
 
 
@@ -206,16 +206,7 @@ def _metadata_path(model):
 def make_session(args):
     if args.model.endswith(".onnx"):
         return OnnxSession(args.model)
-    if args.runtime == "litert" or (args.runtime == "auto" and not args.delegate):
-        try:
-            return LiteRtSession(args.model, args.accelerator, args.threads, args.precision)
-        except ImportError:
-            if args.runtime == "litert":
-                raise SystemExit("--runtime litert: pip install ai-edge-litert") from None
-    if args.accelerator == "gpu" and not args.delegate:
-        raise SystemExit("--accelerator gpu without ai-edge-litert needs --delegate "
-                         "libtensorflowlite_gpu_delegate.so (see export/README.md).")
-    return InterpreterSession(args.model, args.delegate if args.accelerator == "gpu" else None, args.threads)
+    return open_runtime(args, LiteRtSession, InterpreterSession)
 
 
 def main(argv=None):

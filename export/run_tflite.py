@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 from kit_report import print_summary, summarize, time_runs
-from kit_runtime import compiled_model, interpreter
+from kit_runtime import compiled_model, interpreter, open_runtime
 
 
 class LiteRtRunner:
@@ -163,17 +163,7 @@ def make_inputs(inputs, args, metadata):
 
 
 def make_runner(args):
-    litert = args.runtime == "litert" or (args.runtime == "auto" and not args.delegate)
-    if litert:
-        try:
-            return LiteRtRunner(args.model, args.accelerator, args.threads, args.precision)
-        except ImportError:
-            if args.runtime == "litert":
-                raise SystemExit("--runtime litert: pip install ai-edge-litert") from None
-    if args.accelerator == "gpu" and not args.delegate:
-        raise SystemExit("--accelerator gpu without ai-edge-litert needs --delegate "
-                         "libtensorflowlite_gpu_delegate.so (see export/README.md).")
-    return InterpreterRunner(args.model, args.delegate if args.accelerator == "gpu" else None, args.threads)
+    return open_runtime(args, LiteRtRunner, InterpreterRunner)
 
 
 def main(argv=None):
