@@ -569,7 +569,11 @@ def train(cfg):
     start_step = 0
     if cfg.resume:
         step, path = checkpoints[-1]
-        _restore(checkpoint, path, model, optimizer)
+        if not _restore(checkpoint, path, model, optimizer):
+            batches = iter(train_ds)  # the failed restore may have left the old iterator half-set
+            with strategy.scope():
+                checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                                 dropout_rng=_dropout_generators(model), data=batches)
         start_step = int(optimizer.iterations.numpy())
         if start_step != step:
             raise ValueError(f"Checkpoint {path} holds optimizer step {start_step}, not {step}.")
@@ -691,9 +695,14 @@ def _restore(checkpoint, path, model, optimizer):
     still restores the model, the optimizer and the dropout generators, and the batches start from
     a fresh shuffle of the corpus, with a warning: the run goes on, only its data order differs
     from an uninterrupted run's.
+
+    Returns:
+        True when everything was restored, False when the input pipeline starts afresh (the caller
+        then makes a new iterator).
     """
     try:
         checkpoint.restore(path).assert_existing_objects_matched()
+        return True
     except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as error:
         if "dataset iterator" not in str(error):
             raise
@@ -704,6 +713,7 @@ def _restore(checkpoint, path, model, optimizer):
                       "keras-posenc): resumed the model, optimizer and dropout state; the batches "
                       "restart from a fresh shuffle of the corpus, so the data order differs from an "
                       "uninterrupted run.")
+        return False
 
 
 def _fit(steps_fn, batches, steps, callbacks, verbose):
