@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 
 from keras_posenc.backend import inference_function, ops
+from keras_posenc.positions import position_ids
 
 __all__ = ["SAMPLERS", "GenerationResult", "check_prompt", "generate", "sample_next"]
 
@@ -218,7 +219,7 @@ def generate(model, prompt_ids, max_new_tokens, *, sampler="greedy", temperature
     rng = np.random.default_rng(seed)
     step = _step_function(model)
     real = prompt != encoder.pad_id
-    positions = np.where(real, np.cumsum(real, axis=1) - 1, 0).astype(np.int32)
+    positions = ops.convert_to_numpy(position_ids(real)).astype(np.int32)
     cache = ops.zeros(encoder.cache_shape(batch, cache_length), encoder.compute_dtype)
     if warmup:
         step(ops.convert_to_tensor(prompt.astype(np.int32)), ops.convert_to_tensor(positions), cache,
