@@ -17,24 +17,31 @@ Position tables, RoPE cos/sin and ALiBi slopes are constants of the file (the la
 formulations, as in `to_tflite`). The step is `Encoder.cached_step`, so the file computes what
 `CausalLM.generate` computes, and `check_generator_parity` checks it token for token.
 
-Target: `cpu` (XNNPACK; GATHER lookups). The GPU targets' cache write and attention are not
-built yet: `to_tflite_generator` refuses them with a clear error.
+Targets: `cpu` (XNNPACK; GATHER lookups); `gpu` (LiteRT GPU accelerator; int32 inputs) and `gl`
+(the GPU delegate's OpenGL ES backend; float32 inputs) with the shader-only graphs of
+`keras_posenc.export.gl_generate` (one-hot cache write, cached attention without GATHER, cache
+length at most 2048). On `gpu`/`gl` with `embedding="host"` (the default for a model with a token
+table) the signatures take the looked-up rows `embeddings` (`[1, P, d_model]`, `[1, 1, d_model]`)
+instead of token ids: the runner reads `table[ids]` from `FILE.embeddings.npy`.
 """
 
+import os
 import tempfile
 
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
+from keras_posenc.export import gl_generate
+from keras_posenc.export.conversion import (EMBEDDINGS, HOST_EMBEDDINGS, ONNX_OPSET, ModelSpec, default_embedding,
+                                            frozen_function, host_embedding_table, rebuild)
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.validation import check_positive_int
 
 __all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
            "export_generator", "generator_metadata", "greedy_generate", "onnx_paths", "past",
-           "to_onnx_generator", "to_tflite_generator"]
+           "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
 
-GENERATOR_TARGETS = ("cpu", "tensorrt")
+GENERATOR_TARGETS = ("cpu", "gpu", "gl", "tensorrt")
 
 
 def _check(model, prompt_length, cache_length, target):
@@ -43,7 +50,7 @@ def _check(model, prompt_length, cache_length, target):
                          f"got {type(model).__name__}.")
     if target not in GENERATOR_TARGETS:
         raise ValueError(f"A prefill/decode export supports target in {GENERATOR_TARGETS}, "
-                         f"got target={target!r} (the GPU delegates' cache write is not available yet).")
+                         f"got target={target!r}.")
     if not model.causal:
         raise ValueError("A prefill/decode export needs a causal model; this CausalLM has causal=False.")
     if model.num_languages:
@@ -51,6 +58,9 @@ def _check(model, prompt_length, cache_length, target):
                          "export it with `keras-posenc export` (fixed window) instead.")
     if prompt_length > cache_length:
         raise ValueError(f"`prompt_length`={prompt_length} exceeds `cache_length`={cache_length}.")
+    if target in ("gpu", "gl") and cache_length > gl_generate.MAX_CACHE_LENGTH:
+        raise ValueError(f"target={target!r} takes `cache_length` up to {gl_generate.MAX_CACHE_LENGTH} (the "
+                         f"GPU compares positions as float16 integers), got cache_length={cache_length}.")
 
 
 def cache_bytes(model, cache_length):
@@ -103,7 +113,42 @@ class _Generator:
         return tf.function(decode, input_signature=signature)
 
 
-def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu"):
+class _ShaderGenerator(_Generator):
+    """The `gpu`/`gl` signatures: `gl_generate`'s graphs, float32 inputs for `gl`, int32 for `gpu`."""
+
+    def __init__(self, clone, prompt_length, cache_length, target, embedding):
+        super().__init__(clone, prompt_length, cache_length)
+        self.cache_length = cache_length
+        self.dtype = tf.float32 if target == "gl" else tf.int32
+        self.host = embedding == "host"
+        self.width = clone.encoder.d_model
+
+    def _ids(self, length, name):
+        if self.host:
+            return tf.TensorSpec([1, length, self.width], tf.float32, name=HOST_EMBEDDINGS)
+        return tf.TensorSpec([1, length], self.dtype, name=name)
+
+    def prefill_function(self):
+        def prefill(ids):
+            rows, token_ids = (ids, tf.zeros([1, self.prompt_length])) if self.host else (None, ids)
+            logits, keys, values = gl_generate.prefill_graph(self.clone, token_ids, self.cache_length, rows)
+            return self._outputs(logits, keys, values)
+
+        return tf.function(prefill, input_signature=[self._ids(self.prompt_length, "token_ids")])
+
+    def decode_function(self):
+        def decode(ids, position, *cache):
+            rows, token_id = (ids, tf.zeros([1, 1])) if self.host else (None, ids)
+            logits, keys, values = gl_generate.decode_graph(self.clone, token_id, position, list(cache[0::2]),
+                                                            list(cache[1::2]), rows)
+            return self._outputs(logits, keys, values)
+
+        signature = [self._ids(1, "token_id"), tf.TensorSpec([1], self.dtype, name="position")]
+        signature += [tf.TensorSpec(self.cache_spec, tf.float32, name=name) for name in self.cache_names]
+        return tf.function(decode, input_signature=signature)
+
+
+def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", embedding=None):
     """Converts a `CausalLM` to one TFLite file with `prefill` and `decode` signatures.
 
     Args:
@@ -111,14 +156,17 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu"):
         prompt_length: int, `P`, the prefill length (prompts are right-padded to it).
         cache_length: int, `C >= P`, the cache slots: at most `C` tokens in all (prompt and
             generated); at most the model's `max_length`.
-        target: "cpu".
+        target: "cpu", "gpu" or "gl" (see the module docstring).
+        embedding: `gpu`/`gl` only: "host" (the signatures take the rows `embeddings`, see
+            `host_embedding_table`) or "graph" (token ids); default `default_embedding`.
 
     Returns:
         The `.tflite` flatbuffer as bytes.
 
     Raises:
         ValueError: not a causal `CausalLM`, a model with language ids, `P > C`, `C` above
-            `max_length`, another target, or a conversion needing non-builtin ops.
+            `max_length` (or 2048 on `gpu`/`gl`), another target or embedding, or a conversion
+            needing non-builtin ops.
 
     Example:
 
@@ -134,9 +182,12 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu"):
     _check(model, prompt_length, cache_length, target)
     if target == "tensorrt":
         raise ValueError("target='tensorrt' exports ONNX: use to_onnx_generator(model, ...).")
+    embedding = _embedding(model, target, embedding)
     spec = ModelSpec.of(model, cache_length, 1)
-    clone = rebuild(model, spec, target)
-    module = _Generator(clone, prompt_length, cache_length)
+    if target == "cpu":
+        module = _Generator(rebuild(model, spec, target), prompt_length, cache_length)
+    else:  # a float32 clone whose weights the shader graphs read (RoPE frozen at the cache length)
+        module = _ShaderGenerator(rebuild(model, spec, "cpu"), prompt_length, cache_length, target, embedding)
     # Two signatures convert through a SavedModel (the concrete-function path takes one). The
     # functions are frozen first, so the SavedModel holds no Keras object and no variable.
     signatures = {"prefill": _frozen_signature(module.prefill_function(), module.output_names),
@@ -149,6 +200,16 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu"):
             return converter.convert()
         except Exception as error:  # the converter raises its own ConverterError type
             raise ValueError(f"TFLite conversion of the prefill/decode graphs failed: {error}") from error
+
+
+def _embedding(model, target, embedding):
+    if embedding is None:
+        return default_embedding(model, target)
+    if embedding not in EMBEDDINGS:
+        raise ValueError(f"`embedding` must be one of {EMBEDDINGS}, got embedding={embedding!r}.")
+    if embedding == "host" and target not in ("gpu", "gl"):
+        raise ValueError(f"`embedding='host'` is for the gpu and gl targets, got target={target!r}.")
+    return embedding
 
 
 def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
@@ -185,16 +246,38 @@ def _frozen_signature(function, output_names):
 
 
 class TfliteSession:
-    """The two signatures of a prefill/decode `.tflite`, run by TensorFlow's interpreter."""
+    """The two signatures of a prefill/decode `.tflite`, run by TensorFlow's interpreter.
 
-    def __init__(self, flat, interpreter=None):
+    Feeds are given as int32 `token_ids` / `token_id` and `position`: they are cast to the
+    file's input types (float32 for `gl`), and a file that takes `embeddings` gets the rows
+    `table[ids]` (`table`: `host_embedding_table(model)`).
+    """
+
+    def __init__(self, flat, interpreter=None, table=None):
         interpreter = (interpreter or tf.lite.Interpreter)(model_content=flat)
         self.runners = {key: interpreter.get_signature_runner(key) for key in ("prefill", "decode")}
-        self.prompt_length = int(self.runners["prefill"].get_input_details()["token_ids"]["shape"][1])
-        self.cache_length = int(self.runners["decode"].get_input_details()["past_key_0"]["shape"][1])
+        self.details = {key: runner.get_input_details() for key, runner in self.runners.items()}
+        prefill = self.details["prefill"]
+        self.prompt_length = int(prefill[next(iter(prefill))]["shape"][1])
+        self.cache_length = int(self.details["decode"]["past_key_0"]["shape"][1])
+        if HOST_EMBEDDINGS in prefill and table is None:
+            raise ValueError("This file takes looked-up `embeddings`: pass `table` (host_embedding_table(model)).")
+        self.table = table
 
     def run(self, signature, feeds):
-        return self.runners[signature](**feeds)
+        return self.runners[signature](**typed_feeds(self.details[signature], feeds, self.table))
+
+
+def typed_feeds(details, feeds, table=None):
+    """`feeds` in the dtypes of the inputs `details` (name -> detail); ids -> `embeddings` rows."""
+    typed = {}
+    for name, detail in details.items():
+        if name == HOST_EMBEDDINGS:
+            ids = feeds["token_ids"] if "token_ids" in feeds else feeds["token_id"]
+            typed[name] = np.asarray(table, np.float32)[np.asarray(ids)]
+        else:
+            typed[name] = np.asarray(feeds[name]).astype(detail["dtype"])
+    return typed
 
 
 class OnnxSession:
@@ -300,17 +383,18 @@ def onnx_paths(out):
     return stem + ".prefill.onnx", stem + ".decode.onnx"
 
 
-def export_generator(model, out, *, prompt_length, cache_length, target="cpu", check_prompt=None,
-                     check_tokens=16):
+def export_generator(model, out, *, prompt_length, cache_length, target="cpu", embedding=None,
+                     check_prompt=None, check_tokens=16):
     """Writes the prefill/decode export to `out` with `out.json`, and checks it against `model.generate`.
 
-    `cpu` writes one `.tflite` with two signatures; `tensorrt` writes the two ONNX files of
-    `onnx_paths(out)`, checked on onnxruntime.
+    `cpu`, `gpu` and `gl` write one `.tflite` with two signatures (`gpu`/`gl` with
+    `embedding="host"` also `out.embeddings.npy`, the table the runner reads); `tensorrt` writes
+    the two ONNX files of `onnx_paths(out)`, checked on onnxruntime.
 
     Args:
         model: a built `CausalLM`.
         out: str, the `.tflite` (or `.onnx` stem) path.
-        prompt_length, cache_length, target: as in `to_tflite_generator`.
+        prompt_length, cache_length, target, embedding: as in `to_tflite_generator`.
         check_prompt: optional list of int, the prompt of the check (default: ids 5, 6, 7 clipped
             to the vocabulary).
         check_tokens: int, the tokens generated by the check (fewer if the cache is shorter).
@@ -321,14 +405,17 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", c
     """
     import json
 
+    table = None
     if target == "tensorrt":
         protos = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length)
         session = OnnxSession(*protos)
         files = dict(zip(onnx_paths(out), protos))
     else:
+        embedding = _embedding(model, target, embedding)
         flat = to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
-                                   target=target)
-        session = TfliteSession(flat)
+                                   target=target, embedding=embedding)
+        table = host_embedding_table(model) if embedding == "host" else None
+        session = TfliteSession(flat, table=table)
         files = {out: flat}
     vocab = model.encoder.vocab_size
     prompt = list(check_prompt or [min(i, vocab - 1) for i in (5, 6, 7)])[:prompt_length]
@@ -336,15 +423,23 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", c
     same, parity = check_generator_parity(model, session, prompt, tokens)
     metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
                                   target=target)
+    metadata["embedding"] = "graph" if table is None else "host"
+    if table is not None:
+        metadata["embedding_table"] = os.path.basename(out) + ".embeddings.npy"
+        files[out + ".embeddings.npy"] = None
     if target == "tensorrt":
         costs = [onnx_cost(proto) for proto in protos]
     else:
         costs = [graph_cost(flat, signature=key) for key in ("prefill", "decode")]
     metadata["prefill_multiply_adds"], metadata["decode_multiply_adds"] = (c["multiply_adds"] for c in costs)
     for path, content in files.items():
+        if content is None:
+            np.save(path, table)
+            continue
         with open(path, "wb") as f:
             f.write(content)
     with open(out + ".json", "w") as f:
         json.dump(metadata, f, indent=1)
-    return {"files": list(files), "bytes": sum(len(c) for c in files.values()), "metadata": metadata,
+    return {"files": list(files), "bytes": sum(len(c) for c in files.values() if c is not None),
+            "metadata": metadata,
             "same_tokens": same, "parity": parity, "tokens_checked": tokens}

@@ -399,3 +399,22 @@ def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids
     if layer.final_norm is not None:
         x = layer_norm(x, layer.final_norm)
     return x
+
+
+def attention_projections(layer, length, width):
+    """The one reader of `layer.attention`'s MultiHeadAttention internals, for the generation graphs.
+
+    Returns `(heads, head_dim, [(kernel, bias) of query, key, value], (kernel, bias) of the
+    output)`: kernels `[d_model, heads, head_dim]` and `[heads, head_dim, d_model]`, built for
+    inputs `[1, length, width]` when the layer has not been called yet.
+    """
+    attention = layer.attention
+    heads, head_dim = attention._num_heads, attention._key_dim
+    denses = (attention._query_dense, attention._key_dense, attention._value_dense)
+    for dense in denses:
+        if not dense.built:
+            dense.build(tf.TensorShape([1, length, width]))
+    if not attention._output_dense.built:
+        attention._output_dense.build(tf.TensorShape([1, length, heads, head_dim]))
+    return (heads, head_dim, [(dense.kernel, dense.bias) for dense in denses],
+            (attention._output_dense.kernel, attention._output_dense.bias))

@@ -1,0 +1,245 @@
+"""Prefill and decode of a `CausalLM` in the `gl` formulation: the `gpu`/`gl` generation targets.
+
+The graphs of `keras_posenc.export.generator` for the GPU runtimes, built from the shader-only
+ops of `keras_posenc.export.gl` (1x1 CONV_2D with constant weights, CONCATENATION, RESHAPE, PAD,
+MUL, ADD, SUB, ABS, RELU, MINIMUM, POW, EXP, SOFTMAX over channels, AVERAGE_POOL_2D; `gpu` adds
+one CAST per int32 input): no GATHER, no integer math on the GPU, no broadcasting MUL, constants
+finite in float16.
+
+- The position `p` of the decoded token (its slot: prompts are right-padded, so slot and
+  position agree) arrives as a float. Table lookups by offset (position tables, RoPE cos/sin)
+  are its one-hot row `relu(1 - |p - classes|)` times the table.
+- The cache write is a one-hot blend `cache * (1 - onehot(p)) + new * onehot(p)`: every other
+  slot is kept bit for bit (x * 1 + 0).
+- Cached attention, per head: the query repeated over the `C` slots by CONCATENATION, times the
+  cached keys, summed over the head's features by a 1x1 CONV_2D, reshaped to keys-in-channels
+  for SOFTMAX; the mask is `min(relu(p - slot + 1), 1)` (slots `0 .. p`), as the finite bias
+  `(keep - 1) * 1e4`; ALiBi adds `-slope * (p - slot)`. The weighted sum of the cached values is
+  an AVERAGE_POOL_2D over the slots times `C`.
+- RoPE rotates each key once, when it is written (keys are cached rotated).
+- Prefill is the fixed-window causal `gl` attention over the `P` prompt slots; its keys and
+  values fill slots `0 .. P-1` of the returned cache (PAD with zeros after them).
+
+Token ids: with `embedding="host"` the file takes the rows `table[ids]` as a float input
+`embeddings` (`[1, P, d_model]`, `[1, 1, d_model]`), which the runner looks up; with "graph" a
+one-hot product (two digits above 2048, `gl.token_one_hot`).
+
+Positions are compared and looked up as floats, exact up to 2048 in float16: the cache length
+is at most 2048 on these targets.
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc.encoder_layer import ATTENTION_POSITIONS
+from keras_posenc.export import gl
+
+__all__ = ["MAX_CACHE_LENGTH", "decode_graph", "prefill_graph"]
+
+MAX_CACHE_LENGTH = 2048  # float16's last exact integer: positions and slots are floats on the GPU
+_MASKED = -1e4
+
+
+def _embedded(model, token_ids, positions, rows):
+    """`[1, T, d_model]`: token rows (given or looked up) plus the additive position rows."""
+    encoder = model.encoder
+    layer = encoder.embedding
+    length = token_ids.shape[1]
+    if rows is None:
+        table = layer.token_embedding.embeddings
+        if layer.scale_embeddings:
+            table = table * math.sqrt(layer.d_model)
+        one_hot = gl.token_one_hot(token_ids, layer.vocab_size)
+        if one_hot.shape[-1] > layer.vocab_size:  # digit rows past the vocab select nothing
+            table = tf.concat([table, tf.zeros([one_hot.shape[-1] - layer.vocab_size, layer.d_model])], 0)
+        rows = gl.linear(one_hot, table)
+    x = tf.reshape(rows, [1, length, layer.d_model])
+    if encoder.position in ATTENTION_POSITIONS:
+        return x
+    return gl._position_rows(layer.position_embedding, x, None, positions)
+
+
+def _rotate(x, cos, sin, turn):
+    return x * cos + gl.linear(x, turn) * sin
+
+
+def _rotation(layer, cache_length, heads):
+    """RoPE over all heads at once: cos, sin `[C, heads * head_dim]` and the block-diagonal turn."""
+    rotation = layer.export_rotation(cache_length)
+    if rotation is None:
+        return None
+    cos, sin, turn = rotation
+    return np.tile(cos, [1, heads]), np.tile(sin, [1, heads]), np.kron(np.eye(heads, dtype=np.float32), turn)
+
+
+def _decode_attention(layer, x, position, slot_row, key_cache, value_cache):
+    """One query at slot `position` against the cache; returns `(output, key_cache, value_cache)`.
+
+    `x` `[1, 1, D]`; `position` `[1, 1, 1]` float; `slot_row` `[1, 1, C]` its one-hot row; the
+    caches `[1, C, heads, head_dim]`.
+    """
+    heads, head_dim, projections, output = gl.attention_projections(layer, 1, x.shape[-1])
+    width = heads * head_dim
+    cache_length = key_cache.shape[1]
+    query, key, value = (gl.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
+                         for kernel, bias in projections)
+    rotation = _rotation(layer, cache_length, heads)
+    if rotation is not None:
+        cos, sin = gl.linear(slot_row, rotation[0]), gl.linear(slot_row, rotation[1])  # [1, 1, width]
+        query, key = _rotate(query, cos, sin, rotation[2]), _rotate(key, cos, sin, rotation[2])
+    # The one-hot blend: slot `position` takes the new key and value, every other keeps its own.
+    write = tf.reshape(gl.linear(tf.reshape(slot_row, [1, cache_length, 1]), np.ones([1, width], np.float32)),
+                       [1, cache_length, width])
+    keep = 1.0 - write
+    keys = tf.reshape(key_cache, [1, cache_length, width]) * keep + gl._broadcast_rows(key, cache_length, 1) * write
+    values = (tf.reshape(value_cache, [1, cache_length, width]) * keep
+              + gl._broadcast_rows(value, cache_length, 1) * write)
+    # Slots 0 .. position: keep = min(relu(position - slot + 1), 1), exact for integer floats.
+    slots = np.arange(cache_length, dtype=np.float32)
+    spread = gl.linear(position, np.ones([1, cache_length], np.float32))  # [1, 1, C]: position per slot
+    allowed = tf.minimum(tf.nn.relu(spread - (slots - 1.0)), 1.0)
+    bias = tf.reshape(allowed * -_MASKED + _MASKED, [1, 1, 1, cache_length])
+    distance = tf.reshape(spread - slots, [1, 1, 1, cache_length]) if layer.slopes is not None else None
+    products = gl._broadcast_rows(query, cache_length, 1) * keys  # [1, C, width]
+    scale = 1.0 / math.sqrt(float(head_dim))
+    spread_weights = None
+    for head in range(heads):
+        column = np.zeros([width, 1], np.float32)
+        column[head * head_dim:(head + 1) * head_dim] = scale
+        scores = tf.reshape(gl.linear(products, column), [1, 1, 1, cache_length]) + bias
+        if distance is not None:
+            scores = scores + distance * float(-layer.slopes[head])
+        weights = tf.reshape(tf.nn.softmax(scores, axis=-1), [1, cache_length, 1])
+        block = np.zeros([1, width], np.float32)
+        block[0, head * head_dim:(head + 1) * head_dim] = 1.0
+        spread_head = gl.linear(weights, block)  # the head's weights over its features, 0 elsewhere
+        spread_weights = spread_head if spread_weights is None else spread_weights + spread_head
+    weighted = tf.reshape(spread_weights * values, [1, cache_length, 1, width])
+    summed = tf.nn.avg_pool2d(weighted, ksize=[cache_length, 1], strides=[1, 1], padding="VALID") * float(
+        cache_length)
+    kernel, bias_out = output
+    attended = gl.linear(tf.reshape(summed, [1, 1, width]), tf.reshape(kernel, [width, -1]), bias_out)
+    shape = [1, cache_length, heads, head_dim]
+    return attended, tf.reshape(keys, shape), tf.reshape(values, shape)
+
+
+def _prefill_attention(layer, x, cache_length):
+    """Causal attention over the `P` prompt slots; the keys and values padded to `C` slots."""
+    length = x.shape[1]
+    heads, head_dim, projections, output = gl.attention_projections(layer, length, x.shape[-1])
+    width = heads * head_dim
+    query, key, value = (gl.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
+                         for kernel, bias in projections)
+    rotation = _rotation(layer, length, heads)
+    if rotation is not None:
+        query, key = (_rotate(t, rotation[0][None], rotation[1][None], rotation[2]) for t in (query, key))
+    causal = np.tril(np.ones([length, length], bool))
+    bias = gl._pair_constant(np.where(causal, 0.0, _MASKED))
+    alibi = layer.export_attention_bias(length)
+    scale = 1.0 / math.sqrt(float(head_dim))
+    outputs = []
+    for head in range(heads):
+        q, k, v = (tf.reshape(gl.linear(t, _columns(width, head, head_dim)), [1, length, head_dim])
+                   for t in (query, key, value))
+        queries = gl._broadcast_rows(tf.reshape(q, [1, length, 1, head_dim]), length, axis=2)
+        keys = gl._broadcast_rows(tf.reshape(k, [1, 1, length, head_dim]), length, axis=1)
+        summed = tf.constant(np.full([1, 1, head_dim, 1], scale, np.float32))
+        scores = tf.nn.conv2d(queries * keys, summed, strides=1, padding="VALID")
+        scores = tf.reshape(scores, [1, length, 1, length]) + bias
+        if alibi is not None:
+            scores = scores + tf.constant(alibi[head].reshape(1, length, 1, length))
+        weights = tf.nn.softmax(scores, axis=-1)
+        spread = tf.constant(np.ones([1, 1, 1, head_dim], np.float32))
+        weights = tf.nn.conv2d(tf.reshape(weights, [1, length, length, 1]), spread, strides=1, padding="VALID")
+        values = gl._broadcast_rows(tf.reshape(v, [1, 1, length, head_dim]), length, axis=1)
+        mean = tf.nn.avg_pool2d(weights * values, ksize=[1, length], strides=[1, 1], padding="VALID")
+        outputs.append(mean * float(length))
+    merged = tf.reshape(tf.concat(outputs, axis=-1), [1, length, width])
+    kernel, bias_out = output
+    attended = gl.linear(merged, tf.reshape(kernel, [width, -1]), bias_out)
+    padding = [[0, 0], [0, cache_length - length], [0, 0]]
+    shape = [1, cache_length, heads, head_dim]
+    return attended, tf.reshape(tf.pad(key, padding), shape), tf.reshape(tf.pad(value, padding), shape)
+
+
+def _columns(width, head, head_dim):
+    """The constant `[width, head_dim]` selecting one head's features (a 1x1 CONV_2D, no SLICE)."""
+    select = np.zeros([width, head_dim], np.float32)
+    select[head * head_dim:(head + 1) * head_dim] = np.eye(head_dim, dtype=np.float32)
+    return select
+
+
+def _block(layer, x, attend):
+    """One encoder layer around `attend(x) -> (output, key_cache, value_cache)`."""
+    residual = x
+    if layer.norm_first:
+        x = gl.layer_norm(x, layer.attention_norm)
+    attended, keys, values = attend(x)
+    x = residual + attended
+    if not layer.norm_first:
+        x = gl.layer_norm(x, layer.attention_norm)
+    residual = x
+    if layer.norm_first:
+        x = gl.layer_norm(x, layer.ffn_norm)
+    x = residual + gl._dense(layer.ffn_output, gl._dense(layer.ffn_hidden, x))
+    if not layer.norm_first:
+        x = gl.layer_norm(x, layer.ffn_norm)
+    return x, keys, values
+
+
+def _logits(model, x):
+    if model.encoder.final_norm is not None:
+        x = gl.layer_norm(x, model.encoder.final_norm)
+    return gl._dense(model.head, x)
+
+
+def _as_float(tensor):
+    return tf.cast(tensor, tf.float32) if tensor.dtype != tf.float32 else tensor
+
+
+def prefill_graph(model, token_ids, cache_length, rows=None):
+    """`(logits [1, P, V], keys, values)` of the right-padded prompt `token_ids` `[1, P]` at slots 0..P-1.
+
+    Args:
+        model: the float32 `CausalLM` (a rebuilt clone: RoPE frozen at the cache length).
+        token_ids: `[1, P]` int32 (`gpu`) or float32 (`gl`).
+        cache_length: int, `C`.
+        rows: optional `[1, P, d_model]` float, the looked-up token rows (`embedding="host"`).
+    """
+    length = token_ids.shape[1]
+    ids = token_ids if token_ids.dtype.is_integer and model.encoder.vocab_size > gl._FLOAT16_INTEGERS \
+        else _as_float(token_ids)
+    x = _embedded(model, ids, tf.constant(np.arange(length, dtype=np.float32)[None]), rows)
+    keys, values = [], []
+    for layer in model.encoder.encoder_layers:
+        x, key, value = _block(layer, x, lambda h, layer=layer: _prefill_attention(layer, h, cache_length))
+        keys.append(key)
+        values.append(value)
+    return _logits(model, x), keys, values
+
+
+def decode_graph(model, token_id, position, key_caches, value_caches, rows=None):
+    """`(logits [1, V], keys, values)` of one token at slot `position` against the caches.
+
+    Args:
+        model: as in `prefill_graph`.
+        token_id: `[1, 1]` int32 or float32.
+        position: `[1]` int32 or float32, the token's slot and position id.
+        key_caches, value_caches: lists of `[1, C, heads, head_dim]` float32, one per layer.
+        rows: optional `[1, 1, d_model]` float (`embedding="host"`).
+    """
+    cache_length = key_caches[0].shape[1]
+    position = tf.reshape(_as_float(position), [1, 1, 1])
+    ids = token_id if token_id.dtype.is_integer and model.encoder.vocab_size > gl._FLOAT16_INTEGERS \
+        else _as_float(token_id)
+    slot_row = gl.one_hot(position, cache_length)  # [1, 1, C]
+    x = _embedded(model, ids, tf.reshape(position, [1, 1]), rows)
+    keys, values = [], []
+    for layer, key_cache, value_cache in zip(model.encoder.encoder_layers, key_caches, value_caches):
+        x, key, value = _block(layer, x, lambda h, layer=layer, k=key_cache, v=value_cache:
+                               _decode_attention(layer, h, position, slot_row, k, v))
+        keys.append(key)
+        values.append(value)
+    return tf.reshape(_logits(model, x), [1, -1]), keys, values
