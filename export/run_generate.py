@@ -32,16 +32,37 @@ from kit_runtime import compiled_model, open_runtime
 from kit_runtime import interpreter as open_interpreter
 
 
+def typed(feeds, dtypes, table):
+    """The feeds of one call in the file's input dtypes (float32 for a `--target gl` file); a file
+    that takes `embeddings` (exported with the gpu/gl default `--embedding host`) gets the rows
+    `table[ids]` of the token ids instead."""
+    arrays = {}
+    for name, dtype in dtypes.items():
+        if name == "embeddings":
+            ids = feeds["token_ids"] if "token_ids" in feeds else feeds["token_id"]
+            arrays[name] = table[ids]
+        else:
+            arrays[name] = np.asarray(feeds[name]).astype(dtype)
+    return arrays
+
+
 class InterpreterSession:
-    """The classic `Interpreter` (tflite-runtime, else TensorFlow's) and its signature runners."""
+    """The classic `Interpreter` (tflite-runtime, else TensorFlow's) and its signature runners.
+
+    With `--delegate` (the GPU delegate), TFLite applies the delegate to every subgraph: both
+    signatures run on the GPU.
+    """
 
     def __init__(self, path, delegate, threads):
         interpreter, self.name = open_interpreter(path, delegate, threads)
         self.runners = {key: interpreter.get_signature_runner(key) for key in ("prefill", "decode")}
+        self.dtypes = {key: {name: detail["dtype"] for name, detail in runner.get_input_details().items()}
+                       for key, runner in self.runners.items()}
         self.fully_accelerated = None
+        self.table = None
 
     def run(self, signature, feeds):
-        return self.runners[signature](**feeds)
+        return self.runners[signature](**typed(feeds, self.dtypes[signature], self.table))
 
 
 class LiteRtSession:
@@ -57,10 +78,14 @@ class LiteRtSession:
         self.outputs = {key: self.model.get_output_tensor_details(key) for key in self.index}
         self.buffers = {key: (self.model.create_input_buffers(i), self.model.create_output_buffers(i))
                         for key, i in self.index.items()}
+        self.dtypes = {key: {name: np.dtype(detail["dtype"]) for name, detail in details.items()}
+                       for key, details in self.inputs.items()}
         self.fully_accelerated = self.model.is_fully_accelerated()
+        self.table = None
 
     def run(self, signature, feeds):
         inputs, outputs = self.buffers[signature]
+        feeds = typed(feeds, self.dtypes[signature], self.table)
         for buffer, name in zip(inputs, self.inputs[signature]):
             buffer.write(np.ascontiguousarray(feeds[name]))
         self.model.run_by_index(self.index[signature], inputs, outputs)
@@ -114,8 +139,12 @@ def sample(logits, rng, sampler="greedy", temperature=1.0, k=None, p=None):
     return int(order[rng.choice(len(order), p=probabilities / probabilities.sum())])
 
 
-def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_counter, **sampling):
-    """Prefill + decode steps; returns `(ids, ttft_seconds, decode_seconds, decode_steps)`."""
+def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_counter, chosen=None,
+             **sampling):
+    """Prefill + decode steps; returns `(ids, ttft_seconds, decode_seconds, decode_steps)`.
+
+    `chosen`: an optional list that receives the float32 logits of each generated token.
+    """
     prompt_length, cache_length = meta["prompt_length"], meta["cache_length"]
     pad_id, stop_id = meta["pad_id"], meta.get("eos_id")
     n = len(prompt_ids)
@@ -131,6 +160,8 @@ def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_cou
     start = clock()
     cache = session.run("prefill", {"token_ids": tokens})
     logits = np.array(cache.pop("logits")[0, n - 1], np.float64)
+    if chosen is not None:
+        chosen.append(np.array(logits, np.float32))
     logits[pad_id] = -np.inf
     ids = [sample(logits, rng, **sampling)]
     ttft = clock() - start
@@ -141,6 +172,8 @@ def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_cou
                  **{name.replace("present_", "past_"): value for name, value in cache.items()}}
         cache = session.run("decode", feeds)
         logits = np.array(cache.pop("logits")[0], np.float64)
+        if chosen is not None:
+            chosen.append(np.array(logits, np.float32))
         logits[pad_id] = -np.inf
         ids.append(sample(logits, rng, **sampling))
         steps += 1
@@ -175,6 +208,8 @@ def parse_args(argv):
     parser.add_argument("--top-p", type=float, dest="p")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--logits", help="write the logits of each generated token to this .npy "
+                                         "([tokens, vocab] float32, for parity checks)")
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -201,6 +236,17 @@ def parse_args(argv):
 
 def _metadata_path(model):
     return model + ".json"
+
+
+def embedding_table(model, meta):
+    """The token table of a file that takes looked-up `embeddings` (FILE.embeddings.npy), else None."""
+    if meta.get("embedding") != "host":
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(model)), meta["embedding_table"])
+    if not os.path.isfile(path):
+        raise SystemExit(f"{model} takes looked-up `embeddings` (exported with --embedding host): copy "
+                         f"{meta['embedding_table']} from `keras-posenc export` beside it.")
+    return np.load(path)
 
 
 def make_session(args):
@@ -230,9 +276,13 @@ def main(argv=None):
     else:
         prompt_ids = [meta["bos_id"]] + list(processor.EncodeAsIds(args.prompt))
     session = make_session(args)
+    session.table = embedding_table(args.model, meta)
+    chosen = []
     ids, ttft, decode_seconds, steps = generate(
-        session, meta, prompt_ids, args.max_new_tokens, np.random.default_rng(args.seed),
+        session, meta, prompt_ids, args.max_new_tokens, np.random.default_rng(args.seed), chosen=chosen,
         sampler=args.sampler, temperature=args.temperature, k=args.k, p=args.p)
+    if args.logits:
+        np.save(args.logits, np.stack(chosen))
     special = set(meta["special_ids"]) - {meta["unk_id"]}
     text = processor.DecodeIds([i for i in ids if i not in special]) if processor else None
     rate = steps / decode_seconds if steps and decode_seconds > 0 else None
