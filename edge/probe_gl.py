@@ -60,6 +60,8 @@ node {{
     }}
   }}
 }}
+"""
+_FLOATS = """
 node {{
   calculator: "TensorsToFloatsCalculator"
   input_stream: "TENSORS:out"
@@ -69,6 +71,11 @@ node {{
 
 
 def graph_config(model, count, cpu, fp16=False):
+    return text_format.Parse(graph_config_text(model, count, cpu, fp16), calculator_pb2.CalculatorGraphConfig())
+
+
+def graph_config_text(model, count, cpu, fp16=False, outputs=True):
+    """The graph as text; `outputs=False` leaves the tensors stream "out" to the caller."""
     text = "".join(f'input_stream: "in{i}"\n' for i in range(count)) + 'output_stream: "floats"\n'
     text += "".join(_CONVERTER.format(i=i) for i in range(count))
     if count > 1:
@@ -76,7 +83,7 @@ def graph_config(model, count, cpu, fp16=False):
     loss = "true" if fp16 else "false"
     delegate = "tflite {}" if cpu else f"gpu {{ use_advanced_gpu_api: false allow_precision_loss: {loss} }}"
     text += _INFERENCE.format(tensors="tensors" if count > 1 else "t0", model=model, delegate=delegate)
-    return text_format.Parse(text, calculator_pb2.CalculatorGraphConfig())
+    return text + (_FLOATS.format() if outputs else "")
 
 
 def main():

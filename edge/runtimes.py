@@ -125,3 +125,52 @@ def refused_ops(log):
         if shader:
             names.add(shader.group(1).upper())
     return names - {"ERROR", "INFO", "WARNING", "GPU", "CPU", "OK"}
+
+
+def signature_io(model_path, key):
+    """`(inputs, outputs)`: the signature `key`'s tensor names in its subgraph's input/output order."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(model_path)
+    signature = next(s for s in model.signatureDefs if s.signatureKey.decode() == key)
+    graph = model.subgraphs[signature.subgraphIndex]
+    names = {t.tensorIndex: t.name.decode() for t in signature.inputs + signature.outputs}
+    return [names[i] for i in graph.inputs], [names[i] for i in graph.outputs]
+
+
+def run_gl_generate(paths, prompt, max_new_tokens, *, pad_id, table=None, cpu=False, fp16=False,
+                    timeout=900):
+    """Greedy generation from the `(prefill, decode)` files of a `gl` export on the GL delegate
+    (edge/probe_gl_generate.py); `table`: the token table of an `embedding="host"` export.
+
+    Returns a `Run` whose `output` is `(ids, logits)` of the generated tokens.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        spec = {"prompt": list(prompt), "max_new_tokens": max_new_tokens, "pad_id": pad_id}
+        for key, path in zip(("prefill", "decode"), paths):
+            inputs, outputs = signature_io(path, key)
+            spec[key] = {"model": os.path.abspath(path), "inputs": inputs, "outputs": outputs}
+        from tensorflow.lite.tools import flatbuffer_utils
+
+        model = flatbuffer_utils.read_model(spec["prefill"]["model"])
+        spec["prompt_length"] = int(model.subgraphs[0].tensors[model.subgraphs[0].inputs[0]].shape[1])
+        if table is not None:
+            spec["table"] = os.path.join(scratch, "table.npy")
+            np.save(spec["table"], np.asarray(table, np.float32))
+        spec_path, output = os.path.join(scratch, "spec.json"), os.path.join(scratch, "output.npz")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = _environment(scratch)
+        env.pop("LD_LIBRARY_PATH")  # llvmpipe from the system's Mesa, as in run_gl
+        command = [os.path.join(CACHE, "venv-mediapipe", "bin", "python"),
+                   os.path.join(HERE, "probe_gl_generate.py"), spec_path, output]
+        command += (["--cpu"] if cpu else []) + (["--fp16"] if fp16 else [])
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        info = None
+        if result.returncode == 0 and result.stdout.strip():
+            info = json.loads(result.stdout.strip().splitlines()[-1])
+        data = None
+        if os.path.isfile(output):
+            with np.load(output) as arrays:
+                data = (arrays["ids"].tolist(), arrays["logits"])
+        return Run(result.returncode, info, result.stderr, data)

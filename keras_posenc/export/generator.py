@@ -39,7 +39,7 @@ from keras_posenc.validation import check_positive_int
 
 __all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
            "export_generator", "generator_metadata", "greedy_generate", "onnx_paths", "past",
-           "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
+           "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
 
 GENERATOR_TARGETS = ("cpu", "gpu", "gl", "tensorrt")
 
@@ -161,7 +161,8 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
             `host_embedding_table`) or "graph" (token ids); default `default_embedding`.
 
     Returns:
-        The `.tflite` flatbuffer as bytes.
+        The `.tflite` flatbuffer as bytes; for `gl` the pair `(prefill, decode)` of one-signature
+        flatbuffers.
 
     Raises:
         ValueError: not a causal `CausalLM`, a model with language ids, `P > C`, `C` above
@@ -192,6 +193,13 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     # functions are frozen first, so the SavedModel holds no Keras object and no variable.
     signatures = {"prefill": _frozen_signature(module.prefill_function(), module.output_names),
                   "decode": _frozen_signature(module.decode_function(), module.output_names)}
+    if target == "gl":  # one file per signature, see the module docstring
+        return tuple(_convert({key: signature}) for key, signature in signatures.items())
+    return _convert(signatures)
+
+
+def _convert(signatures):
+    """The frozen signatures as one TFLite file, builtin ops only."""
     with tempfile.TemporaryDirectory(prefix="keras_posenc_generator_") as folder:
         tf.saved_model.save(tf.Module(), folder, signatures=signatures)
         converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=list(signatures))
@@ -254,8 +262,11 @@ class TfliteSession:
     """
 
     def __init__(self, flat, interpreter=None, table=None):
-        interpreter = (interpreter or tf.lite.Interpreter)(model_content=flat)
-        self.runners = {key: interpreter.get_signature_runner(key) for key in ("prefill", "decode")}
+        files = flat if isinstance(flat, (tuple, list)) else (flat, flat)  # a `gl` pair: one file each
+        interpreters = [(interpreter or tf.lite.Interpreter)(model_content=content) for content in dict.fromkeys(
+            files)]
+        interpreters = interpreters * 2 if len(interpreters) == 1 else interpreters
+        self.runners = {key: i.get_signature_runner(key) for key, i in zip(("prefill", "decode"), interpreters)}
         self.details = {key: runner.get_input_details() for key, runner in self.runners.items()}
         prefill = self.details["prefill"]
         self.prompt_length = int(prefill[next(iter(prefill))]["shape"][1])
@@ -377,6 +388,12 @@ def generator_metadata(model, *, prompt_length, cache_length, target):
             "cache_bytes": cache_bytes(model, cache_length)}
 
 
+def tflite_paths(out):
+    """The two files of a `gl` export to `out`: `STEM.prefill.tflite` and `STEM.decode.tflite`."""
+    stem = out[:-len(".tflite")] if out.endswith(".tflite") else out
+    return stem + ".prefill.tflite", stem + ".decode.tflite"
+
+
 def onnx_paths(out):
     """The two files of a `tensorrt` export to `out`: `STEM.prefill.onnx` and `STEM.decode.onnx`."""
     stem = out[:-len(".onnx")] if out.endswith(".onnx") else out
@@ -387,9 +404,10 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", e
                      check_prompt=None, check_tokens=16):
     """Writes the prefill/decode export to `out` with `out.json`, and checks it against `model.generate`.
 
-    `cpu`, `gpu` and `gl` write one `.tflite` with two signatures (`gpu`/`gl` with
-    `embedding="host"` also `out.embeddings.npy`, the table the runner reads); `tensorrt` writes
-    the two ONNX files of `onnx_paths(out)`, checked on onnxruntime.
+    `cpu` and `gpu` write one `.tflite` with two signatures, `gl` the two one-signature files of
+    `tflite_paths(out)` (`gpu`/`gl` with `embedding="host"` also `out.embeddings.npy`, the table
+    the runner reads); `tensorrt` writes the two ONNX files of `onnx_paths(out)`, checked on
+    onnxruntime.
 
     Args:
         model: a built `CausalLM`.
@@ -416,7 +434,7 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", e
                                    target=target, embedding=embedding)
         table = host_embedding_table(model) if embedding == "host" else None
         session = TfliteSession(flat, table=table)
-        files = {out: flat}
+        files = dict(zip(tflite_paths(out), flat)) if target == "gl" else {out: flat}
     vocab = model.encoder.vocab_size
     prompt = list(check_prompt or [min(i, vocab - 1) for i in (5, 6, 7)])[:prompt_length]
     tokens = max(1, min(check_tokens, cache_length - len(prompt) + 1, model.encoder.max_length - len(prompt)))
@@ -429,6 +447,8 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", e
         files[out + ".embeddings.npy"] = None
     if target == "tensorrt":
         costs = [onnx_cost(proto) for proto in protos]
+    elif target == "gl":
+        costs = [graph_cost(content, signature=key) for content, key in zip(flat, ("prefill", "decode"))]
     else:
         costs = [graph_cost(flat, signature=key) for key in ("prefill", "decode")]
     metadata["prefill_multiply_adds"], metadata["decode_multiply_adds"] = (c["multiply_adds"] for c in costs)

@@ -159,9 +159,10 @@ def _prefill_attention(layer, x, cache_length):
     merged = tf.reshape(tf.concat(outputs, axis=-1), [1, length, width])
     kernel, bias_out = output
     attended = gl.linear(merged, tf.reshape(kernel, [width, -1]), bias_out)
-    padding = [[0, 0], [0, cache_length - length], [0, 0]]
-    shape = [1, cache_length, heads, head_dim]
-    return attended, tf.reshape(tf.pad(key, padding), shape), tf.reshape(tf.pad(value, padding), shape)
+    # 4-D: the GPU delegates read the first axis of a 3-D tensor as the batch, which PAD refuses.
+    padding = [[0, 0], [0, cache_length - length], [0, 0], [0, 0]]
+    return (attended, tf.pad(tf.reshape(key, [1, length, heads, head_dim]), padding),
+            tf.pad(tf.reshape(value, [1, length, heads, head_dim]), padding))
 
 
 def _columns(width, head, head_dim):
