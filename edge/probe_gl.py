@@ -71,7 +71,8 @@ node {{
 
 
 def graph_config(model, count, cpu, fp16=False):
-    return text_format.Parse(graph_config_text(model, count, cpu, fp16), calculator_pb2.CalculatorGraphConfig())
+    text = graph_config_text(model, count, cpu, fp16)
+    return text_format.Parse(text, calculator_pb2.CalculatorGraphConfig())
 
 
 def graph_config_text(model, count, cpu, fp16=False, outputs=True):

@@ -17,10 +17,9 @@ import argparse
 import json
 import sys
 
-from probe_gl import calculator_graph, graph_config_text, packet_creator, packet_getter, text_format, timestamp
-
-import numpy as np  # noqa: E402  (after probe_gl, which stubs the modules mediapipe imports)
-from mediapipe.framework import calculator_pb2  # noqa: E402
+import numpy as np
+import probe_gl  # before mediapipe: it stubs the modules that mediapipe's package imports
+from mediapipe.framework import calculator_pb2
 
 _SPLIT = """
 node {{
@@ -44,20 +43,20 @@ class Signature:
 
     def __init__(self, spec, cpu, fp16):
         self.inputs, self.outputs = spec["inputs"], spec["outputs"]
-        text = graph_config_text(spec["model"], len(self.inputs), cpu, fp16, outputs=False)
+        text = probe_gl.graph_config_text(spec["model"], len(self.inputs), cpu, fp16, outputs=False)
         text = text.replace('output_stream: "floats"\n', "".join(
             f'output_stream: "f{i}"\n' for i in range(len(self.outputs))), 1)
         count = len(self.outputs)
         text += _SPLIT.format(streams=" ".join(f'output_stream: "o{i}"' for i in range(count)),
                               ranges=" ".join(f"ranges: {{ begin: {i} end: {i + 1} }}" for i in range(count)))
         text += "".join(_FLOATS.format(i=i) for i in range(count))
-        config = text_format.Parse(text, calculator_pb2.CalculatorGraphConfig())
-        self.graph = calculator_graph.CalculatorGraph(graph_config=config)
+        config = probe_gl.text_format.Parse(text, calculator_pb2.CalculatorGraphConfig())
+        self.graph = probe_gl.calculator_graph.CalculatorGraph(graph_config=config)
         self.got = {}
         for i, name in enumerate(self.outputs):
             self.graph.observe_output_stream(
                 f"f{i}", lambda stream, packet, name=name: self.got.__setitem__(
-                    name, np.asarray(packet_getter.get_float_list(packet), np.float32)))
+                    name, np.asarray(probe_gl.packet_getter.get_float_list(packet), np.float32)))
         self.graph.start_run()
         self.step = 0
 
@@ -65,7 +64,7 @@ class Signature:
         self.got = {}
         for i, name in enumerate(self.inputs):
             array = np.asarray(feeds[name], np.float32).reshape(1, -1)
-            packet = packet_creator.create_matrix(array).at(timestamp.Timestamp(self.step))
+            packet = probe_gl.packet_creator.create_matrix(array).at(probe_gl.timestamp.Timestamp(self.step))
             self.graph.add_packet_to_input_stream(f"in{i}", packet)
         self.graph.wait_until_idle()
         self.step += 1
@@ -108,7 +107,8 @@ def main():
         ids.append(int(np.argmax(masked)))
         if step == spec["max_new_tokens"] - 1:
             break
-        cache = {name.replace("present_", "past_"): value for name, value in outputs.items() if name != "logits"}
+        cache = {name.replace("present_", "past_"): value for name, value in outputs.items()
+                 if name != "logits"}
         outputs = decode.run(feeds_of(np.array([[ids[-1]]]), dict(cache, position=np.array([n + step]))))
         logits = outputs["logits"]
     prefill.close()

@@ -6,7 +6,10 @@ Needs numpy, sentencepiece and one runtime: `ai-edge-litert` (its `CompiledModel
 the ONNX pair of `--target tensorrt` (`STEM.onnx` names `STEM.prefill.onnx` and
 `STEM.decode.onnx`), onnxruntime with TensorRT's or CUDA's execution provider where installed.
 The file's two signatures carry the key/value cache in and out: `prefill(token_ids [1, P])`
-over the right-padded prompt, then one `decode(token_id, position, cache)` per new token.
+over the right-padded prompt, then one `decode(token_id, position, cache)` per new token. A
+`--target gl` export is the pair `STEM.prefill.tflite` / `STEM.decode.tflite`, given as
+`STEM.tflite` (one interpreter and delegate each); a file exported with `--embedding host` (the
+gpu/gl default) takes the rows `table[ids]` from `FILE.embeddings.npy` instead of token ids.
 The prompt is `<s>` + its SentencePiece pieces; generation stops at `</s>` or after
 `--max-new-tokens`. Ids, lengths and special tokens come from `FILE.json`, written beside the
 file by `keras-posenc export --generate`.
@@ -46,16 +49,27 @@ def typed(feeds, dtypes, table):
     return arrays
 
 
+def signature_files(path):
+    """`{signature: file}`: the one file of both signatures, or the `STEM.prefill.tflite` /
+    `STEM.decode.tflite` pair of a `--target gl` export (given as `STEM.tflite`)."""
+    if os.path.isfile(path) or not path.endswith(".tflite"):
+        return {"prefill": path, "decode": path}
+    return {key: f"{path[:-len('.tflite')]}.{key}.tflite" for key in ("prefill", "decode")}
+
+
 class InterpreterSession:
     """The classic `Interpreter` (tflite-runtime, else TensorFlow's) and its signature runners.
 
-    With `--delegate` (the GPU delegate), TFLite applies the delegate to every subgraph: both
-    signatures run on the GPU.
+    A `--target gl` pair gets one interpreter per file, each with its own `--delegate` instance:
+    the classic GPU delegate serves one subgraph per interpreter.
     """
 
     def __init__(self, path, delegate, threads):
-        interpreter, self.name = open_interpreter(path, delegate, threads)
-        self.runners = {key: interpreter.get_signature_runner(key) for key in ("prefill", "decode")}
+        files, opened, self.runners = signature_files(path), {}, {}
+        for key, file in files.items():
+            if file not in opened:
+                opened[file], self.name = open_interpreter(file, delegate, threads)
+            self.runners[key] = opened[file].get_signature_runner(key)
         self.dtypes = {key: {name: detail["dtype"] for name, detail in runner.get_input_details().items()}
                        for key, runner in self.runners.items()}
         self.fully_accelerated = None
@@ -71,16 +85,20 @@ class LiteRtSession:
     name = "ai_edge_litert.CompiledModel"
 
     def __init__(self, path, accelerator, threads, precision):
-        self.model = compiled_model(path, accelerator, threads, precision)
-        keys = list(self.model.get_signature_list())
-        self.index = {key: keys.index(key) for key in ("prefill", "decode")}
-        self.inputs = {key: self.model.get_input_tensor_details(key) for key in self.index}
-        self.outputs = {key: self.model.get_output_tensor_details(key) for key in self.index}
-        self.buffers = {key: (self.model.create_input_buffers(i), self.model.create_output_buffers(i))
-                        for key, i in self.index.items()}
+        files, opened = signature_files(path), {}
+        self.models, self.index = {}, {}
+        for key, file in files.items():
+            if file not in opened:
+                opened[file] = compiled_model(file, accelerator, threads, precision)
+            self.models[key] = opened[file]
+            self.index[key] = list(opened[file].get_signature_list()).index(key)
+        self.inputs = {key: self.models[key].get_input_tensor_details(key) for key in files}
+        self.outputs = {key: self.models[key].get_output_tensor_details(key) for key in files}
+        self.buffers = {key: (self.models[key].create_input_buffers(i),
+                              self.models[key].create_output_buffers(i)) for key, i in self.index.items()}
         self.dtypes = {key: {name: np.dtype(detail["dtype"]) for name, detail in details.items()}
                        for key, details in self.inputs.items()}
-        self.fully_accelerated = self.model.is_fully_accelerated()
+        self.fully_accelerated = all(model.is_fully_accelerated() for model in opened.values())
         self.table = None
 
     def run(self, signature, feeds):
@@ -88,7 +106,7 @@ class LiteRtSession:
         feeds = typed(feeds, self.dtypes[signature], self.table)
         for buffer, name in zip(inputs, self.inputs[signature]):
             buffer.write(np.ascontiguousarray(feeds[name]))
-        self.model.run_by_index(self.index[signature], inputs, outputs)
+        self.models[signature].run_by_index(self.index[signature], inputs, outputs)
         results = {}
         for buffer, (name, detail) in zip(outputs, self.outputs[signature].items()):
             shape = [int(n) for n in detail["shape"]]
@@ -187,7 +205,9 @@ def checksum(ids):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="prefill/decode .tflite from `keras-posenc export --generate`, or "
+    parser.add_argument("model", help="prefill/decode .tflite from `keras-posenc export --generate` "
+                                      "(STEM.tflite for the STEM.prefill.tflite/STEM.decode.tflite pair "
+                                      "of --target gl), or "
                                       "STEM.onnx for the STEM.prefill.onnx/STEM.decode.onnx pair of "
                                       "--target tensorrt (onnxruntime)")
     parser.add_argument("--spm", help="the run's SentencePiece model (spm.model); needed with --prompt")
@@ -226,7 +246,7 @@ def parse_args(argv):
             args.prompt_ids = [int(i) for i in args.prompt_ids.split(",")]
         except ValueError:
             parser.error(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}")
-    model_files = [args.model] if not args.model.endswith(".onnx") else [
+    model_files = sorted(set(signature_files(args.model).values())) if not args.model.endswith(".onnx") else [
         args.model[:-len(".onnx")] + f".{key}.onnx" for key in ("prefill", "decode")]
     for path in (*model_files, args.spm, _metadata_path(args.model)):
         if path is not None and not os.path.isfile(path):

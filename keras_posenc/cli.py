@@ -372,7 +372,8 @@ def _add_export_parser(subparsers):
                                             "else a synthetic padded batch)")
     generation = parser.add_argument_group(
         "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
-                      "outputs, for export/run_generate.py (CausalLM, --target cpu or tensorrt)")
+                      "outputs, for export/run_generate.py (CausalLM; --target gl: STEM.prefill.tflite and "
+                      "STEM.decode.tflite, tensorrt: STEM.prefill.onnx and STEM.decode.onnx)")
     generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
     generation.add_argument("--cache-length", type=_positive_int,
                             help="cache slots: prompt + generated tokens, at most max_length (default: none; "
@@ -512,7 +513,7 @@ def _export_generator(args):
     if args.cache_length is None:
         raise _Error("--generate needs --cache-length C (prompt + generated tokens).")
     given = (("--sequence-length", args.sequence_length), ("--quantize", args.quantize),
-             ("--token-ids", args.token_ids), ("--embedding", args.embedding))
+             ("--token-ids", args.token_ids))
     ignored = [flag for flag, value in given if value is not None]
     if ignored or args.batch_size != 1:
         raise _Error("--generate exports batch 1 in float32 and takes no "
@@ -520,8 +521,11 @@ def _export_generator(args):
     prompt_length = args.prompt_length or max(1, args.cache_length // 2)
     model = export.load_model(args.model)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    if args.embedding == "host" and args.target not in ("gpu", "gl"):
+        raise _Error(f"--embedding host is for the gpu and gl targets; {args.target} GATHERs its lookups.")
     result = generator.export_generator(model, args.out, prompt_length=prompt_length,
-                                        cache_length=args.cache_length, target=args.target)
+                                        cache_length=args.cache_length, target=args.target,
+                                        embedding=args.embedding)
     meta = result["metadata"]
     print(f"Wrote {' and '.join(result['files'])} ({result['bytes']} bytes, target {args.target}: prefill "
           f"[1, {prompt_length}], decode [1, 1], cache {meta['cache_length']} slots = {meta['cache_bytes']} "

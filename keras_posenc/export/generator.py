@@ -20,9 +20,15 @@ formulations, as in `to_tflite`). The step is `Encoder.cached_step`, so the file
 Targets: `cpu` (XNNPACK; GATHER lookups); `gpu` (LiteRT GPU accelerator; int32 inputs) and `gl`
 (the GPU delegate's OpenGL ES backend; float32 inputs) with the shader-only graphs of
 `keras_posenc.export.gl_generate` (one-hot cache write, cached attention without GATHER, cache
-length at most 2048). On `gpu`/`gl` with `embedding="host"` (the default for a model with a token
-table) the signatures take the looked-up rows `embeddings` (`[1, P, d_model]`, `[1, 1, d_model]`)
-instead of token ids: the runner reads `table[ids]` from `FILE.embeddings.npy`.
+length at most 2048). LiteRT's `CompiledModel` compiles both signatures of one file for its GPU
+accelerator. The classic GPU delegate's OpenGL ES backend does not: TFLite applies a delegate to
+every subgraph, and on a two-subgraph file the primary subgraph's call then fails ("BhwcToPhwc4:
+Input data size does not match expected size") or crashes, while each subgraph alone runs
+(the delegate holds one compiled graph). So `gl` writes two one-signature files,
+`STEM.prefill.tflite` and `STEM.decode.tflite` (`tflite_paths`), each opened with its own delegate.
+On `gpu`/`gl` with `embedding="host"` (the default for a model with a token table) the signatures
+take the looked-up rows `embeddings` (`[1, P, d_model]`, `[1, 1, d_model]`) instead of token ids:
+the runner reads `table[ids]` from `FILE.embeddings.npy`.
 """
 
 import os
@@ -31,9 +37,8 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export import gl_generate
-from keras_posenc.export.conversion import (EMBEDDINGS, HOST_EMBEDDINGS, ONNX_OPSET, ModelSpec, default_embedding,
-                                            frozen_function, host_embedding_table, rebuild)
+from keras_posenc.export import conversion, gl_generate
+from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.validation import check_positive_int
 
@@ -125,7 +130,7 @@ class _ShaderGenerator(_Generator):
 
     def _ids(self, length, name):
         if self.host:
-            return tf.TensorSpec([1, length, self.width], tf.float32, name=HOST_EMBEDDINGS)
+            return tf.TensorSpec([1, length, self.width], tf.float32, name=conversion.HOST_EMBEDDINGS)
         return tf.TensorSpec([1, length], self.dtype, name=name)
 
     def prefill_function(self):
@@ -212,9 +217,9 @@ def _convert(signatures):
 
 def _embedding(model, target, embedding):
     if embedding is None:
-        return default_embedding(model, target)
-    if embedding not in EMBEDDINGS:
-        raise ValueError(f"`embedding` must be one of {EMBEDDINGS}, got embedding={embedding!r}.")
+        return conversion.default_embedding(model, target)
+    if embedding not in conversion.EMBEDDINGS:
+        raise ValueError(f"`embedding` must be one of {conversion.EMBEDDINGS}, got embedding={embedding!r}.")
     if embedding == "host" and target not in ("gpu", "gl"):
         raise ValueError(f"`embedding='host'` is for the gpu and gl targets, got target={target!r}.")
     return embedding
@@ -258,21 +263,22 @@ class TfliteSession:
 
     Feeds are given as int32 `token_ids` / `token_id` and `position`: they are cast to the
     file's input types (float32 for `gl`), and a file that takes `embeddings` gets the rows
-    `table[ids]` (`table`: `host_embedding_table(model)`).
+    `table[ids]` (`table`: `conversion.host_embedding_table(model)`).
     """
 
     def __init__(self, flat, interpreter=None, table=None):
         files = flat if isinstance(flat, (tuple, list)) else (flat, flat)  # a `gl` pair: one file each
-        interpreters = [(interpreter or tf.lite.Interpreter)(model_content=content) for content in dict.fromkeys(
-            files)]
-        interpreters = interpreters * 2 if len(interpreters) == 1 else interpreters
-        self.runners = {key: i.get_signature_runner(key) for key, i in zip(("prefill", "decode"), interpreters)}
+        opened = {content: (interpreter or tf.lite.Interpreter)(model_content=content)
+                  for content in dict.fromkeys(files)}
+        self.runners = {key: opened[content].get_signature_runner(key)
+                        for key, content in zip(("prefill", "decode"), files)}
         self.details = {key: runner.get_input_details() for key, runner in self.runners.items()}
         prefill = self.details["prefill"]
         self.prompt_length = int(prefill[next(iter(prefill))]["shape"][1])
         self.cache_length = int(self.details["decode"]["past_key_0"]["shape"][1])
-        if HOST_EMBEDDINGS in prefill and table is None:
-            raise ValueError("This file takes looked-up `embeddings`: pass `table` (host_embedding_table(model)).")
+        if conversion.HOST_EMBEDDINGS in prefill and table is None:
+            raise ValueError("This file takes looked-up `embeddings`: pass `table` "
+                             "(conversion.host_embedding_table(model)).")
         self.table = table
 
     def run(self, signature, feeds):
@@ -283,7 +289,7 @@ def typed_feeds(details, feeds, table=None):
     """`feeds` in the dtypes of the inputs `details` (name -> detail); ids -> `embeddings` rows."""
     typed = {}
     for name, detail in details.items():
-        if name == HOST_EMBEDDINGS:
+        if name == conversion.HOST_EMBEDDINGS:
             ids = feeds["token_ids"] if "token_ids" in feeds else feeds["token_id"]
             typed[name] = np.asarray(table, np.float32)[np.asarray(ids)]
         else:
@@ -432,7 +438,7 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", e
         embedding = _embedding(model, target, embedding)
         flat = to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
                                    target=target, embedding=embedding)
-        table = host_embedding_table(model) if embedding == "host" else None
+        table = conversion.host_embedding_table(model) if embedding == "host" else None
         session = TfliteSession(flat, table=table)
         files = dict(zip(tflite_paths(out), flat)) if target == "gl" else {out: flat}
     vocab = model.encoder.vocab_size

@@ -93,7 +93,8 @@ def _decode_attention(layer, x, position, slot_row, key_cache, value_cache):
     write = tf.reshape(gl.linear(tf.reshape(slot_row, [1, cache_length, 1]), np.ones([1, width], np.float32)),
                        [1, cache_length, width])
     keep = 1.0 - write
-    keys = tf.reshape(key_cache, [1, cache_length, width]) * keep + gl._broadcast_rows(key, cache_length, 1) * write
+    keys = (tf.reshape(key_cache, [1, cache_length, width]) * keep
+            + gl._broadcast_rows(key, cache_length, 1) * write)
     values = (tf.reshape(value_cache, [1, cache_length, width]) * keep
               + gl._broadcast_rows(value, cache_length, 1) * write)
     # Slots 0 .. position: keep = min(relu(position - slot + 1), 1), exact for integer floats.
@@ -152,7 +153,8 @@ def _prefill_attention(layer, x, cache_length):
             scores = scores + tf.constant(alibi[head].reshape(1, length, 1, length))
         weights = tf.nn.softmax(scores, axis=-1)
         spread = tf.constant(np.ones([1, 1, 1, head_dim], np.float32))
-        weights = tf.nn.conv2d(tf.reshape(weights, [1, length, length, 1]), spread, strides=1, padding="VALID")
+        weights = tf.nn.conv2d(tf.reshape(weights, [1, length, length, 1]), spread, strides=1,
+                               padding="VALID")
         values = gl._broadcast_rows(tf.reshape(v, [1, 1, length, head_dim]), length, axis=1)
         mean = tf.nn.avg_pool2d(weights * values, ksize=[1, length], strides=[1, 1], padding="VALID")
         outputs.append(mean * float(length))
