@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_posenc import data
+from keras_posenc import data, export
 from keras_posenc.backend import is_keras3, keras
 from keras_posenc.export import generator
 from keras_posenc.models import CausalLM
@@ -51,7 +51,7 @@ def test_every_decode_step_equals_the_full_pass_after_a_full_prefill():
 @pytest.mark.parametrize("kwargs,config,match", [
     ({"prompt_length": 8, "cache_length": 4}, {}, "`prompt_length`=8 exceeds `cache_length`=4"),
     ({"prompt_length": 4, "cache_length": 41}, {}, "max_length=40"),
-    ({"prompt_length": 4, "cache_length": 8, "target": "gl"}, {}, "target='gl'"),
+    ({"prompt_length": 4, "cache_length": 8, "target": "opencl"}, {}, "target='opencl'"),
     ({"prompt_length": 4, "cache_length": 8, "target": "tensorrt"}, {}, "to_onnx_generator"),
     ({"prompt_length": 4, "cache_length": 8}, {"num_languages": 2}, "num_languages"),
 ])
@@ -79,6 +79,73 @@ def test_interpreter_runner_rejects_long_prompts_and_overlong_runs():
         generator.greedy_generate(session, [5, 6, 7], 7)
     with pytest.raises(ValueError, match="1 to 4"):
         generator.greedy_generate(session, [], 2)
+
+
+# The gpu/gl graphs on the CPU interpreter (the runtimes themselves run them in tests/edge): each
+# position kind on one of the two targets, host and graph embeddings both.
+SHADER_CASES = {
+    "gpu-sinusoidal-factorized-graph": ("gpu", {"position": "sinusoidal", "table": "factorized"}, "graph"),
+    "gpu-rope-yarn-host": ("gpu", {"position": "rope", "scaling": "yarn", "scaling_factor": 2.0,
+                                   "original_length": 16}, "host"),
+    "gl-alibi-host": ("gl", {"position": "alibi"}, "host"),
+    "gl-learned-graph": ("gl", {"position": "learned"}, "graph"),
+}
+
+
+# Keras 3 reads the same weights into the same graphs: one case there, all four on Keras 2.
+KERAS2_ONLY = pytest.mark.skipif(is_keras3(), reason="the gl graphs of this case run on Keras 2; Keras 3 "
+                                 "runs gl-alibi-host (CI time is tight)")
+
+
+@pytest.mark.parametrize("name", [name if name == "gl-alibi-host" else pytest.param(name, marks=KERAS2_ONLY)
+                                  for name in sorted(SHADER_CASES)])
+def test_the_gpu_and_gl_graphs_generate_the_keras_tokens_with_shader_ops_only(name):
+    target, config, embedding = SHADER_CASES[name]
+    model = _model(**config)
+    flat = generator.to_tflite_generator(model, prompt_length=8, cache_length=38, target=target,
+                                         embedding=embedding)
+    files = flat if target == "gl" else (flat,)
+    assert len(files) == (2 if target == "gl" else 1)  # gl: one file per signature
+    for content in files:
+        assert export.gpu_incompatible_ops(content, "webgpu" if target == "gpu" else "gl") == []
+        assert not {"GATHER", "GATHER_ND", "BATCH_MATMUL", "STRIDED_SLICE", "ONE_HOT", "EQUAL"} & set(
+            export.op_counts(content))
+    table = export.host_embedding_table(model) if embedding == "host" else None
+    session = generator.TfliteSession(flat, table=table)
+    if embedding == "host":  # the rows replace the token ids
+        assert "token_ids" not in session.details["prefill"] and "embeddings" in session.details["decode"]
+    same, parity = generator.check_generator_parity(model, session, [2, 9, 17, 5, 11], 32)
+    assert same
+    assert parity <= 1e-4
+
+
+def test_gpu_export_errors():
+    model = _model()
+    with pytest.raises(ValueError, match="`embedding='host'` is for the gpu and gl targets"):
+        generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="cpu", embedding="host")
+    with pytest.raises(ValueError, match="embedding='row'"):
+        generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gpu", embedding="row")
+    long = CausalLM({**BASE, "max_length": 2100})
+    long.build_on_dummy()
+    with pytest.raises(ValueError, match="cache_length=2049"):
+        generator.to_tflite_generator(long, prompt_length=4, cache_length=2049, target="gl")
+
+
+def test_the_gl_pair_rejects_bad_prompts_and_fills_its_cache_exactly():
+    model = _model(position="alibi")
+    pair = generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gl",
+                                         embedding="host")
+    session = generator.TfliteSession(pair, table=export.host_embedding_table(model))
+    with pytest.raises(ValueError, match="1 to 4"):
+        generator.greedy_generate(session, [], 2)
+    with pytest.raises(ValueError, match="1 to 4"):
+        generator.greedy_generate(session, [5, 6, 7, 8, 9], 2)
+    with pytest.raises(ValueError, match=r"\[0, 40\) \(the vocabulary\), got id 40"):
+        generator.greedy_generate(session, [5, 40], 2)
+    with pytest.raises(ValueError, match="cache_length=8"):
+        generator.greedy_generate(session, [5, 6, 7], 7)
+    ids, _ = generator.greedy_generate(session, [5, 6, 7], 6)  # exactly fills the 8 slots
+    assert ids == model.generate([5, 6, 7], 6).ids[0].tolist()
 
 
 @pytest.fixture(scope="module")

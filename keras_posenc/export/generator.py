@@ -276,6 +276,7 @@ class TfliteSession:
         prefill = self.details["prefill"]
         self.prompt_length = int(prefill[next(iter(prefill))]["shape"][1])
         self.cache_length = int(self.details["decode"]["past_key_0"]["shape"][1])
+        self.vocab_size = int(self.runners["decode"].get_output_details()["logits"]["shape"][-1])
         if conversion.HOST_EMBEDDINGS in prefill and table is None:
             raise ValueError("This file takes looked-up `embeddings`: pass `table` "
                              "(conversion.host_embedding_table(model)).")
@@ -309,6 +310,8 @@ class OnnxSession:
                   for key, session in self.sessions.items()}
         self.prompt_length = int(shapes["prefill"]["token_ids"][1])
         self.cache_length = int(shapes["decode"]["past_key_0"][1])
+        logits = next(o for o in self.sessions["decode"].get_outputs() if o.name == "logits")
+        self.vocab_size = int(logits.shape[-1])
 
     def run(self, signature, feeds):
         session = self.sessions[signature]
@@ -330,9 +333,14 @@ def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=No
         `(ids, logits)`: the generated ids (list) and the logits `[steps, vocab]` that chose them.
 
     Raises:
-        ValueError: an empty prompt, one longer than the prefill, or more tokens than the cache holds.
+        ValueError: an empty prompt, one longer than the prefill, a token id outside the
+            vocabulary, or more tokens than the cache holds.
     """
     n = len(prompt_ids)
+    outside = [i for i in prompt_ids if not 0 <= i < session.vocab_size]
+    if outside:
+        raise ValueError(f"`prompt_ids` must lie in [0, {session.vocab_size}) (the vocabulary), got "
+                         f"id {outside[0]}.")
     if not 1 <= n <= session.prompt_length:
         raise ValueError(f"the prompt has {n} tokens: it must have 1 to {session.prompt_length} "
                          "(the prefill length).")
