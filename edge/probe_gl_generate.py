@@ -10,12 +10,14 @@ order, every output split off and read back as floats, the cache outputs fed to 
 
 SPEC.json: {"prefill": {"model", "inputs", "outputs"}, "decode": {...}, "prompt", "max_new_tokens",
 "pad_id", "prompt_length", "table" (an .npy path or null)}. OUTPUT.npz: `ids`, `logits` (the
-float32 logits that chose each token).
+float32 logits that chose each token); the JSON line adds `ttft_ms` (the first call, shader
+compilation included) and `decode_tokens_per_s`.
 """
 
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 import probe_gl  # before mediapipe: it stubs the modules that mediapipe's package imports
@@ -96,7 +98,9 @@ def main():
             feeds["embeddings"] = table[ids]
         return feeds
 
+    start = time.perf_counter()
     outputs = prefill.run(feeds_of(tokens, {}))
+    ttft, start = time.perf_counter() - start, time.perf_counter()
     vocab = outputs["logits"].size // spec["prompt_length"]
     logits = outputs["logits"].reshape(-1, vocab)[n - 1]
     ids, chosen = [], []
@@ -111,10 +115,13 @@ def main():
                  if name != "logits"}
         outputs = decode.run(feeds_of(np.array([[ids[-1]]]), dict(cache, position=np.array([n + step]))))
         logits = outputs["logits"]
+    decode_seconds = time.perf_counter() - start
     prefill.close()
     decode.close()
     np.savez(args.output, ids=np.array(ids), logits=np.stack(chosen))
-    print(json.dumps({"ids": ids, "finite": bool(np.isfinite(np.stack(chosen)).all())}))
+    rate = (len(ids) - 1) / decode_seconds if len(ids) > 1 else None
+    print(json.dumps({"ids": ids, "finite": bool(np.isfinite(np.stack(chosen)).all()), "ttft_ms": ttft * 1e3,
+                      "decode_tokens_per_s": rate}))
     return 0
 
 
