@@ -2,9 +2,10 @@
 
 The graphs of `keras_posenc.export.generator` for the GPU runtimes, built from the shader-only
 ops of `keras_posenc.export.gl` (1x1 CONV_2D with constant weights, CONCATENATION, RESHAPE, PAD,
-MUL, ADD, SUB, ABS, RELU, MINIMUM, POW, EXP, SOFTMAX over channels, AVERAGE_POOL_2D; `gpu` adds
-one CAST per int32 input): no GATHER, no integer math on the GPU, no broadcasting MUL, constants
-finite in float16.
+MUL, ADD, SUB, ABS, RELU, MINIMUM, POW, SOFTMAX over channels, AVERAGE_POOL_2D; `gpu` adds one
+CAST per int32 input, and with `embedding="graph"` and ids above 2048 the FLOOR_DIV digit split
+of `gl.token_one_hot`): no GATHER, no broadcasting MUL, constants finite in float16. The
+attention weights are read through `gl.attention_projections` only.
 
 - The position `p` of the decoded token (its slot: prompts are right-padded, so slot and
   position agree) arrives as a float. Table lookups by offset (position tables, RoPE cos/sin)
