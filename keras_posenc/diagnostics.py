@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from keras_posenc import data as data_lib
 from keras_posenc._plotting import pyplot, save_figure
+from keras_posenc.backend import keras
 from keras_posenc.encoder_layer import merge_attention_masks
 
 __all__ = [
@@ -318,8 +319,6 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
     References:
         - `docs/articles-behind-the-tools.md` (where this probe comes from).
     """
-    from tensorflow import keras
-
     from keras_posenc import models  # noqa: F401  registers CausalLM for loading
 
     if not os.path.isfile(model_path):
