@@ -347,7 +347,7 @@ class Spy(importlib.abc.MetaPathFinder):
             order.append(name)
         return None
 sys.meta_path.insert(0, Spy())
-import keras_posenc, keras_posenc.cli, keras_posenc.data
+import keras_posenc, keras_posenc.app.cli, keras_posenc.app.dataset
 print(json.dumps(order))
 """
 

@@ -22,7 +22,7 @@ costs the same at step 200 and at step 20,000.
 Example: training runs for seconds to minutes, so it is exercised by
 `tests/test_train.py` (artifacts, determinism, resume after a killed
 process, atomic checkpoints, mirrored and multi-worker strategies) rather
-than by a doctest. From the command line (`keras_posenc.cli`)::
+than by a doctest. From the command line (`keras_posenc.app.cli`)::
 
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 200 --num-layers 1 --d-model 32
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 400 --resume  # continue to step 400
@@ -47,10 +47,10 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import data as data_lib
-from keras_posenc._plotting import pyplot, save_figure
+from keras_posenc.app import dataset as data_lib
+from keras_posenc.app._plotting import pyplot, save_figure
 from keras_posenc.backend import dropout_state, keras, make_deterministic, save_model
-from keras_posenc.encoder import NAMED_POSITIONS, named_position
+from keras_posenc.layers.encoder import NAMED_POSITIONS, named_position
 from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.tables import TABLE_KINDS
 from keras_posenc.validation import check_choice, check_positive_ints
@@ -67,7 +67,7 @@ _SCHEDULE_FILE = "schedule.json"
 def _option(default, group, help, *, flag=None, choices=None, type=None, const=None):
     """A config field and its command-line flag: the one place for its name, default and help.
 
-    `keras_posenc.cli` builds the flags of `keras-posenc train` from these
+    `keras_posenc.app.cli` builds the flags of `keras-posenc train` from these
     fields: the flag is `--<name with dashes>` unless `flag` is given; a
     bool field is a switch that flips its default (`--norm-first`,
     `--no-bos`), a field with `const` a switch that sets it (`--quiet`

@@ -65,11 +65,12 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from keras_posenc import data, diagnostics
-from keras_posenc._plotting import pyplot, save_figure
+from keras_posenc.app import dataset as data
+from keras_posenc.app import diagnostics
+from keras_posenc.app._plotting import pyplot, save_figure
+from keras_posenc.app.train import StepLog
 from keras_posenc.backend import keras, make_deterministic
 from keras_posenc.models import CausalLM, transformer_adam
-from keras_posenc.train import StepLog
 from keras_posenc.validation import check_positive_ints
 
 __all__ = [
