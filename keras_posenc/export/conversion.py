@@ -172,7 +172,7 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
     Uses tf2onnx: 1.16.1 on TF 2.12 (the last release tested there; it pins
     protobuf 3.20, so it is not part of the package's lock), 1.17.0 on TF
     2.21 / Keras 3. `make test-edge` puts each beside its venv, see
-    edge/bootstrap.sh. On Keras 3 the model's variables are read by the traced
+    tests/edge/runtime/bootstrap.sh. On Keras 3 the model's variables are read by the traced
     function, and tf2onnx folds them into initializers.
 
     Args:

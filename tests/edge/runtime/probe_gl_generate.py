@@ -1,8 +1,7 @@
 """Greedy generation from a prefill/decode `.tflite` on the GL delegate (mediapipe); one JSON line.
 
-mediapipe's InferenceCalculator runs a file's primary subgraph only, so the caller hands one
-copy of the file per signature, each with that signature's subgraph first (edge/runtimes.py
-`signature_copy`: the subgraphs reordered, their ops unchanged). Each copy runs in its own graph,
+A `gl` export is two one-signature files, `STEM.prefill.tflite` and `STEM.decode.tflite` (the
+classic GPU delegate serves one subgraph per interpreter). Each runs in its own mediapipe graph,
 kept open for all steps: the inputs (float32, the `gl` target) joined in the subgraph's input
 order, every output split off and read back as floats, the cache outputs fed to the next step.
 
