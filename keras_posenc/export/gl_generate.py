@@ -34,8 +34,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.encoder_layer import ATTENTION_POSITIONS
 from keras_posenc.export import gl
+from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 
 __all__ = ["MAX_CACHE_LENGTH", "decode_graph", "prefill_graph"]
 
