@@ -197,6 +197,12 @@ def attention_kernel_initializer():
 
     Returns:
         a `keras.initializers.GlorotUniform`, or the name "glorot_uniform".
+
+    Example:
+
+    >>> init = attention_kernel_initializer()
+    >>> init == "glorot_uniform" or (init.input_axes, init.output_axes) == ([0, 1], [0, 2])
+    True
     """
     import inspect
 
