@@ -21,7 +21,7 @@ attention projections explains a gap:
 Run (corpus: `python keras_posenc/data/make_parallel_corpus.py --out runs/po_en_de.tsv`):
 
     python benchmarks/bench_stack_seeds.py --keras2 .venv/bin/python --keras3 .venv-keras3/bin/python \\
-        [--seeds 0 1 2] [--steps 300] [--attention-fans package|receptive|projection]
+        [--seeds 0 1 2] [--steps 300] [--warmup-steps W] [--attention-fans package|receptive|projection]
 """
 
 import argparse
@@ -78,7 +78,7 @@ def _child(args):
 
     models.CausalLM.build_on_dummy = build_on_dummy
     report = train(TrainConfig(corpus=args.corpus, corpus_format="tsv", steps=args.steps, seed=args.seed,
-                               out=args.out, verbose=0))
+                               warmup_steps=args.warmup_steps, out=args.out, verbose=0))
     print(json.dumps({"keras": keras_version(), "seed": args.seed, "eval_loss": report["eval_loss"],
                       "final_train_loss": report["final_train_loss"],
                       "unigram_eval_loss": report["unigram_eval_loss"], "init_std": init}))
@@ -87,6 +87,7 @@ def _child(args):
 def _run(python, seed, args, stack):
     command = [python, os.path.abspath(__file__), "--child", "--seed", str(seed), "--steps", str(args.steps),
                "--corpus", args.corpus, "--attention-fans", args.attention_fans,
+               *(["--warmup-steps", str(args.warmup_steps)] if args.warmup_steps else []),
                "--out", os.path.join(args.out, f"{stack}-seed{seed}")]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -106,6 +107,7 @@ def main():
     parser.add_argument("--keras3", default=".venv-keras3/bin/python", help="Python of the Keras 3 env")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: derived from --steps")
     parser.add_argument("--corpus", default="runs/po_en_de.tsv")
     parser.add_argument("--attention-fans", choices=FANS, default="package")
     parser.add_argument("--out", default="runs/stack_seeds")
@@ -123,7 +125,8 @@ def main():
                   f"unigram {result['unigram_eval_loss']:.4f}, layer-0 attention kernel std "
                   + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result["init_std"].items())), flush=True)
     versions = {stack: rows[stack, args.seeds[0]]["keras"] for stack in ("keras2", "keras3")}
-    print(f"\nattention fans: {args.attention_fans}; {args.steps} steps; eval loss (nats/token)\n")
+    warmup = args.warmup_steps or "default"
+    print(f"\nattention fans: {args.attention_fans}; {args.steps} steps, warmup {warmup}; eval loss\n")
     print(f"| seed | Keras {versions['keras2']} | Keras {versions['keras3']} | Keras 3 - Keras 2 |")
     print("|---:|---:|---:|---:|")
     for seed in args.seeds:
