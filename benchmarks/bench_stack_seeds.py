@@ -15,10 +15,11 @@ attention projections explains a gap:
   (`fan_in = shape[-2] * prod(shape[:-2])`, `fan_out = shape[-1] * prod(shape[:-2])`),
 - `projection`: the fans of the projection each kernel computes
   (`d_model -> heads * head_dim` for query, key and value, the reverse for the
-  output), which Keras 3's `EinsumDense` uses since 3.15,
+  output), which Keras 3.15's `EinsumDense` uses (keras-team/keras#22789),
 - `package` (default): leave the weights as `keras_posenc` draws them.
 
-Run (corpus: `python keras_posenc/data/make_parallel_corpus.py --out runs/po_en_de.tsv`):
+Run (a missing `--corpus` is built first, as `python keras_posenc/data/make_parallel_corpus.py
+--out runs/po_en_de.tsv` does):
 
     python benchmarks/bench_stack_seeds.py --keras2 .venv/bin/python --keras3 .venv-keras3/bin/python \\
         [--seeds 0 1 2] [--steps 300] [--warmup-steps W] [--attention-fans package|receptive|projection]
@@ -117,6 +118,12 @@ def main():
     if args.child:
         return _child(args)
 
+    for flag, python in (("--keras2", args.keras2), ("--keras3", args.keras3)):
+        if not os.path.isfile(python):
+            sys.exit(f"{flag} {python}: no such Python; give the Python of that environment.")
+    if not os.path.isfile(args.corpus):  # built from the pinned wheels (pip download), as documented
+        subprocess.run([sys.executable, os.path.join(ROOT, "keras_posenc", "data", "make_parallel_corpus.py"),
+                        "--out", args.corpus], check=True)
     rows = {}
     for seed in args.seeds:
         for stack, python in (("keras2", args.keras2), ("keras3", args.keras3)):
