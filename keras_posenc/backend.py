@@ -28,9 +28,10 @@ import builtins
 import contextlib
 import types
 
-__all__ = ["backend_name", "dropout_state", "dtype_name", "eager_scope", "inference_function", "is_keras3",
-           "is_tensorflow", "is_symbolic", "is_tracer", "keras", "keras_version", "make_deterministic",
-           "no_autocast", "ops", "save_model", "static_int", "widest_float"]
+__all__ = ["attention_kernel_initializer", "backend_name", "dropout_state", "dtype_name", "eager_scope",
+           "inference_function", "is_keras3", "is_tensorflow", "is_symbolic", "is_tracer", "keras",
+           "keras_version", "make_deterministic", "no_autocast", "ops", "save_model", "static_int",
+           "widest_float"]
 
 
 def _keras_major():
@@ -227,6 +228,39 @@ def dropout_state(model):
         if getattr(rng, "_generator", None) is not None:
             generators.append(rng._generator)
     return generators
+
+
+def attention_kernel_initializer():
+    """The kernel initializer of `MultiHeadAttention`'s projections: the same scale on every Keras.
+
+    Glorot-uniform with the fans Keras has always computed for the rank-3
+    kernels `[d_model, heads, head_dim]` and `[heads, head_dim, d_model]`, a
+    convolution's: `fan_in = shape[-2] * shape[0]`, `fan_out = shape[-1] *
+    shape[0]` (limit 0.068 for the query of a d_model 64, 4-head layer).
+    Keras 3.15's `EinsumDense` computes the fans of the projection instead
+    (`d_model` and `heads * head_dim`, limit 0.217, keras-team/keras#22789):
+    3.2 times the initial scale, and a 300-step run that ends 0.6 nats
+    worse (benchmarks/RESULTS.md, "Keras 2 and Keras 3: the same run over
+    seeds"). Where `GlorotUniform` takes `input_axes` and `output_axes`, they
+    are set to give the convolution's fans (overlapping axes multiply in
+    `shape[0]` on both sides), which also keeps `EinsumDense` from replacing
+    them; elsewhere the Keras default already uses those fans and is kept, so
+    the random draws stay the same.
+
+    Returns:
+        a `keras.initializers.GlorotUniform`, or the name "glorot_uniform".
+
+    Example:
+
+    >>> init = attention_kernel_initializer()
+    >>> init == "glorot_uniform" or (init.input_axes, init.output_axes) == ([0, 1], [0, 2])
+    True
+    """
+    import inspect
+
+    if "input_axes" not in inspect.signature(keras.initializers.GlorotUniform).parameters:
+        return "glorot_uniform"
+    return keras.initializers.GlorotUniform(input_axes=[0, 1], output_axes=[0, 2])
 
 
 if not _KERAS3:

@@ -4,7 +4,14 @@ import contextlib
 
 import numpy as np
 
-from keras_posenc.backend import dtype_name, is_keras3, is_tensorflow, keras, ops
+from keras_posenc.backend import (
+    attention_kernel_initializer,
+    dtype_name,
+    is_keras3,
+    is_tensorflow,
+    keras,
+    ops,
+)
 from keras_posenc.layers._shape_preserving import ShapePreserving
 from keras_posenc.layers.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
@@ -285,7 +292,8 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         self.supports_masking = True
         policy = self.dtype_policy
         self.attention = keras.layers.MultiHeadAttention(
-            num_heads, d_model // num_heads, dropout=self.dropout, dtype=policy, name="attention")
+            num_heads, d_model // num_heads, dropout=self.dropout,
+            kernel_initializer=attention_kernel_initializer(), dtype=policy, name="attention")
         self.rotary = None
         if position == "rope":
             self.rotary = RotaryEmbedding(**position_config, dtype=policy, name="rotary")
