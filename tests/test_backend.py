@@ -16,7 +16,8 @@ def _used_names():
     for folder in (PACKAGE, REPO / "benchmarks"):
         for path in folder.rglob("*.py"):
             text = path.read_text()
-            if path.name == "backend.py" or re.search(r"from keras_posenc\.backend import .*\bops\b", text):
+            imports = re.findall(r"from keras_posenc\.backend import (\([^)]*\)|[^\n]*)", text)
+            if path.name == "backend.py" or any(re.search(r"\bops\b", names) for names in imports):
                 used |= set(re.findall(r"\bops\.([a-z_]+)\b", text))
     return used
 
