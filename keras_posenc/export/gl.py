@@ -87,15 +87,18 @@ def token_one_hot(token_ids, vocab_size):
     """Token ids `[B, T]` -> `[1, B * T, V']` one-hot rows (V' >= vocab_size), exact in float16 too.
 
     float16 holds every integer up to 2048 only: above that, `|v - classes|` would pick a
-    neighbouring row. Larger vocabs split each id into two digits below 2048 (high = v // base,
-    low = v % base), one-hot each, and join them as the outer product, whose row
-    `high * base + low` is the id's. int32 ids (the `gpu` target) are split by FLOOR_DIV before
-    the one CAST; float ids (`gl`) by counting the thresholds `base * h` they pass, read from the
-    input (which the delegates keep in float32).
+    neighbouring row. Larger vocabs split each id into two digits (high = v // base, low =
+    v % base, base a power of two near sqrt(vocab)), one-hot each, and join them as the outer
+    product, whose row `high * base + low` is the id's. int32 ids (the `gpu` target) are split
+    by FLOOR_DIV before the one CAST. Float ids (`gl`): a float16 GPU rounds the ids that a 1x1
+    CONV_2D reads (the GL delegate on llvmpipe does), so the thresholds `base * h` they pass
+    (constants exact in float16: multiples of a power of two) give a high digit that may be off
+    by one; the low digit `v - base * high` is an element-wise SUB, which reads the float32
+    input exactly, and one step corrects both digits into [0, base).
     """
     if vocab_size <= _FLOAT16_INTEGERS:
         return one_hot(token_ids, vocab_size)
-    base = math.isqrt(vocab_size - 1) + 1
+    base = 1 << ((vocab_size - 1).bit_length() + 1) // 2  # 2^ceil(log2(vocab) / 2)
     count = -(-vocab_size // base)
     if token_ids.dtype.is_integer:
         high = tf.math.floordiv(token_ids, base)
@@ -103,12 +106,15 @@ def token_one_hot(token_ids, vocab_size):
         high = tf.cast(high, tf.float32)
     else:
         values = tf.reshape(token_ids, [1, -1, 1])
-        # step h = 1 when v >= base * h: min(relu(v - base * h + 1), 1) for integer-valued v.
-        thresholds = 1.0 - base * np.arange(1, count, dtype=np.float32)
-        steps = tf.minimum(tf.nn.relu(linear(values, np.ones([1, count - 1], np.float32), thresholds)), 1.0)
-        high = linear(steps, np.ones([count - 1, 1], np.float32))  # [1, T, 1]
-        low = tf.reshape(values - high * float(base), [1, -1])
-        high = tf.reshape(high, [1, -1])
+        # [v >= base * h] = 1 - min(relu(base * h - v), 1) for integer-valued v: no constant but base * h.
+        below = tf.minimum(tf.nn.relu(linear(values, -np.ones([1, count - 1], np.float32),
+                                             base * np.arange(1, count, dtype=np.float32))), 1.0)
+        high = (count - 1.0) - linear(below, np.ones([count - 1, 1], np.float32))  # [1, N, 1]
+        low = values - high * float(base)  # in (-base, 2 * base)
+        under = tf.minimum(tf.nn.relu(-low), 1.0)  # low < 0: one high step too many
+        over = tf.minimum(tf.nn.relu(low - (base - 1.0)), 1.0)  # low >= base: one too few
+        high = tf.reshape(high - under + over, [1, -1])
+        low = tf.reshape(low + (under - over) * float(base), [1, -1])
     high = tf.reshape(one_hot(high, count), [1, -1, count, 1])
     high = tf.reshape(linear(high, np.ones([1, base], np.float32)), [1, -1, count, base])
     low = _broadcast_rows(tf.reshape(one_hot(low, base), [1, -1, 1, base]), count, axis=2)

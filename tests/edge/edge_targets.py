@@ -165,6 +165,35 @@ def test_gl_target_runs_every_op_on_gl_and_gl_equals_cpu(edge, case, tflite_file
 SCALE = dict(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=8000, max_length=128, dropout=0.0)
 
 
+def test_gl_float16_looks_up_every_token_id_of_a_vocab_8000_exactly(edge, tflite_file):
+    """`token_one_hot` of float ids on GL in float16: the row of every id 0 .. 7999 is the id's own.
+
+    The file returns the two digits of the id whose row is selected (`v // 128`, `v % 128`: small
+    integers, exact in float16). A float16 GPU rounds ids above 2048 read by a CONV_2D; the split
+    corrects that from an element-wise SUB, which reads the float32 input exactly.
+    """
+    from keras_posenc.export.gl import linear, token_one_hot
+
+    vocab, length = 8000, 128
+
+    def digits(ids):
+        rows = token_one_hot(ids, vocab)
+        classes = np.arange(rows.shape[-1])
+        return linear(rows, np.stack([classes // 128, classes % 128], 1).astype(np.float32))
+
+    function = tf.function(digits, input_signature=[tf.TensorSpec([1, length], tf.float32, name="token_ids")])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    path = tflite_file("digits", converter.convert())
+    ids = (np.arange(63 * length) % vocab).reshape(63, length).astype(np.float32)
+    for fp16 in (False, True):
+        result = edge.run_gl(path, {"token_ids": ids}, fp16=fp16, rows=len(ids))
+        assert result.returncode == 0 and edge.refusals(result.log) == [], result.log[-3000:]
+        got = result.output.reshape(len(ids), length, 2)
+        wrong = ids[got[..., 0] * 128 + got[..., 1] != ids]
+        assert wrong.size == 0, (fp16, wrong[:20])
+
+
 @pytest.fixture(scope="module")
 def scale_model():
     """The vocab-8000 model at T = 128, trained briefly on rows of 32 tokens (the bigram language
