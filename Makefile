@@ -68,7 +68,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
-        pytest-keras3 test-edge test-thorough
+        pytest-keras3 test-edge test-thorough edge-keras2 edge-keras3
 
 help:
 	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
@@ -162,9 +162,10 @@ pytest-keras3: venv-keras3
 	KERAS_BACKEND=tensorflow $(KERAS3_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 	KERAS_BACKEND=jax $(KERAS3_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) $(KERAS3_JAX_TESTS)
 
+# The two stacks are independent processes in separate venvs: they run side by side (one per core),
+# each one's output printed in one piece when it ends (--output-sync); either failing fails `test`.
 test: lint
-	@$(MAKE) pytest-keras2
-	@$(MAKE) pytest-keras3
+	@$(MAKE) -j2 --output-sync=target pytest-keras2 pytest-keras3
 
 test-keras2: lint
 	@$(MAKE) pytest-keras2
@@ -184,14 +185,19 @@ test-thorough: venv venv-keras3
 	  $(filter $(PROPERTY_TESTS),$(KERAS3_JAX_TESTS)) $(PYTEST_ARGS)
 
 # --- edge GPU runtimes -------------------------------------------------------------------
-# edge/bootstrap.sh fills .edge-cache/ (Mesa lavapipe, ai-edge-litert, mediapipe's GL delegate,
+# tests/edge/runtime/bootstrap.sh fills .edge-cache/ (Mesa lavapipe, ai-edge-litert, mediapipe's GL delegate,
 # tf2onnx + onnxruntime) once; tests/edge/edge_*.py then run the exported files on them.
 EDGE_TESTS := $(sort $(wildcard tests/edge/edge_*.py))
 
 # Both stacks: the TF 2.12 converter (.venv) and TF 2.21's with Keras 3 (.venv-keras3).
 test-edge: venv venv-keras3
-	PY=$(PY) KERAS3_PY=$(KERAS3_VENV)/bin/python edge/bootstrap.sh
+	PY=$(PY) KERAS3_PY=$(KERAS3_VENV)/bin/python tests/edge/runtime/bootstrap.sh
+	@$(MAKE) -j2 --output-sync=target edge-keras2 edge-keras3
+
+edge-keras2:
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(EDGE_TESTS) $(PYTEST_ARGS)
+
+edge-keras3:
 	KERAS_BACKEND=tensorflow $(KERAS3_VENV)/bin/python -m pytest -q -p no:cacheprovider $(EDGE_TESTS) $(PYTEST_ARGS)
 
 # Into the interpreter $(PY) itself: meant for a virtualenv/conda env of yours, e.g.

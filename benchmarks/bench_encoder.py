@@ -108,7 +108,7 @@ def make_keras3_step(layer, call, shape):
 def make_train_step(layer, call):
     import tensorflow as tf
 
-    optimizer = tf.keras.optimizers.Adam(1e-4)
+    optimizer = keras.optimizers.Adam(1e-4)
 
     @tf.function
     def train_step(x, mask, target):

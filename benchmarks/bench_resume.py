@@ -25,8 +25,8 @@ import time
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from keras_posenc import data  # noqa: E402  (sentencepiece before TensorFlow)
-from keras_posenc.train import TrainConfig, train  # noqa: E402
+from keras_posenc.app import dataset as data  # noqa: E402  (sentencepiece before TensorFlow)
+from keras_posenc.app.train import TrainConfig, train  # noqa: E402
 
 TINY = dict(batch_size=4, num_layers=1, d_model=8, num_heads=2, dff=16, max_length=16, vocab_size=200,
             warmup_steps=100, dropout=0.0, log_every=1000, keep_checkpoints=2, verbose=0)

@@ -14,7 +14,7 @@ For `SinusoidalPositionEmbedding(table=KIND)`, KIND in full / interpolated
   4. precision at positions up to 8192 (depth 512): the float64 table stored
      as float16, angles computed in float16, angles computed in float32, and
      the factorized table (float32 constants).
-  5. with --train-steps N: the training demo (`keras_posenc.train.train` with
+  5. with --train-steps N: the training demo (`keras_posenc.app.train.train` with
      the `keras-posenc demo` settings and corpus, same seed and steps) per kind,
      at every d_model of --train-d-model; final train loss and held-out loss.
      At d_model 64 the interpolated table's default 64 stored dims are the
@@ -38,10 +38,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import tensorflow as tf
-from tensorflow import keras
 from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_posenc import tables
+from keras_posenc.backend import keras
 from keras_posenc.layers import SinusoidalPositionEmbedding
 
 KINDS = ("full", "interpolated", "factorized")
@@ -233,8 +233,8 @@ def precision_study():
 
 
 def demo_losses(steps, d_models):
-    from keras_posenc.cli import DEMO_SETTINGS
-    from keras_posenc.train import TrainConfig, train
+    from keras_posenc.app.cli import DEMO_SETTINGS
+    from keras_posenc.app.train import TrainConfig, train
 
     print(f"## 5. Training demo (`keras-posenc demo` settings), {steps} steps, seed 0\n")
     print("| d_model | table | final train loss | held-out loss |")

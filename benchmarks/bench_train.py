@@ -62,7 +62,7 @@ def _elapsed(start):
 
 
 def _batches(spec, steps):
-    from keras_posenc import data
+    from keras_posenc.app import dataset as data
 
     lines = data.read_text_corpus(data.default_corpus_path())
     sp_model = data.train_sentencepiece(lines, spec["vocab_size"])
@@ -86,8 +86,8 @@ def _batches(spec, steps):
 def _ours(spec, element_spec, warm, timed, jit_compile):
     import tensorflow as tf
 
+    from keras_posenc.app.train import TrainConfig, _Steps
     from keras_posenc.models import CausalLM, transformer_adam
-    from keras_posenc.train import TrainConfig, _Steps
 
     config = TrainConfig(**{k: spec[k] for k in ("num_layers", "d_model", "num_heads", "dff", "max_length")},
                          dropout=0.0)

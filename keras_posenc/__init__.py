@@ -9,8 +9,8 @@ import sentencepiece  # noqa: F401, I001
 from keras_posenc import _startup  # noqa: F401, I001
 
 from keras_posenc import layers
-from keras_posenc.alibi import alibi_slopes
-from keras_posenc.encoder import Encoder, EncoderLayer
+from keras_posenc.layers.alibi import alibi_slopes
+from keras_posenc.layers.encoder import Encoder, EncoderLayer
 from keras_posenc.positions import position_ids
 from keras_posenc.schedules import WarmupSchedule
 from keras_posenc.tables import resize_table_2d, sinusoidal_table, sinusoidal_table_2d

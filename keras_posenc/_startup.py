@@ -84,7 +84,7 @@ def is_runtime_noise(line):
 
 def _is_command():
     argv = getattr(sys, "orig_argv", sys.argv)[:3]
-    return any(os.path.basename(arg) in ("keras-posenc", "keras_posenc.cli") for arg in argv)
+    return any(os.path.basename(arg) in ("keras-posenc", "keras_posenc.app.cli") for arg in argv)
 
 
 def is_package_warning(filename):

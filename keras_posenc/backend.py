@@ -28,9 +28,9 @@ import builtins
 import contextlib
 import types
 
-__all__ = ["backend_name", "dtype_name", "eager_scope", "inference_function", "is_keras3", "is_tensorflow",
-           "is_symbolic", "is_tracer", "keras", "keras_version", "no_autocast", "ops", "static_int",
-           "widest_float"]
+__all__ = ["backend_name", "dropout_state", "dtype_name", "eager_scope", "inference_function", "is_keras3",
+           "is_tensorflow", "is_symbolic", "is_tracer", "keras", "keras_version", "make_deterministic",
+           "no_autocast", "ops", "save_model", "static_int", "widest_float"]
 
 
 def _keras_major():
@@ -178,6 +178,57 @@ def widest_float():
     return "float64"
 
 
+def save_model(model, path):
+    """Saves `model` as a `.keras` file (Keras 2 needs the format named; Keras 3 infers it)."""
+    if _KERAS3:
+        model.save(path)
+    else:
+        model.save(path, save_format="keras_v3")
+
+
+def make_deterministic(seed=None):
+    """Deterministic ops and checkpointable dropout randomness; seeds Python, numpy and Keras if given.
+
+    On Keras 2 the dropout layers get `tf.random.Generator`s (which a
+    checkpoint can hold) only when `enable_tf_random_generator()` runs
+    before they are created; Keras 3's `SeedGenerator`s are always
+    variables. Call it before building the model.
+    """
+    import tensorflow as tf
+
+    if not _KERAS3:
+        keras.backend.experimental.enable_tf_random_generator()
+    tf.config.experimental.enable_op_determinism()
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+
+
+def dropout_state(model):
+    """The random-number state of every random layer of `model` (dropout), created now.
+
+    Keras does not checkpoint it with the model, so a resumed run would replay
+    the dropout masks of the first steps unless the trainer checkpoints these.
+    On Keras 3 they are the state variables of the layers' `SeedGenerator`s.
+    On Keras 2 they are the layers' `tf.random.Generator`s, which exist only
+    after `make_deterministic()` (otherwise the layers use stateful ops and the
+    list is empty); reading them needs Keras 2.12's private `_flatten_layers`
+    and `_random_generator`.
+    """
+    if _KERAS3:
+        weights = {id(weight) for weight in model.weights}
+        return [variable for variable in model.variables
+                if id(variable) not in weights and variable.name == "seed_generator_state"]
+    generators = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        rng = getattr(layer, "_random_generator", None)
+        if rng is None or not hasattr(rng, "_maybe_init"):
+            continue
+        rng._maybe_init()
+        if getattr(rng, "_generator", None) is not None:
+            generators.append(rng._generator)
+    return generators
+
+
 if not _KERAS3:
     import numpy as _np
     import tensorflow as tf
@@ -210,9 +261,6 @@ if not _KERAS3:
 
     def size(x):
         return tf.size(x)
-
-    def ndim(x):
-        return tf.convert_to_tensor(x).shape.rank
 
     def cumsum(x, axis=None, dtype=None):
         x = tf.convert_to_tensor(x)
@@ -267,18 +315,6 @@ if not _KERAS3:
     def expand_dims(x, axis):
         return tf.expand_dims(x, axis)
 
-    def squeeze(x, axis=None):
-        return tf.squeeze(x, axis)
-
-    def broadcast_to(x, shape):
-        return tf.broadcast_to(x, shape)
-
-    def tile(x, repeats):
-        return tf.tile(x, repeats)
-
-    def transpose(x, axes=None):
-        return tf.transpose(x, axes)
-
     def max(x, axis=None, keepdims=False, initial=None):  # noqa: A001 - keras.ops name
         result = tf.reduce_max(x, axis=_axis_list(axis), keepdims=keepdims)
         return result if initial is None else tf.maximum(result, tf.cast(initial, result.dtype))
@@ -290,14 +326,8 @@ if not _KERAS3:
     def sum(x, axis=None, keepdims=False):  # noqa: A001 - keras.ops name
         return tf.reduce_sum(x, axis=_axis_list(axis), keepdims=keepdims)
 
-    def mean(x, axis=None, keepdims=False):
-        return tf.reduce_mean(x, axis=_axis_list(axis), keepdims=keepdims)
-
     def all(x, axis=None, keepdims=False):  # noqa: A001 - keras.ops name
         return tf.reduce_all(tf.cast(x, tf.bool), axis=_axis_list(axis), keepdims=keepdims)
-
-    def any(x, axis=None, keepdims=False):  # noqa: A001 - keras.ops name
-        return tf.reduce_any(tf.cast(x, tf.bool), axis=_axis_list(axis), keepdims=keepdims)
 
     def segment_sum(data, segment_ids, num_segments=None, sorted=False):  # noqa: A002
         if num_segments is None:
@@ -307,14 +337,8 @@ if not _KERAS3:
     def cond(pred, true_fn, false_fn):
         return tf.cond(pred, true_fn, false_fn)
 
-    def slice(inputs, start_indices, shape):  # noqa: A001 - keras.ops name
-        return tf.slice(inputs, start_indices, shape)
-
     def einsum(subscripts, *operands):
         return tf.einsum(subscripts, *operands)
-
-    def matmul(x1, x2):
-        return tf.linalg.matmul(x1, x2)
 
     def softmax(x, axis=-1):
         return tf.nn.softmax(x, axis=axis)
@@ -334,37 +358,16 @@ if not _KERAS3:
             x1 = tf.convert_to_tensor(x1, x2.dtype)
         return x1, x2
 
-    add = _binary(tf.add)
-    subtract = _binary(tf.subtract)
-    multiply = _binary(tf.multiply)
-    divide = _binary(tf.divide)
     power = _binary(tf.pow)
     equal = _binary(tf.equal)
     not_equal = _binary(tf.not_equal)
-    less = _binary(tf.less)
-    less_equal = _binary(tf.less_equal)
-    greater = _binary(tf.greater)
-    greater_equal = _binary(tf.greater_equal)
     minimum = _binary(tf.minimum)
     maximum = _binary(tf.maximum)
-    floor_divide = _binary(tf.math.floordiv)
-    mod = _binary(tf.math.floormod)
 
-    def round(x, decimals=0):  # noqa: A001 - keras.ops name
-        if decimals:
-            scale = 10.0 ** decimals
-            return tf.round(x * scale) / scale
-        return tf.round(x)
-
-    def clip(x, x_min, x_max):
-        return tf.clip_by_value(x, x_min, x_max)
-
-    # Ops that are TensorFlow functions as they are (same arguments, same semantics).
     _SAME_AS_TF = {
-        "sin": tf.sin, "cos": tf.cos, "exp": tf.exp, "log": tf.math.log, "sqrt": tf.sqrt,
-        "rsqrt": tf.math.rsqrt, "abs": tf.abs, "square": tf.square, "tanh": tf.tanh,
-        "floor": tf.floor, "logical_and": tf.logical_and, "logical_or": tf.logical_or,
-        "logical_not": tf.logical_not, "stop_gradient": tf.stop_gradient, "is_tensor": tf.is_tensor,
+        "sin": tf.sin, "cos": tf.cos, "rsqrt": tf.math.rsqrt, "abs": tf.abs,
+        "logical_and": tf.logical_and, "logical_or": tf.logical_or, "is_tensor": tf.is_tensor,
+        "copy": tf.identity,
     }
 
     ops = types.SimpleNamespace(**_SAME_AS_TF, **{

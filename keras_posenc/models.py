@@ -24,8 +24,8 @@ References:
 import tensorflow as tf
 
 from keras_posenc.backend import is_keras3, keras, ops
-from keras_posenc.encoder import Encoder
 from keras_posenc.generation import generate as _generate
+from keras_posenc.layers.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
 
 __all__ = ["CausalLM", "transformer_adam"]

@@ -1,7 +1,7 @@
 """Per-sample position ids from a padding mask, segments and a decode offset."""
 
 from keras_posenc.backend import dtype_name, ops, static_int
-from keras_posenc.validation import check, with_checks
+from keras_posenc.validation import check, check_equal_dims, with_checks
 
 __all__ = ["position_ids"]
 
@@ -76,11 +76,6 @@ def _shape(x):
     return tuple(x.shape)
 
 
-def _numpy_style(shape):
-    """A shape as `tf.strings.format` prints a shape tensor: `[1 3]`."""
-    return "[" + " ".join(str(d) for d in shape) + "]"
-
-
 def _as_offset(offset, batch):
     """The validated offset, broadcastable to [batch, length]; None for a known 0."""
     offset = ops.convert_to_tensor(offset)
@@ -113,16 +108,8 @@ def _real_tokens_in_earlier_segments(real, segment_ids):
         raise ValueError(
             f"`segment_ids` must have rank 2 [batch, length], got shape {_shape(segment_ids)}.")
     seg_shape, real_shape = ops.shape(segment_ids), ops.shape(real)
-    if all(isinstance(d, int) for d in (*seg_shape, *real_shape)):
-        if tuple(seg_shape) != tuple(real_shape):
-            raise ValueError(f"`segment_ids` shape {_numpy_style(seg_shape)} must equal the mask shape "
-                             f"{_numpy_style(real_shape)}.")
-        checks = []
-    else:
-        checks = check(ops.logical_and(ops.equal(seg_shape[0], real_shape[0]),
-                                       ops.equal(seg_shape[1], real_shape[1])),
-                       "`segment_ids` shape {} must equal the mask shape {}.",
-                       ops.stack([seg_shape[0], seg_shape[1]]), ops.stack([real_shape[0], real_shape[1]]))
+    checks = check_equal_dims("`segment_ids` shape {} must equal the mask shape {}.",
+                              list(seg_shape), list(real_shape))
     segment_ids = with_checks(ops.cast(segment_ids, "int32"), checks)
     batch, length = real_shape
     changes = ops.cast(ops.not_equal(segment_ids[:, 1:], segment_ids[:, :-1]), "int32")

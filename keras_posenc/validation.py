@@ -29,6 +29,7 @@ import numbers
 
 __all__ = [
     "check",
+    "check_equal_dims",
     "check_base",
     "check_choice",
     "check_epsilon",
@@ -263,6 +264,55 @@ def check(condition, template, *values):
         return []
     message = tf.strings.format(template, values, summarize=6) if values else template
     return [tf.debugging.Assert(condition, [message])]
+
+
+def check_equal_dims(template, first, second):
+    """Checks that two dims, or two lists of dims, are equal: now if they are known, else in the graph.
+
+    Dims known while tracing (Python ints, as Keras 3 and static TF shapes
+    give them) are compared in Python and raise `ValueError` at once, also
+    inside a `tf.function`; otherwise the comparison becomes a `check`. Lists
+    print as `tf.strings.format` prints a shape tensor (`[2 3]`) either way,
+    so the message is the same in both cases.
+
+    Args:
+        template: message with two `{}`, filled with `first` and `second`.
+        first: an int or scalar tensor, or a list of them.
+        second: the same kind as `first`.
+
+    Returns:
+        the control dependencies of `check` (empty when the dims are known).
+
+    Raises:
+        ValueError: the dims are known and differ.
+
+    Example:
+
+    >>> check_equal_dims("`mask` must have shape {}, got shape {}.", [2, 5], [2, 5])
+    []
+    >>> check_equal_dims("`mask` must have shape {}, got shape {}.", [2, 5], [2, 4])
+    Traceback (most recent call last):
+        ...
+    ValueError: `mask` must have shape [2 5], got shape [2 4].
+    """
+    single = not isinstance(first, (list, tuple))
+    firsts, seconds = ([first], [second]) if single else (list(first), list(second))
+    if all(_is_int(d) for d in (*firsts, *seconds)):
+        if firsts != seconds:
+            show = (lambda dims: dims[0]) if single else _numpy_style
+            raise ValueError(template.format(show(firsts), show(seconds)))
+        return []
+    from keras_posenc.backend import ops
+
+    if single:
+        return check(ops.equal(first, second), template, first, second)
+    same = ops.all(ops.equal(ops.stack(firsts), ops.stack(seconds)))
+    return check(same, template, ops.stack(firsts), ops.stack(seconds))
+
+
+def _numpy_style(dims):
+    """Dims as `tf.strings.format` prints a shape tensor: `[2 3]`."""
+    return "[" + " ".join(str(d) for d in dims) + "]"
 
 
 def _check_python(condition, template, values):

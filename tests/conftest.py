@@ -6,6 +6,9 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(__file__))
 
+# The runtimes' probes run inside the edge cache's own venvs (`make test-edge`), never in this one.
+collect_ignore = ["edge/runtime"]
+
 # Hypothesis profiles of the property tests (tests/test_properties*.py). `ci`, the default, is
 # reproducible (derandomize: the same examples on every run) and bounded; `thorough`
 # (HYPOTHESIS_PROFILE=thorough, `make test-thorough`) draws 10x more, randomly, for local runs.

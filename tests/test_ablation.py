@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from keras_posenc import ablation, cli, data
+from keras_posenc.app import ablation, cli
+from keras_posenc.app import dataset as data
 
 QUICK_VARIANTS = tuple(ablation.VARIANTS)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from keras_posenc import ablation
+from keras_posenc.app import ablation
 
 
 def _rotary(model):
@@ -36,7 +36,7 @@ def test_scaled_variants_are_plain_rope_at_t_and_scaled_past_it(name, scaling):
 
 
 def test_ablate_takes_position_as_the_variant_list():
-    from keras_posenc import cli
+    from keras_posenc.app import cli
 
     args = cli.build_parser().parse_args(["ablate", "--position", "rope", "rope-ntk", "rope-yarn", "alibi"])
     assert args.variants == ["rope", "rope-ntk", "rope-yarn", "alibi"]

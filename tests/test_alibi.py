@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import keras_posenc
-from keras_posenc.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
 from keras_posenc.backend import ops
-from keras_posenc.encoder_layer import merge_attention_masks
+from keras_posenc.layers.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
+from keras_posenc.layers.encoder_layer import merge_attention_masks
 from keras_posenc.positions import position_ids
 
 # Press et al.'s `get_slopes` values, written out: a power of two n gives 2^(-8/n), 2^(-16/n), ...;

@@ -11,14 +11,15 @@ import sys
 
 import numpy as np
 import pytest
-from tensorflow import keras
 
-from keras_posenc import cli, data
-from keras_posenc import train as train_lib
-from keras_posenc.encoder import NAMED_POSITIONS
+from keras_posenc.app import cli
+from keras_posenc.app import dataset as data
+from keras_posenc.app import train as train_lib
+from keras_posenc.app.train import STRATEGIES, TrainConfig
+from keras_posenc.backend import keras
 from keras_posenc.export import TARGETS
+from keras_posenc.layers.encoder import NAMED_POSITIONS
 from keras_posenc.tables import TABLE_KINDS
-from keras_posenc.train import STRATEGIES, TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,8 +168,8 @@ def test_help_shows_every_default(command, capsys):
 def test_help_prints_no_tensorflow_log_line(argv):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run([sys.executable, "-m", "keras_posenc.cli"] + argv, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "keras_posenc.app.cli"] + argv, env=env,
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "keras-posenc" in result.stdout
     assert result.stderr == ""
     # A library import leaves the log level as importing TensorFlow alone does.
@@ -189,7 +190,7 @@ def test_train_and_export_print_no_runtime_log_line(tsv_corpus, tmp_path):
     flags = [f for f in TINY_FLAGS]
     flags[flags.index("--steps") + 1] = "2"
     flags[flags.index("--warmup-steps") + 1] = "2"  # the package's own warning still shows
-    command = [sys.executable, "-m", "keras_posenc.cli"]
+    command = [sys.executable, "-m", "keras_posenc.app.cli"]
     train = subprocess.run(command + ["train", "--corpus", tsv_corpus, "--format", "tsv", "--skip-bad-lines",
                                       "--vocab-size", "60", "--out", out] + flags,
                            env=env, capture_output=True, text=True, timeout=300)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from keras_posenc import cli, data, text_generation
+from keras_posenc.app import cli, text_generation
+from keras_posenc.app import dataset as data
 
 FLAGS = ["--steps", "4", "--batch-size", "4", "--num-layers", "1", "--d-model", "16", "--num-heads", "2",
          "--dff", "32", "--max-length", "24", "--warmup-steps", "2", "--vocab-size", "24", "--dropout", "0.0",

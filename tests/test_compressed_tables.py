@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from layer_test_helper import requires_tf, run_layer_test, saved_model_output
-from tensorflow import keras
 from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_posenc import tables
+from keras_posenc.backend import keras
 from keras_posenc.layers import SinusoidalPositionEmbedding
 
 # Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from keras_posenc import data
+from keras_posenc.app import dataset as data
 
 TEXTS = [
     "the cat sat on the mat",
@@ -246,7 +246,8 @@ def test_shipped_parallel_corpus_is_clean_unique_and_licensed():
 def test_parallel_corpus_builder_reads_po_entries_and_strips_placeholders():
     import importlib.util
 
-    path = os.path.join(os.path.dirname(data.parallel_corpus_path()), "make_parallel_corpus.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        "make_parallel_corpus.py")
     spec = importlib.util.spec_from_file_location("make_parallel_corpus", path)
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)

@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_posenc import Encoder, diagnostics, sinusoidal_table
+from keras_posenc import Encoder, sinusoidal_table
+from keras_posenc.app import diagnostics
+from keras_posenc.backend import keras
 from keras_posenc.layers import SinusoidalPositionEmbedding
 
 
 def _encoder(position="sinusoidal", **kwargs):
-    tf.keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(1)
     encoder = Encoder(num_layers=2, d_model=8, num_heads=2, dff=16, vocab_size=30, max_length=12,
                       dropout=0.0, position=position, **kwargs)
     encoder(tf.constant([[2, 5, 6]]))

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from layer_test_helper import run_layer_test
-from tensorflow import keras
 
 from keras_posenc import Encoder, EncoderLayer
-from keras_posenc.encoder_layer import merge_attention_masks
+from keras_posenc.backend import keras
+from keras_posenc.layers.encoder_layer import merge_attention_masks
 
 SMALL = {"d_model": 16, "num_heads": 2, "dff": 32}
 SMALL_ENCODER = {"num_layers": 2, "vocab_size": 30, "max_length": 12, **SMALL}

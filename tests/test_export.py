@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.encoder import Encoder
 from keras_posenc.export import emitters
 from keras_posenc.layers import SinusoidalPositionEmbedding, TokenAndPositionEmbedding
+from keras_posenc.layers.encoder import Encoder
 from keras_posenc.layers.sinusoidal_position_embedding import tables
 
 LENGTH = 8
@@ -442,7 +442,7 @@ def test_not_a_flatbuffer():
 
 # Command line -------------------------------------------------------------------------------
 def test_export_command_names_the_backend_and_fails_on_request(tmp_path, capsys):
-    from keras_posenc import cli
+    from keras_posenc.app import cli
     from keras_posenc.models import CausalLM
 
     keras.utils.set_random_seed(8)

@@ -8,12 +8,12 @@ import sys
 import numpy as np
 import pytest
 
-from keras_posenc import data
+from keras_posenc.app import dataset as data
 from keras_posenc.backend import is_keras3, keras
 from keras_posenc.export import generator
 from keras_posenc.models import CausalLM
 
-RUNNER = os.path.join(os.path.dirname(__file__), os.pardir, "export", "run_generate.py")
+RUNNER = os.path.join(os.path.dirname(__file__), os.pardir, "export", "jetson", "run_generate.py")
 BASE = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 40, "max_length": 40,
         "dropout": 0.0}
 
@@ -119,7 +119,7 @@ def test_the_report_counts_the_multiply_adds_of_prefill_and_decode(kit_files):
 
 @kit_once
 def test_the_kit_prints_the_keras_continuation(kit_files):
-    from keras_posenc import text_generation
+    from keras_posenc.app import text_generation
 
     model, sp_model, path, spm_path = kit_files
     done = _run_kit(path, "--spm", spm_path, "--prompt", "the cat", "--max-new-tokens", "10", "--json",

@@ -108,10 +108,11 @@ EDGE_CACHE = os.path.join(ROOT, ".edge-cache")
 
 
 def _edge_onnx_site_on_path():
-    """tf2onnx + onnxruntime of `make test-edge` (edge/bootstrap.sh), when bootstrapped for this Python."""
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    from edge import runtimes
+    """tf2onnx + onnxruntime of `make test-edge` (tests/edge/runtime/bootstrap.sh), when bootstrapped."""
+    edge_dir = os.path.join(ROOT, "tests", "edge")
+    if edge_dir not in sys.path:
+        sys.path.insert(0, edge_dir)
+    from runtime import runtimes
 
     site = runtimes.onnx_site()
     if os.path.isfile(os.path.join(site, ".stamp")) and site not in sys.path:
@@ -125,14 +126,14 @@ def _run_probe(target, model_path, feeds, output, flags):
     lib = os.path.join(EDGE_CACHE, "mesa", "usr", "lib", "x86_64-linux-gnu")
     env = dict(os.environ, VK_ICD_FILENAMES=os.path.join(EDGE_CACHE, "mesa", "lvp_icd.json"),
                LD_LIBRARY_PATH=lib, XDG_RUNTIME_DIR=os.path.dirname(output), EGL_PLATFORM="surfaceless")
-    probe_path = os.path.join(os.path.dirname(EDGE_CACHE), "edge", probe)
+    probe_path = os.path.join(ROOT, "tests", "edge", "runtime", probe)
     result = subprocess.run([os.path.join(EDGE_CACHE, venv, "bin", "python"), probe_path, model_path, feeds,
                              output] + flags, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr, np.load(output)
 
 
-# What edge/bootstrap.sh leaves once each runtime is complete (a venv's stamp is written last).
+# What tests/edge/runtime/bootstrap.sh leaves once each runtime is complete (a venv's stamp is written last).
 _BOOTSTRAPPED = ("mesa/lvp_icd.json", "venv-litert/.stamp", "venv-mediapipe/.stamp")
 
 

@@ -224,7 +224,7 @@ def test_keras_contract_config_keras_file_fit_and_mixed_precision(case, tmp_path
 
 @pytest.mark.skipif(backend_name() == "tensorflow", reason="the applications run on the TensorFlow backend")
 def test_cli_applications_say_in_one_line_that_they_need_tensorflow(capsys):
-    from keras_posenc import cli
+    from keras_posenc.app import cli
 
     for command in (["demo"], ["train", "--steps", "1"], ["inspect", "model.tflite"], ["ablate", "--quick"]):
         assert cli.main(command) == 2

@@ -14,7 +14,7 @@ CONFIG = dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=30, max_
 
 
 def _model(causal=True, **overrides):
-    tf.keras.utils.set_random_seed(3)
+    keras.utils.set_random_seed(3)
     model = CausalLM({**CONFIG, **overrides}, causal=causal, name="lm")
     model.build_on_dummy()
     return model
@@ -106,7 +106,7 @@ def test_a_file_saved_when_the_model_lived_in_train_still_loads(tmp_path):
             content = src.read(item.filename)
             if item.filename == "config.json":
                 config = json.loads(content)
-                config["module"] = "keras_posenc.train"
+                config["module"] = "keras_posenc.app.train"
                 del config["config"]["causal"]  # files written before the option existed
                 content = json.dumps(config).encode()
             dst.writestr(item, content)

@@ -6,6 +6,7 @@ import tensorflow as tf
 from layer_test_helper import requires_tf, run_layer_test
 
 from keras_posenc import Encoder
+from keras_posenc.backend import keras
 from keras_posenc.layers import IntegerPositionEmbedding, TokenAndPositionEmbedding, ZeroPositionEmbedding
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 
@@ -118,7 +119,7 @@ def test_variants_are_registered_by_name(tmp_path):
 
 
 def _embedding_outputs(position, ids, **kwargs):
-    tf.keras.utils.set_random_seed(7)
+    keras.utils.set_random_seed(7)
     layer = TokenAndPositionEmbedding(12, 4, 8, position=position, dropout=0.0, **kwargs)
     return layer(ids).numpy()
 
@@ -137,7 +138,7 @@ def test_integer_embedding_adds_the_formula_to_the_tokens():
 
 
 def _encoder(position):
-    tf.keras.utils.set_random_seed(11)
+    keras.utils.set_random_seed(11)
     return Encoder(2, 8, 2, 16, vocab_size=20, max_length=8, dropout=0.0, position=position)
 
 
@@ -170,9 +171,9 @@ def test_position_variants_break_permutation_equivariance(position):
 def test_variants_export_to_gpu_ready_tflite(position, kwargs):
     from keras_posenc import export
 
-    tf.keras.utils.set_random_seed(5)
-    ids = tf.keras.Input(shape=(None,), dtype="int32")
-    model = tf.keras.Model(ids, TokenAndPositionEmbedding(20, 4, 8, position=position, dropout=0.0,
+    keras.utils.set_random_seed(5)
+    ids = keras.Input(shape=(None,), dtype="int32")
+    model = keras.Model(ids, TokenAndPositionEmbedding(20, 4, 8, position=position, dropout=0.0,
                                                           **kwargs)(ids))
     flat = export.to_tflite(model, sequence_length=6)
     assert export.gpu_incompatible_ops(flat) == []

@@ -35,8 +35,8 @@ from strategies import (
 
 from keras_posenc import Encoder, position_ids
 from keras_posenc.backend import backend_name, keras, ops
-from keras_posenc.encoder import ENCODER_POSITIONS
 from keras_posenc.layers import RotaryEmbedding, SinusoidalPositionEmbedding2D, TokenAndPositionEmbedding
+from keras_posenc.layers.encoder import ENCODER_POSITIONS
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 
 # JAX compiles every op again for every new shape in eager mode (about 6x TensorFlow's time per

@@ -26,8 +26,8 @@ from strategies import position_layer_configs, rope_configs, row_masks, seeds, t
 
 from keras_posenc import Encoder, export
 from keras_posenc.backend import keras
-from keras_posenc.encoder import ENCODER_POSITIONS
 from keras_posenc.layers import RotaryEmbedding, TokenAndPositionEmbedding
+from keras_posenc.layers.encoder import ENCODER_POSITIONS
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 
 pytestmark = requires_tf

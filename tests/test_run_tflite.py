@@ -1,4 +1,4 @@
-"""export/run_tflite.py, the Jetson kit's runner, run as a subprocess on CPU."""
+"""export/jetson/run_tflite.py, the Jetson kit's runner, run as a subprocess on CPU."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from keras_posenc import export
 from keras_posenc.backend import keras
 from keras_posenc.layers import TokenAndPositionEmbedding
 
-RUNNER = os.path.join(os.path.dirname(__file__), os.pardir, "export", "run_tflite.py")
+RUNNER = os.path.join(os.path.dirname(__file__), os.pardir, "export", "jetson", "run_tflite.py")
 
 
 def run(*args):

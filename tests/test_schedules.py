@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from layer_test_helper import requires_tf
-from tensorflow import keras
 
 from keras_posenc import WarmupSchedule
-from keras_posenc.backend import is_keras3
+from keras_posenc.backend import is_keras3, keras
 
 # Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.
 pytestmark = requires_tf

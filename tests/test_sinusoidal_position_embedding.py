@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from layer_test_helper import requires_tf, run_layer_test
-from tensorflow import keras
 
 from keras_posenc import position_ids
+from keras_posenc.backend import keras
 from keras_posenc.layers import SinusoidalPositionEmbedding
 
 # Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.
@@ -202,7 +202,7 @@ def test_language_scale_starts_as_identity(language_ids):
 
 @pytest.mark.parametrize("per_token", [False, True])
 def test_language_scales_learn_different_values(per_token):
-    tf.keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(1)
     batch, length = 8, 6
     x = random_x(batch, length)
     languages = np.arange(batch) % 2

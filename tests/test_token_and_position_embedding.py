@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from layer_test_helper import requires_tf, run_layer_test
-from tensorflow import keras
 
 from keras_posenc import position_ids
-from keras_posenc.backend import is_keras3
+from keras_posenc.backend import is_keras3, keras
 from keras_posenc.layers import TokenAndPositionEmbedding
 from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 

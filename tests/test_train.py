@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 import pytest
-from tensorflow import keras
 
-from keras_posenc import data
-from keras_posenc import train as train_lib
-from keras_posenc.train import TrainConfig, list_checkpoints, train
+from keras_posenc.app import dataset as data
+from keras_posenc.app import train as train_lib
+from keras_posenc.app.train import TrainConfig, list_checkpoints, train
+from keras_posenc.backend import keras
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"steps": 6, "batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32,
@@ -114,7 +114,7 @@ def test_resume_after_killed_process_matches_uninterrupted_run(corpus, tmp_path)
              "--checkpoint-every", "2", "--dropout", "0.1", "--quiet"]
     interrupted = str(tmp_path / "interrupted")
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_posenc.cli", "train", "--out", interrupted, "--steps", str(steps)]
+        [sys.executable, "-m", "keras_posenc.app.cli", "train", "--out", interrupted, "--steps", str(steps)]
         + flags, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt_dir = os.path.join(interrupted, "checkpoints")
     try:
@@ -130,7 +130,7 @@ def test_resume_after_killed_process_matches_uninterrupted_run(corpus, tmp_path)
     assert 2 <= resumed_from < steps
     assert not os.path.exists(os.path.join(interrupted, "model.keras"))
 
-    from keras_posenc.cli import main
+    from keras_posenc.app.cli import main
 
     assert main(["train", "--out", interrupted, "--steps", str(steps), "--resume"] + flags) == 0
     report = json.load(open(os.path.join(interrupted, "report.json")))
@@ -202,14 +202,14 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from keras_posenc.train import TrainConfig, train
+    from keras_posenc.app.train import TrainConfig, train
     corpus, out, tiny = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     single = train(TrainConfig(corpus=corpus, out=out + "/single", strategy="default", **tiny))
     mirrored = train(TrainConfig(corpus=corpus, out=out + "/mirrored", strategy="mirrored", **tiny))
     # 5 examples in batches of 4: the last batch's one row goes to replica 0, replica 1 gets none.
     import numpy as np
     from keras_posenc.models import CausalLM
-    from keras_posenc.train import _evaluate, _Steps
+    from keras_posenc.app.train import _evaluate, _Steps
     rng = np.random.default_rng(0)
     features = rng.integers(1, 30, (5, 6)).astype(np.int32)
     labels = rng.integers(0, 30, (5, 6)).astype(np.int32)
@@ -280,7 +280,7 @@ def test_multiworker_on_localhost_matches_single_device(corpus, tmp_path):
              "--max-length", "16", "--vocab-size", "150", "--warmup-steps", "4", "--dropout", "0",
              "--lr-scale", "4", "--checkpoint-every", "2"]
     workers = [
-        subprocess.Popen([sys.executable, "-m", "keras_posenc.cli", "train"] + flags,
+        subprocess.Popen([sys.executable, "-m", "keras_posenc.app.cli", "train"] + flags,
                          env=dict(_subprocess_env(), TF_CONFIG=json.dumps(
                              {"cluster": cluster, "task": {"type": "worker", "index": index}})),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

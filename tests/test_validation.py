@@ -68,7 +68,7 @@ def test_checks_are_left_out_under_xla():
 
 
 def test_only_the_validation_module_defines_generic_checks():
-    import keras_posenc.encoder_layer as encoder_layer
+    import keras_posenc.layers.encoder_layer as encoder_layer
     import keras_posenc.layers.position_embedding_base as base
     import keras_posenc.tables as tables
     for module in (tables, base, encoder_layer):

@@ -178,7 +178,7 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
     Uses tf2onnx: 1.16.1 on TF 2.12 (the last release tested there; it pins
     protobuf 3.20, so it is not part of the package's lock), 1.17.0 on TF
     2.21 / Keras 3. `make test-edge` puts each beside its venv, see
-    edge/bootstrap.sh. On Keras 3 the model's variables are read by the traced
+    tests/edge/runtime/bootstrap.sh. On Keras 3 the model's variables are read by the traced
     function, and tf2onnx folds them into initializers.
 
     Args:
@@ -187,7 +187,7 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
         embedding: "graph" (GATHER from the token table in the file) or "host"
             (the file takes `host_embedding_table(model)[token_ids]` as a
             float32 input `embeddings` `[batch, T, d_model]` after its int32
-            inputs, and holds no token table; export/run_tensorrt.py feeds it).
+            inputs, and holds no token table; export/jetson/run_tensorrt.py feeds it).
 
     Returns:
         The serialized ONNX `ModelProto` as bytes.

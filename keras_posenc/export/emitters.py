@@ -22,7 +22,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.encoder import Encoder
+from keras_posenc.layers.encoder import Encoder
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 
@@ -203,7 +203,7 @@ def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids
         allowed, _ = static_structure(length, segment_ids, attention_mask, use_causal_mask)
         merged = keys * tf.constant(allowed.astype(np.float32))[None]
     except ValueError:  # runtime segments or attention mask: the layer's own (CPU-friendly) ops
-        from keras_posenc.encoder_layer import merge_attention_masks
+        from keras_posenc.layers.encoder_layer import merge_attention_masks
         merged = tf.cast(merge_attention_masks(length, mask=tf.cast(real, tf.bool),
                                                attention_mask=attention_mask,
                                                use_causal_mask=use_causal_mask,

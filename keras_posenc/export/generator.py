@@ -26,6 +26,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc import special_ids
 from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.validation import check_positive_int
@@ -284,13 +285,11 @@ def check_generator_parity(model, session, prompt_ids, max_new_tokens):
 
 def generator_metadata(model, *, prompt_length, cache_length, target):
     """What the device kit (`run_generate.py`) reads from `FILE.json`: lengths, special ids, cache size."""
-    from keras_posenc import data as data_lib
-
     encoder = model.encoder
     return {"kind": "prefill_decode", "target": target, "prompt_length": prompt_length,
             "cache_length": cache_length, "vocab_size": encoder.vocab_size, "num_layers": encoder.num_layers,
-            "pad_id": encoder.pad_id, "bos_id": data_lib.BOS_ID, "eos_id": data_lib.EOS_ID,
-            "unk_id": data_lib.UNK_ID, "special_ids": list(range(data_lib.NUM_RESERVED_IDS)),
+            "pad_id": encoder.pad_id, "bos_id": special_ids.BOS_ID, "eos_id": special_ids.EOS_ID,
+            "unk_id": special_ids.UNK_ID, "special_ids": list(range(special_ids.NUM_RESERVED_IDS)),
             "cache_bytes": cache_bytes(model, cache_length)}
 
 

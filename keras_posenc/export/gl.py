@@ -35,9 +35,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.encoder import Encoder
-from keras_posenc.encoder_layer import EncoderLayer
 from keras_posenc.export.emitters import emits, exclusive_count_matrix, frozen, static_structure
+from keras_posenc.layers.encoder import Encoder
+from keras_posenc.layers.encoder_layer import EncoderLayer
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 

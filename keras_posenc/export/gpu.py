@@ -21,8 +21,6 @@ the 1 / sqrt(head_dim) of the scores is folded into the query projection.
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.encoder import Encoder
-from keras_posenc.encoder_layer import EncoderLayer
 from keras_posenc.export.emitters import emits, static_structure
 from keras_posenc.export.gl import (
     _LAYER_NORM_SCALE,
@@ -33,6 +31,8 @@ from keras_posenc.export.gl import (
     attention_projections,
     linear,
 )
+from keras_posenc.layers.encoder import Encoder
+from keras_posenc.layers.encoder_layer import EncoderLayer
 
 __all__ = ["layer_norm"]
 

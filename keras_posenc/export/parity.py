@@ -234,7 +234,7 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
 
 def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, target="gpu", embedding="graph",
                      embedding_table=None):
-    """What a runtime-only runner needs to feed the exported model (`export/run_tflite.py` reads it).
+    """What a runtime-only runner needs to feed the exported model (`export/jetson/run_tflite.py` reads it).
 
     Args:
         model, sequence_length, batch_size, quantize, target, embedding: as in

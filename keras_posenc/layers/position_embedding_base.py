@@ -11,7 +11,14 @@ with the TensorFlow or JAX backend.
 
 from keras_posenc.backend import dtype_name, eager_scope, is_tensorflow, keras, no_autocast, ops, static_int
 from keras_posenc.layers._shape_preserving import ShapePreserving
-from keras_posenc.validation import check, check_choice, check_positive_int, check_rate, with_checks
+from keras_posenc.validation import (
+    check,
+    check_choice,
+    check_equal_dims,
+    check_positive_int,
+    check_rate,
+    with_checks,
+)
 
 __all__ = ["DEFAULT_FUSE_MIN_TOKENS", "OVERFLOW_MODES", "PositionEmbeddingBase"]
 
@@ -62,21 +69,6 @@ def _int_max(x):
 def _int_min(x):
     """min of an int32 tensor; 2**31 - 1 when it is empty."""
     return ops.min(x, initial=2**31 - 1)
-
-
-def _numpy_style(dims):
-    """Dims as `tf.strings.format` prints a shape tensor: `[2 3]`."""
-    return "[" + " ".join(str(d) for d in dims) + "]"
-
-
-def _check_dims(actual, expected, template):
-    """Checks that two lists of dims (ints or scalar tensors) are equal; `template` has two `{}`."""
-    if all(isinstance(d, int) for d in (*actual, *expected)):
-        if list(actual) != list(expected):
-            raise ValueError(template.format(_numpy_style(expected), _numpy_style(actual)))
-        return []
-    same = ops.all(ops.equal(ops.stack(list(actual)), ops.stack(list(expected))))
-    return check(same, template, ops.stack(list(expected)), ops.stack(list(actual)))
 
 
 class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
@@ -377,13 +369,8 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         if len(mask.shape) != 2:
             raise ValueError(f"`mask` must have shape [batch, length] = {expected}, "
                              f"got shape {tuple(mask.shape)}.")
-        if None not in expected and None not in tuple(mask.shape):
-            if tuple(mask.shape) != expected:
-                raise ValueError(f"`mask` must have shape [batch, length] = {expected}, "
-                                 f"got shape {tuple(mask.shape)}.")
-            return ops.cast(mask, "bool")
-        checks = _check_dims(ops.shape(mask), ops.shape(inputs)[:2],
-                             "`mask` must have shape [batch, length] = {}, got shape {}.")
+        checks = check_equal_dims("`mask` must have shape [batch, length] = {}, got shape {}.",
+                                  list(ops.shape(inputs)[:2]), list(ops.shape(mask)))
         return with_checks(ops.cast(mask, "bool"), checks)
 
     def _validated_position_ids(self, ids, inputs):
@@ -405,14 +392,8 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         in_range = ops.logical_or(ops.equal(ops.size(ids), 0), in_range)
         checks = check(in_range, template, low, high)
         ids_length, inputs_length = ops.shape(ids)[1], ops.shape(inputs)[1]
-        if isinstance(ids_length, int) and isinstance(inputs_length, int):
-            if ids_length != inputs_length:
-                raise ValueError(f"`position_ids` length {ids_length} must equal the inputs length "
-                                 f"{inputs_length}.")
-        else:
-            checks += check(ops.equal(ids_length, inputs_length),
-                            "`position_ids` length {} must equal the inputs length {}.",
-                            ids_length, inputs_length)
+        checks += check_equal_dims("`position_ids` length {} must equal the inputs length {}.",
+                                   ids_length, inputs_length)
         return with_checks(ids, checks)
 
     def _language_scale(self, language_ids, batch, length):
@@ -439,16 +420,8 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
             ops.logical_and(low >= 0, high < self.num_languages))
         checks = check(in_range, "`language_ids` must be in [0, num_languages="
                        + str(self.num_languages) + "), got min {} and max {}.", low, high)
-        expected = [batch, length]
-        actual = list(ops.shape(language_ids))
-        if all(isinstance(d, int) for d in (*expected, *actual)):
-            if actual != expected[:rank]:
-                raise ValueError("`language_ids` must have shape [batch] or [batch, length] = "
-                                 f"{_numpy_style(expected)}, got shape {_numpy_style(actual)}.")
-        else:
-            same = ops.all(ops.equal(ops.stack(actual), ops.stack(expected[:rank])))
-            checks += check(same, "`language_ids` must have shape [batch] or [batch, length] = {}, "
-                            "got shape {}.", ops.stack(expected), ops.stack(actual))
+        checks += check_equal_dims(f"`language_ids` of rank {rank} must have shape {{}}, got shape {{}}.",
+                                   [batch, length][:rank], list(ops.shape(language_ids)))
         scale = ops.take(self.language_scale, with_checks(language_ids, checks), axis=0)
         if rank == 1:
             return scale[:, None, None]

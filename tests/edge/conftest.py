@@ -1,7 +1,7 @@
 """`make test-edge`: the exported files run by the real GPU runtimes, on CPU-emulated GPUs.
 
 The test files here are named `edge_*.py`, so the main suite (`make test`) never collects them;
-`make test-edge` bootstraps the runtimes (edge/bootstrap.sh) and runs them by name. A missing
+`make test-edge` bootstraps the runtimes (tests/edge/runtime/bootstrap.sh) and runs them by name. A missing
 cache is an error here, not a skip: these tests exist to run the runtimes.
 """
 
@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
-from edge import runtimes  # noqa: E402
+from runtime import runtimes  # noqa: E402
 
 if os.path.isdir(runtimes.onnx_site()) and runtimes.onnx_site() not in sys.path:
     sys.path.append(runtimes.onnx_site())  # tf2onnx + onnxruntime beside .venv's TensorFlow
@@ -26,7 +26,7 @@ def edge():
     missing = runtimes.missing_parts()
     if missing:
         pytest.fail(f"The edge runtimes are not bootstrapped ({', '.join(missing)} missing under "
-                    f"{runtimes.CACHE}): run `make test-edge` (or edge/bootstrap.sh) first.")
+                    f"{runtimes.CACHE}): run `make test-edge` (or tests/edge/runtime/bootstrap.sh) first.")
     return runtimes
 
 

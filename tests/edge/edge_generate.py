@@ -10,7 +10,7 @@ from keras_posenc.export import generator
 from keras_posenc.models import CausalLM
 
 KIT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                   "export", "run_generate.py")
+                   "export", "jetson", "run_generate.py")
 PROMPT = [2, 9, 17, 5, 11]
 
 

@@ -1,4 +1,5 @@
-"""The Jetson kit's runner (export/run_tflite.py) on ai-edge-litert: GPU-only on lavapipe, as on JetPack 6."""
+"""The Jetson kit's runner (export/jetson/run_tflite.py) on ai-edge-litert: GPU-only on lavapipe,
+as on JetPack 6."""
 
 import json
 import os
@@ -12,7 +13,7 @@ from keras_posenc.backend import keras
 from keras_posenc.models import CausalLM
 
 RUNNER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "export", "run_tflite.py")
+                      "export", "jetson", "run_tflite.py")
 
 
 def run(edge, python, *args):

@@ -371,7 +371,7 @@ def test_tensorrt_host_embedding_onnx_on_onnxruntime(edge, host_model, half_prec
 
 def test_runtime_segment_ids_on_gl_and_litert(edge, tflite_file, half_precision):
     """Packed rows with runtime segment ids: per-segment positions and block-diagonal attention on GPU."""
-    from keras_posenc.encoder import Encoder
+    from keras_posenc.layers.encoder import Encoder
 
     keras.utils.set_random_seed(2)
     ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")

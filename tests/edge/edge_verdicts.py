@@ -32,8 +32,8 @@ def demo(tmp_path_factory):
 
 def cli(*argv):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "keras_posenc.cli", *argv], capture_output=True, text=True,
-                          timeout=900, env=environment)
+    return subprocess.run([sys.executable, "-m", "keras_posenc.app.cli", *argv], capture_output=True,
+                          text=True, timeout=900, env=environment)
 
 
 def test_cli_gpu_target_is_fully_accelerated_by_litert(edge, demo):
@@ -73,7 +73,7 @@ def test_cli_tensorrt_target_writes_onnx_with_parity(edge, demo):
     model, path, folder, ids = demo
     out = str(folder / "m.onnx")
     environment_path = os.pathsep.join([edge.onnx_site()] + sys.path)
-    result = subprocess.run([sys.executable, "-m", "keras_posenc.cli", "export", path, "--out", out,
+    result = subprocess.run([sys.executable, "-m", "keras_posenc.app.cli", "export", path, "--out", out,
                              "--sequence-length", str(LENGTH), "--target", "tensorrt"], capture_output=True,
                             text=True, timeout=900,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=environment_path))

@@ -1,7 +1,7 @@
 """Encoder: token and position embedding followed by a stack of EncoderLayers."""
 
 from keras_posenc.backend import keras, ops
-from keras_posenc.encoder_layer import (
+from keras_posenc.layers.encoder_layer import (
     ATTENTION_POSITIONS,
     EncoderLayer,
     _weight_scope,

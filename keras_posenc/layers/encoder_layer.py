@@ -4,9 +4,9 @@ import contextlib
 
 import numpy as np
 
-from keras_posenc.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
 from keras_posenc.backend import dtype_name, is_keras3, is_tensorflow, keras, ops
 from keras_posenc.layers._shape_preserving import ShapePreserving
+from keras_posenc.layers.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import (
@@ -190,7 +190,7 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
     - "rope": queries and keys of every head are rotated by
       `RotaryEmbedding(**position_config)` before their dot product.
     - "alibi": `-slope_h * |p_j - p_i|` is added to the logits of head `h`
-      (`keras_posenc.alibi.alibi_bias`), merged with the masks into one
+      (`keras_posenc.layers.alibi.alibi_bias`), merged with the masks into one
       additive bias; with the causal mask this is Press et al.'s
       `slope_h * (j - i)`.
 

@@ -57,5 +57,5 @@ def open_runtime(args, litert, classic):
                 raise SystemExit("--runtime litert: pip install ai-edge-litert") from None
     if args.accelerator == "gpu" and not args.delegate:
         raise SystemExit("--accelerator gpu without ai-edge-litert needs --delegate "
-                         "libtensorflowlite_gpu_delegate.so (see export/README.md).")
+                         "libtensorflowlite_gpu_delegate.so (see export/jetson/README.md).")
     return classic(args.model, args.delegate if args.accelerator == "gpu" else None, args.threads)

@@ -131,7 +131,7 @@ def _print_summary(report, out):
 
 # demo ---------------------------------------------------------------------------------------
 def _demo_config():
-    from keras_posenc.train import TrainConfig
+    from keras_posenc.app.train import TrainConfig
 
     return TrainConfig(**DEMO_SETTINGS)
 
@@ -146,7 +146,7 @@ def _add_demo_parser(subparsers):
 
 
 def _run_demo(args):
-    from keras_posenc.train import train
+    from keras_posenc.app.train import train
 
     config = _train_config(args, _demo_config())
     print(f"Training a causal LM on the embedded corpus for {config.steps} steps; writing to {config.out}")
@@ -161,7 +161,7 @@ def _run_demo(args):
 
 
 def _print_generation(run, prompt, spm=None, as_json=False, **generation):
-    from keras_posenc import text_generation
+    from keras_posenc.app import text_generation
 
     model, sp_model = text_generation.load_run(run, spm)
     result = text_generation.generate_text(model, sp_model, prompt, **generation)
@@ -208,7 +208,7 @@ def _run_generate(args):
 
 # train --------------------------------------------------------------------------------------
 def _add_train_parser(subparsers):
-    from keras_posenc.train import TrainConfig
+    from keras_posenc.app.train import TrainConfig
 
     parser = subparsers.add_parser(
         "train", help="train a causal LM on a text or TSV corpus",
@@ -219,7 +219,7 @@ def _add_train_parser(subparsers):
 
 
 def _run_train(args):
-    from keras_posenc.train import TrainConfig, train
+    from keras_posenc.app.train import TrainConfig, train
 
     config = _train_config(args, TrainConfig())
     if config.corpus_format == "tsv" and config.corpus is None:
@@ -242,7 +242,7 @@ def _add_inspect_parser(subparsers):
 
 
 def _run_inspect(args):
-    from keras_posenc import diagnostics
+    from keras_posenc.app import diagnostics
 
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.model)), "inspect")
     result = diagnostics.inspect_model(args.model, out, texts=args.text)
@@ -266,7 +266,7 @@ ABLATE_OUT = os.path.join("runs", "ablation")
 
 
 def _add_ablate_parser(subparsers):
-    from keras_posenc import ablation
+    from keras_posenc.app import ablation
 
     parser = subparsers.add_parser(
         "ablate", help="position-encoding ablation and length extrapolation",
@@ -295,7 +295,7 @@ def _add_ablate_parser(subparsers):
 def _run_ablate(args):
     import dataclasses
 
-    from keras_posenc import ablation
+    from keras_posenc.app import ablation
 
     config = ablation.QUICK if args.quick else ablation.AblationConfig()
     overrides = {}
@@ -343,7 +343,7 @@ def _add_export_parser(subparsers):
                     "the op histogram, the GPU-delegate verdict, the parity against Keras on a real "
                     "token batch and the file size against the weight bytes. Exit status 1 when the "
                     "parity exceeds the tolerance or, with --require-gpu, when the target's GPU backend "
-                    "does not run every op. export/README.md takes the file to a Jetson.")
+                    "does not run every op. export/jetson/README.md takes the file to a Jetson.")
     parser.add_argument("model", help="trained model (.keras, .h5 or SavedModel folder)")
     parser.add_argument("--out", required=True,
                         help="output .tflite file (FILE.json with its input shapes is written beside)")
@@ -373,7 +373,7 @@ def _add_export_parser(subparsers):
                                             "else a synthetic padded batch)")
     generation = parser.add_argument_group(
         "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
-                      "outputs, for export/run_generate.py (CausalLM, --target cpu or tensorrt)")
+                      "outputs, for export/jetson/run_generate.py (CausalLM, --target cpu or tensorrt)")
     generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
     generation.add_argument("--cache-length", type=_positive_int,
                             help="cache slots: prompt + generated tokens, at most max_length (default: none; "
@@ -396,8 +396,8 @@ def _export_parity_batch(model, model_path, sequence_length, batch_size, token_i
             raise _Error(f"--token-ids must hold an int array [n, {sequence_length}], "
                          f"got shape {token_ids.shape}.")
     elif os.path.isfile(spm_path):
-        from keras_posenc import data as data_lib
-        from keras_posenc.diagnostics import probe_batch
+        from keras_posenc.app import dataset as data_lib
+        from keras_posenc.app.diagnostics import probe_batch
 
         with open(spm_path, "rb") as f:
             sp_model = f.read()
@@ -472,7 +472,7 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
         table_path = out + ".embeddings.npy"
         np.save(table_path, export.host_embedding_table(model))
         lines.append(f"Embedding: host; the runner feeds {os.path.basename(table_path)}[token_ids] as "
-                     "`embeddings` (export/run_tflite.py and run_tensorrt.py do)")
+                     "`embeddings` (export/jetson/run_tflite.py and run_tensorrt.py do)")
     with open(out, "wb") as f:
         f.write(flat)
     with open(out + ".json", "w") as f:

@@ -15,7 +15,7 @@
 # exists and names the same pins (a changed pin list reinstalls that part); a registry that cannot
 # be reached fails with a message that says which one.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 CACHE=${EDGE_CACHE:-.edge-cache}
 PY=${PY:-python3.11}
 KERAS3_PY=${KERAS3_PY:-.venv-keras3/bin/python}
@@ -82,7 +82,9 @@ SOURCES
     fail "lavapipe ($lib) misses system libraries (install them with apt-get, e.g. libllvm15):
 $missing"
   fi
-  cp "$icd" "$CACHE/mesa/lvp_icd.json"
+  # The loader reads a relative library_path from the manifest's own folder: the cache can move.
+  sed "s#\"library_path\": *\"[^\"]*\"#\"library_path\": \"usr/lib/x86_64-linux-gnu/libvulkan_lvp.so\"#" \
+    "$icd" > "$CACHE/mesa/lvp_icd.json"
   touch "$CACHE/mesa/.stamp"
 fi
 

@@ -40,6 +40,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_posenc.positions import position_ids as derive_position_ids
+from keras_posenc.special_ids import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, SEP_ID, UNK_ID
 from keras_posenc.validation import check_choice, check_positive_ints
 
 __all__ = [
@@ -49,9 +50,7 @@ __all__ = [
     "sentencepiece_vocab_size", "split_corpus", "train_sentencepiece", "unigram_cross_entropy",
 ]
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
 SEP_PIECE = "<sep>"
-NUM_RESERVED_IDS = 5
 FORMATS = ("text", "tsv")
 
 
@@ -71,8 +70,8 @@ class CorpusError(ValueError):
 def default_corpus_path():
     """Path of the embedded English corpus (Python documentation prose, PSF licence).
 
-    The file is `keras_posenc/data/python_docs_en.txt`, one sentence per
-    line, rebuilt by `keras_posenc/data/make_corpus.py`.
+    The file is `keras_posenc/app/data/python_docs_en.txt`, one sentence per
+    line, rebuilt by `tools/make_corpus.py`.
 
     Returns:
         str, an absolute path.
@@ -90,10 +89,10 @@ def default_corpus_path():
 def parallel_corpus_path():
     """Path of the embedded English -> German sample corpus (1,200 `source<TAB>target` pairs, BSD).
 
-    The file is `keras_posenc/data/po_en_de_slice.tsv`: user-interface
+    The file is `keras_posenc/app/data/po_en_de_slice.tsv`: user-interface
     messages and their human German translations from the gettext `.po`
     files of Django, Wagtail, Sphinx, django CMS and Oscar, a slice of the
-    corpus that `keras_posenc/data/make_parallel_corpus.py` builds (licences
+    corpus that `tools/make_parallel_corpus.py` builds (licences
     in `LICENSE-PO-CORPUS.txt`).
 
     Returns:
@@ -179,7 +178,7 @@ def read_tsv_corpus(path, *, skip_bad_lines=False):
     >>> read_tsv_corpus(path)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    keras_posenc.data.CorpusError: TSV corpus '...pairs.tsv' line 2 has no tab; ...
+    keras_posenc.app.dataset.CorpusError: TSV corpus '...pairs.tsv' line 2 has no tab; ...
     """
     pairs = []
     for number, line in enumerate(_read_lines(path), start=1):

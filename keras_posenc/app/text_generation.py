@@ -9,9 +9,9 @@ stops at `</s>`, and the new ids are decoded with the special ids dropped.
 import json
 import os
 
-from keras_posenc import data as data_lib
 from keras_posenc import generation
 from keras_posenc import models as _models  # noqa: F401  (registers CausalLM for load_model)
+from keras_posenc.app import dataset as data_lib
 from keras_posenc.backend import keras
 
 __all__ = ["format_result", "generate_text", "load_run", "resolve_run"]

@@ -5,11 +5,11 @@ interpreter (the language reference topics in `pydoc_data.topics` and the
 docstrings of the standard library's public modules, classes and functions),
 one sentence per line. Code, grammar rules, tables and headings are left out.
 The text is copyright the Python Software Foundation and distributed under
-the PSF License Version 2 (see `LICENSE-PSF.txt` beside this file).
+the PSF License Version 2 (see `keras_posenc/app/data/LICENSE-PSF.txt`).
 
 The shipped file was built with CPython 3.11.7:
 
-    python keras_posenc/data/make_corpus.py > keras_posenc/data/python_docs_en.txt
+    python tools/make_corpus.py > keras_posenc/app/data/python_docs_en.txt
 
 References:
     - PSF License Version 2, https://docs.python.org/3/license.html.
@@ -80,8 +80,8 @@ def build():
 
     Example: run as a script (see the module docstring)::
 
-        python keras_posenc/data/make_corpus.py > keras_posenc/data/python_docs_en.txt
-        git diff --stat keras_posenc/data/python_docs_en.txt   # empty on CPython 3.11.7
+        python tools/make_corpus.py > keras_posenc/app/data/python_docs_en.txt
+        git diff --stat keras_posenc/app/data/python_docs_en.txt   # empty on CPython 3.11.7
     """
     warnings.simplefilter("ignore")
     out, seen = [], set()

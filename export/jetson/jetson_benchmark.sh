@@ -10,7 +10,7 @@ model=${1:?usage: jetson_benchmark.sh MODEL.tflite [benchmark_model] [num_runs]}
 tool=${2:-./benchmark_model}
 runs=${3:-200}
 [ -f "$model" ] || { echo "no such model: $model" >&2; exit 2; }
-[ -x "$tool" ] || { echo "benchmark_model not found or not executable: $tool (see export/README.md)" >&2; exit 2; }
+[ -x "$tool" ] || { echo "benchmark_model not found or not executable: $tool (see export/jetson/README.md)" >&2; exit 2; }
 
 run() {
   local label=$1; shift

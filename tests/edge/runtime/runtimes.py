@@ -1,12 +1,12 @@
 """Runs exported files on the CPU-emulated GPU runtimes of the edge cache, as subprocesses.
 
 - `run_litert`: ai-edge-litert 2.3 `CompiledModel` (GPU = the WebGPU accelerator over Vulkan,
-  here Mesa lavapipe), see edge/probe_litert.py;
+  here Mesa lavapipe), see tests/edge/runtime/probe_litert.py;
 - `run_gl`: the classic TFLite GPU delegate's OpenGL ES backend bundled in mediapipe 0.10.21,
-  on Mesa llvmpipe (EGL surfaceless), see edge/probe_gl.py.
+  on Mesa llvmpipe (EGL surfaceless), see tests/edge/runtime/probe_gl.py.
 
 Each returns a `Run`: the exit status, the probe's JSON line, the runtime's own log (stderr) and
-the first output. `edge/bootstrap.sh` (run by `make test-edge`) fills the cache.
+the first output. `tests/edge/runtime/bootstrap.sh` (run by `make test-edge`) fills the cache.
 """
 
 import collections
@@ -19,9 +19,9 @@ import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = os.environ.get("EDGE_CACHE", os.path.join(ROOT, ".edge-cache"))
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+CACHE = os.environ.get("EDGE_CACHE", os.path.join(ROOT, ".edge-cache"))
 # tf2onnx + onnxruntime, one folder per Python of the package's locks: tf2onnx 1.16.1 beside
 # .venv (TF 2.12, Python 3.11), tf2onnx 1.17.0 beside .venv-keras3 (TF 2.21, Python 3.12).
 ONNX_SITES = {(3, 11): "onnx-site", (3, 12): "onnx-site-py312"}

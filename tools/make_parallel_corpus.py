@@ -3,8 +3,8 @@
 Django, Wagtail, Sphinx, django CMS and Oscar ship the German translations
 of their user interface messages as `.po` files inside their wheels: short
 English sentences and phrases (`msgid`) with the translation a person wrote
-(`msgstr`). All five are BSD-licensed (see `LICENSE-PO-CORPUS.txt` beside
-this file). This script downloads the pinned wheels with pip, reads every
+(`msgstr`). All five are BSD-licensed (see
+`keras_posenc/app/data/LICENSE-PO-CORPUS.txt`). This script downloads the pinned wheels with pip, reads every
 German `.po` file, keeps the translated, non-fuzzy entries that hold words
 (placeholders such as `%(name)s`, `{0}` or `%s` are removed, and an entry
 whose text is only placeholders, punctuation or HTML is dropped), and writes
@@ -12,9 +12,9 @@ whose text is only placeholders, punctuation or HTML is dropped), and writes
 
 Rebuild the full corpus (about 5,000 pairs) and the shipped test slice:
 
-    python keras_posenc/data/make_parallel_corpus.py --out runs/po_en_de.tsv
-    python keras_posenc/data/make_parallel_corpus.py --out keras_posenc/data/po_en_de_slice.tsv \\
-        --slice 1200 --licence keras_posenc/data/LICENSE-PO-CORPUS.txt
+    python tools/make_parallel_corpus.py --out runs/po_en_de.tsv
+    python tools/make_parallel_corpus.py --out keras_posenc/app/data/po_en_de_slice.tsv \\
+        --slice 1200 --licence keras_posenc/app/data/LICENSE-PO-CORPUS.txt
 
 `--wheels DIR` reads already downloaded wheels instead of calling pip.
 

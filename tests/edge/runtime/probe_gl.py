@@ -3,7 +3,7 @@
 The delegate is the one bundled in mediapipe 0.10.21 (`InferenceCalculator` with
 `delegate { gpu { use_advanced_gpu_api: false } }` = the OpenGL ES 3.1 backend that a Jetson
 without OpenCL uses); OpenGL ES comes from Mesa llvmpipe through EGL_PLATFORM=surfaceless. Run
-inside the mediapipe venv of the edge cache (edge/runtimes.py sets the environment). The
+inside the mediapipe venv of the edge cache (tests/edge/runtime/runtimes.py sets the environment). The
 delegate's own messages ("Following operations are not supported by GPU delegate", "No shader
 implementation for ...") go to stderr, where the caller reads them.
 
@@ -23,7 +23,7 @@ import sys
 import types
 
 # mediapipe's package __init__ imports its solutions, which import cv2 and matplotlib; the
-# inference path needs neither, so they are not installed (edge/bootstrap.sh).
+# inference path needs neither, so they are not installed (tests/edge/runtime/bootstrap.sh).
 for _name in ("cv2", "matplotlib", "matplotlib.pyplot"):
     sys.modules.setdefault(_name, types.ModuleType(_name))
 

@@ -1,7 +1,7 @@
 """Runs a .tflite file with ai-edge-litert's CompiledModel on one accelerator; prints one JSON line.
 
-Run inside the litert venv of the edge cache (see edge/bootstrap.sh), with Mesa lavapipe as the
-Vulkan driver for `--accelerator gpu` (edge/runtimes.py sets the environment). The runtime's own
+Run inside the litert venv of the edge cache (see tests/edge/runtime/bootstrap.sh), with Mesa lavapipe as the
+Vulkan driver for `--accelerator gpu` (tests/edge/runtime/runtimes.py sets the environment). The runtime's own
 log lines go to stderr, where the caller reads them.
 
     python probe_litert.py MODEL.tflite INPUTS.npz OUTPUT.npy --accelerator gpu|cpu [--fp16]

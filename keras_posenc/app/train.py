@@ -22,7 +22,7 @@ costs the same at step 200 and at step 20,000.
 Example: training runs for seconds to minutes, so it is exercised by
 `tests/test_train.py` (artifacts, determinism, resume after a killed
 process, atomic checkpoints, mirrored and multi-worker strategies) rather
-than by a doctest. From the command line (`keras_posenc.cli`)::
+than by a doctest. From the command line (`keras_posenc.app.cli`)::
 
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 200 --num-layers 1 --d-model 32
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 400 --resume  # continue to step 400
@@ -47,10 +47,10 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import data as data_lib
-from keras_posenc._plotting import pyplot, save_figure
-from keras_posenc.backend import is_keras3, keras
-from keras_posenc.encoder import NAMED_POSITIONS, named_position
+from keras_posenc.app import dataset as data_lib
+from keras_posenc.app._plotting import pyplot, save_figure
+from keras_posenc.backend import dropout_state, keras, make_deterministic, save_model
+from keras_posenc.layers.encoder import NAMED_POSITIONS, named_position
 from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.tables import TABLE_KINDS
 from keras_posenc.validation import check_choice, check_positive_ints
@@ -67,7 +67,7 @@ _SCHEDULE_FILE = "schedule.json"
 def _option(default, group, help, *, flag=None, choices=None, type=None, const=None):
     """A config field and its command-line flag: the one place for its name, default and help.
 
-    `keras_posenc.cli` builds the flags of `keras-posenc train` from these
+    `keras_posenc.app.cli` builds the flags of `keras-posenc train` from these
     fields: the flag is `--<name with dashes>` unless `flag` is given; a
     bool field is a switch that flips its default (`--norm-first`,
     `--no-bos`), a field with `const` a switch that sets it (`--quiet`
@@ -355,33 +355,6 @@ class StepLog(keras.callbacks.Callback):
         self.seconds = time.perf_counter() - self._start
 
 
-def _dropout_generators(model):
-    """The random-number state of every random layer of `model` (dropout), created now.
-
-    Keras does not checkpoint it with the model, so a resumed run would replay
-    the dropout masks of the first steps; `train` checkpoints it. On Keras 3
-    it is the state variable of each layer's `SeedGenerator`. On Keras 2 it
-    is each layer's `tf.random.Generator`, which needs
-    `keras.backend.experimental.enable_tf_random_generator()` before the
-    layers are created (otherwise the layers use stateful ops and this list
-    is empty); that path uses Keras 2.12's private `_flatten_layers` and
-    `_random_generator`.
-    """
-    if is_keras3():
-        weights = {id(weight) for weight in model.weights}
-        return [variable for variable in model.variables
-                if id(variable) not in weights and variable.name == "seed_generator_state"]
-    generators = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        rng = getattr(layer, "_random_generator", None)
-        if rng is None or not hasattr(rng, "_maybe_init"):
-            continue
-        rng._maybe_init()
-        if getattr(rng, "_generator", None) is not None:
-            generators.append(rng._generator)
-    return generators
-
-
 # Strategy ----------------------------------------------------------------------------------
 def make_strategy(name):
     """`default`, `mirrored` (all local devices) or `multiworker` (reads TF_CONFIG).
@@ -532,10 +505,7 @@ def train(cfg):
         raise ValueError(f"`batch_size` must be a multiple of the {strategy.num_replicas_in_sync} replicas, "
                          f"got batch_size={cfg.batch_size}.")
     chief = strategy.extended.should_checkpoint
-    keras.utils.set_random_seed(cfg.seed)
-    if hasattr(keras.backend, "experimental"):  # Keras 2 only; Keras 3 seeds its own generators
-        keras.backend.experimental.enable_tf_random_generator()
-    tf.config.experimental.enable_op_determinism()
+    make_deterministic(cfg.seed)
     os.makedirs(cfg.out, exist_ok=True)
     ckpt_dir = _checkpoint_dir(cfg.out)
     checkpoints = list_checkpoints(ckpt_dir)
@@ -565,7 +535,7 @@ def train(cfg):
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                         dropout_rng=_dropout_generators(model), data=batches)
+                                         dropout_rng=dropout_state(model), data=batches)
     start_step = 0
     if cfg.resume:
         step, path = checkpoints[-1]
@@ -573,7 +543,7 @@ def train(cfg):
             batches = iter(train_ds)  # the failed restore may have left the old iterator half-set
             with strategy.scope():
                 checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                                 dropout_rng=_dropout_generators(model), data=batches)
+                                                 dropout_rng=dropout_state(model), data=batches)
         start_step = int(optimizer.iterations.numpy())
         if start_step != step:
             raise ValueError(f"Checkpoint {path} holds optimizer step {start_step}, not {step}.")
@@ -605,12 +575,12 @@ def train(cfg):
 
     model_path = os.path.join(cfg.out, "model.keras")
     if chief:
-        _save_model(model, model_path)
+        save_model(model, model_path)
     else:
         # Saving under MultiWorkerMirroredStrategy runs collectives: every worker must save, and
         # only the chief's copy is kept. A worker that skips it leaves the chief hanging.
         with tempfile.TemporaryDirectory() as scratch:
-            _save_model(model, os.path.join(scratch, "model.keras"))
+            save_model(model, os.path.join(scratch, "model.keras"))
     report = {
         "corpus": os.path.basename(corpus),
         "corpus_format": cfg.corpus_format if cfg.corpus else "text",
@@ -707,7 +677,7 @@ def _restore(checkpoint, path, model, optimizer):
         if "dataset iterator" not in str(error):
             raise
         partial = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                      dropout_rng=_dropout_generators(model))
+                                      dropout_rng=dropout_state(model))
         partial.restore(path).expect_partial()
         warnings.warn(f"{path} holds the state of another input pipeline (written by an earlier "
                       "keras-posenc): resumed the model, optimizer and dropout state; the batches "
@@ -764,14 +734,6 @@ def _evaluate(steps_fn, dataset):
         batch_sum, batch_count = steps_fn.eval(batch)
         total, count = total + float(batch_sum), count + float(batch_count)
     return total / max(count, 1.0)
-
-
-def _save_model(model, path):
-    """Saves the `.keras` file (Keras 2 needs the format named; Keras 3 infers it)."""
-    if is_keras3():
-        model.save(path)
-    else:
-        model.save(path, save_format="keras_v3")
 
 
 def _plot_losses(losses, path, start_step=0, *, eval_loss=None, unigram_loss=None):

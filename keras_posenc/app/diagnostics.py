@@ -31,9 +31,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import data as data_lib
-from keras_posenc._plotting import pyplot, save_figure
-from keras_posenc.encoder_layer import merge_attention_masks
+from keras_posenc.app import dataset as data_lib
+from keras_posenc.app._plotting import pyplot, save_figure
+from keras_posenc.backend import keras
+from keras_posenc.layers.encoder_layer import merge_attention_masks
 
 __all__ = [
     "attention_by_distance", "inspect_model", "pe_value_range", "plot_attention_by_distance",
@@ -293,7 +294,7 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
     """Runs every diagnostic on a `model.keras` saved by `train`; writes PNGs and `inspect.json`.
 
     Args:
-        model_path: str, a `model.keras` written by `keras_posenc.train.train`
+        model_path: str, a `model.keras` written by `keras_posenc.app.train.train`
             (the `spm.model` beside it tokenizes the probe sentences).
         out: str, output folder for `pe_heatmap.png`,
             `attention_by_distance.png` and `inspect.json`.
@@ -318,8 +319,6 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
     References:
         - `docs/articles-behind-the-tools.md` (where this probe comes from).
     """
-    from tensorflow import keras
-
     from keras_posenc import models  # noqa: F401  registers CausalLM for loading
 
     if not os.path.isfile(model_path):

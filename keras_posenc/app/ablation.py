@@ -27,7 +27,7 @@ of `rope-ntk`, `rope-yarn` and `rope-llama3`: evaluated at L > T with the
 scaling factor L / T, they change the rotation of every position, those
 below T included.
 
-Runs are deterministic for a given seed (`tf.keras.utils.set_random_seed` and
+Runs are deterministic for a given seed (`keras.utils.set_random_seed` and
 op determinism); the seed also fixes the order of training examples, which
 is the same for every variant.
 
@@ -64,12 +64,13 @@ import time
 import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
-from tensorflow import keras
 
-from keras_posenc import data, diagnostics
-from keras_posenc._plotting import pyplot, save_figure
+from keras_posenc.app import dataset as data
+from keras_posenc.app import diagnostics
+from keras_posenc.app._plotting import pyplot, save_figure
+from keras_posenc.app.train import StepLog
+from keras_posenc.backend import keras, make_deterministic
 from keras_posenc.models import CausalLM, transformer_adam
-from keras_posenc.train import StepLog
 from keras_posenc.validation import check_positive_ints
 
 __all__ = [
@@ -435,7 +436,7 @@ def position_losses(model, tokens, batch_size):
     for start in range(0, len(tokens), batch_size):
         batch = tokens[start:start + batch_size]
         logits = model(batch[:, :-1], training=False)
-        loss = tf.keras.losses.sparse_categorical_crossentropy(batch[:, 1:], logits, from_logits=True)
+        loss = keras.losses.sparse_categorical_crossentropy(batch[:, 1:], logits, from_logits=True)
         total = total + tf.reduce_sum(tf.cast(loss, tf.float64), axis=0).numpy()
     return total / len(tokens)
 
@@ -480,7 +481,7 @@ def run_one(config, prepared, name, seed):
     Example: training takes seconds, so this is exercised through
     `run_ablation` by `tests/test_ablation.py` (the `quick_run` fixture).
     """
-    tf.keras.utils.set_random_seed(seed)
+    keras.utils.set_random_seed(seed)
     model = build_model(config, prepared.vocab_size, name)
     start = time.perf_counter()
     losses = _train(model, _train_dataset(prepared.train, config.batch_size, seed), config)
@@ -558,9 +559,7 @@ def run_ablation(corpus=None, config=AblationConfig(), *, log=print):
     """
     corpus = corpus or data.default_corpus_path()
     started = time.perf_counter()
-    if hasattr(keras.backend, "experimental"):  # Keras 2 only; Keras 3 seeds its own generators
-        keras.backend.experimental.enable_tf_random_generator()
-    tf.config.experimental.enable_op_determinism()
+    make_deterministic()
     prepared = prepare_data(corpus, config)
     with open(corpus, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()

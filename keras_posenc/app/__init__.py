@@ -1,0 +1,11 @@
+"""The application built on the library: the `keras-posenc` command and what it runs.
+
+- `train`: the language-model trainer (`keras-posenc train` / `demo`);
+- `dataset`: the SentencePiece tokenizer and the tf.data pipelines, with the embedded corpora in `data/`;
+- `ablation`: the position-encoding ablation (`keras-posenc ablate`);
+- `diagnostics`: the probes of `keras-posenc inspect`;
+- `text_generation`: `keras-posenc generate` (SentencePiece in, text out);
+- `cli`: the command line.
+
+The library (`keras_posenc.tables`, `positions`, `layers`, `models`, `export`) never imports this package.
+"""

@@ -1,0 +1,65 @@
+"""The package's layering: every import points down the stack, never up.
+
+tables -> positions -> layers (position layers, attention, encoder) -> models -> export -> app
+(`backend`, `validation` and `special_ids` sit below everything). The application package
+(`keras_posenc.app`: trainer, data, ablation, diagnostics, CLI) is never imported by the library.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_posenc"
+LEVELS = {
+    "keras_posenc._startup": 0, "keras_posenc.validation": 0, "keras_posenc.backend": 0,
+    "keras_posenc.special_ids": 0,
+    "keras_posenc.tables": 1,
+    "keras_posenc.positions": 2,
+    "keras_posenc.layers": 3,
+    "keras_posenc.schedules": 4, "keras_posenc.generation": 4, "keras_posenc.models": 5,
+    "keras_posenc.export": 6,
+    "keras_posenc.app": 7,
+}
+
+
+def _level(module):
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        name = ".".join(parts[:end])
+        if name in LEVELS:
+            return LEVELS[name]
+    raise AssertionError(f"no level for {module}: add it to LEVELS")
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            continue  # package entry points re-export from below
+        yield ".".join(parts), path
+
+
+def _imports(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" if node.module == "keras_posenc" else node.module
+                     for alias in node.names]
+        else:
+            continue
+        yield from (name for name in names if name.startswith("keras_posenc"))
+
+
+@pytest.mark.parametrize("module,path", list(_modules()), ids=lambda v: str(v).rsplit("/", 1)[-1])
+def test_imports_point_down_the_stack(module, path):
+    own = _level(module)
+    upward = sorted({name for name in _imports(path) if _level(name) > own})
+    assert upward == [], f"{module} (level {own}) imports from above: {upward}"
+
+
+def test_every_module_has_a_level():
+    for module, _ in _modules():
+        _level(module)
