@@ -68,9 +68,11 @@ def assert_runs_on(flat, target):
     for backend in OWN_BACKENDS[target]:
         assert export.gpu_incompatible_ops(flat, backend) == [], (backend, ops)
     if target in ("gpu", "gl"):
-        assert not {"GATHER", "GATHER_ND", "SELECT", "SELECT_V2", "TRANSPOSE", "BATCH_MATMUL"} & set(ops)
+        assert not {"GATHER", "GATHER_ND", "SELECT", "SELECT_V2"} & set(ops)
     else:
         assert "GATHER" in ops
+    if target == "gl":  # no shader in the GL backend; the LiteRT GPU accelerator runs them (tests/edge)
+        assert not {"TRANSPOSE", "BATCH_MATMUL"} & set(ops)
 
 
 @pytest.fixture(scope="module")
@@ -241,9 +243,27 @@ def test_batch_size_is_fixed_and_parity_feeds_in_chunks(fp32_model):
     details = export.interpreter_class()(model_content=flat).get_input_details()
     assert details[0]["shape"].tolist() == [2, LENGTH]
     assert export.check_parity(fp32_model, flat, BATCH) <= 1e-4
-    for target in ("gpu", "gl"):
-        with pytest.raises(ValueError, match=f"target='{target}' exports batch 1 only.*batch_size=2"):
-            export.to_tflite(fp32_model, sequence_length=LENGTH, target=target, batch_size=2)
+    with pytest.raises(ValueError, match="target='gl' exports batch 1 only.*batch_size=2"):
+        export.to_tflite(fp32_model, sequence_length=LENGTH, target="gl", batch_size=2)
+
+
+@pytest.mark.parametrize("embedding", ["graph", "host"])
+def test_gpu_target_exports_a_batch_of_two_rows(fp32_model, embedding):
+    """The LiteRT GPU accelerator runs batch > 1 (tests/edge): rows of one batch stay independent."""
+    flat = export.to_tflite(fp32_model, sequence_length=LENGTH, target="gpu", batch_size=2,
+                            embedding=embedding)
+    details = export.interpreter_class()(model_content=flat).get_input_details()
+    assert [d["shape"].tolist() for d in details][0] == [2, LENGTH]
+    assert export.gpu_incompatible_ops(flat, backend="webgpu") == []
+    assert export.check_parity(fp32_model, flat, BATCH) <= 1e-4
+
+
+def test_gpu_batch_with_runtime_segment_ids_is_refused():
+    model = encoder_model(takes=("segment_ids",))
+    assert export.check_parity(model, export.to_tflite(model, sequence_length=LENGTH, target="gpu"), BATCH,
+                               segment_ids=SEGMENTS) <= 1e-4
+    with pytest.raises(ValueError, match=r"runtime segment_ids export batch 1 only, got shape \(2, 8\)"):
+        export.to_tflite(model, sequence_length=LENGTH, target="gpu", batch_size=2)
 
 
 # Verdicts ------------------------------------------------------------------------------------
@@ -438,7 +458,9 @@ def test_export_command_names_the_backend_and_fails_on_request(tmp_path, capsys)
     count = len(export.operators(flat))
     assert (f"LiteRT GPU accelerator (ai-edge-litert CompiledModel; WebGPU over Vulkan, JetPack 6): "
             f"all {count} ops run on the GPU") in printed
-    assert "OpenGL ES (Jetson + tflite-runtime): NOT fully accelerated; runs on the CPU: CAST" in printed
+    gl_line = next(line for line in printed.splitlines() if line.strip().startswith("OpenGL ES (Jetson"))
+    assert "NOT fully accelerated; runs on the CPU: " in gl_line  # the gpu file's BATCH_MATMUL, CAST, ...
+    assert "BATCH_MATMUL" in gl_line and "CAST" in gl_line
     parity = float(printed.split("max abs diff ")[1].split()[0])
     assert parity <= 1e-4
     batch = export.sample_token_batch(model, 12)[0]
@@ -458,6 +480,15 @@ def test_export_command_names_the_backend_and_fails_on_request(tmp_path, capsys)
     assert "GATHER" in printed and "FAILED: parity" in printed
     assert cli.main(["export", str(tmp_path / "none.keras"), "--out", out, "--sequence-length", "4"]) == 2
     assert "Model file not found" in capsys.readouterr().err
+    # Bad input: clear errors, exit status 2, nothing written.
+    bad = ["export", str(tmp_path / "model.keras"), "--out", str(tmp_path / "bad.tflite")]
+    for flags, message in ((["--sequence-length", "32"], "=32 exceeds the model's max_length=16"),
+                           (["--target", "gl", "--batch-size", "2"], "target='gl' exports batch 1 only"),
+                           (["--target", "cpu", "--embedding", "host"], "--embedding host is for the gpu")):
+        flags = flags if "--sequence-length" in flags else flags + ["--sequence-length", "12"]
+        assert cli.main(bad + flags) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "bad.tflite").exists()
 
 
 # float16 safety, quadratic constants, host embedding, cost ----------------------------------
@@ -525,12 +556,18 @@ def test_host_embedding_takes_the_looked_up_rows(target):
 
 
 def test_host_embedding_errors(fp32_model):
-    with pytest.raises(ValueError, match="is for the gpu and gl targets"):
+    with pytest.raises(ValueError, match="is for the gpu and gl targets .* and tensorrt .*target='cpu'"):
         export.to_tflite(fp32_model, sequence_length=LENGTH, target="cpu", embedding="host")
     with pytest.raises(ValueError, match="`embedding` must be one of"):
         export.to_tflite(fp32_model, sequence_length=LENGTH, embedding="table")
     ids = keras.Input(shape=(None,), dtype="int32")
     model = keras.Model(ids, SinusoidalPositionEmbedding(max_length=16)(keras.layers.Embedding(30, 6)(ids)))
     assert export.default_embedding(model, "gpu") == "graph"
-    with pytest.raises(ValueError, match="needs a token embedding, and model '.*' has no TokenAndPosition"):
-        export.to_tflite(model, sequence_length=LENGTH, embedding="host")
+    no_table = "needs a token embedding, and model '.*' has no TokenAndPosition"
+    for target in ("gpu", "gl"):
+        with pytest.raises(ValueError, match=no_table):
+            export.to_tflite(model, sequence_length=LENGTH, target=target, embedding="host")
+    with pytest.raises(ValueError, match=no_table):
+        export.to_onnx(model, sequence_length=LENGTH, embedding="host")  # before tf2onnx is imported
+    with pytest.raises(ValueError, match="`embedding` must be one of"):
+        export.to_onnx(fp32_model, sequence_length=LENGTH, embedding="table")

@@ -5,7 +5,8 @@ Needs the TensorRT Python API (`import tensorrt`: part of JetPack, or `pip insta
 an x86 GPU machine), numpy and either cuda-python (`from cuda import cudart`) or PyCUDA for the
 device buffers. Prints p50/p90/p99 latency and the same output checksum as
 `run_tflite.py`/`keras-posenc export` print for the same token ids (same `--seed`, same vocab
-from `MODEL.onnx.json`).
+from `MODEL.onnx.json`). A file exported with `--embedding host` also takes `embeddings`, the rows
+`table[token_ids]`, looked up here from `MODEL.onnx.embeddings.npy` (as run_tflite.py does).
 
 Usage:
     python3 run_tensorrt.py model.onnx [--fp16] [--save model.engine] [--iterations 200] [--json]
@@ -19,6 +20,7 @@ import sys
 
 import numpy as np
 from kit_report import print_summary, summarize, time_runs
+from run_tflite import embedding_rows
 
 
 def parse_args(argv):
@@ -129,21 +131,26 @@ def main(argv=None):
     metadata = json.load(open(metadata_path)) if os.path.isfile(metadata_path) else {}
     rng = np.random.default_rng(args.seed)
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [name for name in names if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT]
+    token_name = next(name for name in inputs if "language_ids" not in name and "embeddings" not in name)
+    if args.token_ids:
+        ids = np.load(args.token_ids)
+    else:
+        vocab = args.vocab_size or metadata.get("vocab_size")
+        if not vocab:
+            raise SystemExit("Pass --vocab-size or --token-ids, or keep MODEL.onnx.json beside the model.")
+        ids = rng.integers(1, vocab, size=tuple(engine.get_tensor_shape(token_name)))
     host, pointers, output = {}, {}, None
     for name in names:
         shape = tuple(engine.get_tensor_shape(name))
         dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
-        if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+        if name in inputs:
             if "language_ids" in name:
                 values = np.zeros(shape)
-            elif args.token_ids:
-                values = np.load(args.token_ids)
+            elif "embeddings" in name:  # --embedding host: table[ids] from MODEL.onnx.embeddings.npy
+                values = embedding_rows(np.asarray(ids), args, metadata)
             else:
-                vocab = args.vocab_size or metadata.get("vocab_size")
-                if not vocab:
-                    raise SystemExit("Pass --vocab-size or --token-ids, or keep MODEL.onnx.json beside "
-                                     "the model.")
-                values = rng.integers(1, vocab, size=shape)
+                values = ids
             host[name] = np.ascontiguousarray(values.astype(dtype))
         else:
             host[name] = np.empty(shape, dtype)

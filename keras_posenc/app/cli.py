@@ -351,7 +351,7 @@ def _add_export_parser(subparsers):
                         help="fixed input length, at most the model's max_length (default: none; required "
                              "without --generate)")
     parser.add_argument("--batch-size", type=_positive_int, default=1,
-                        help="fixed batch (1 for the GPU delegate) (default: 1)")
+                        help="fixed batch (gpu, cpu, tensorrt; gl runs batch 1 only) (default: 1)")
     parser.add_argument("--quantize", choices=[mode for mode in QUANTIZE_MODES if mode],
                         help="float16 weights (GPU) or int8 dynamic-range weights (CPU) (default: none, "
                              "float32)")
@@ -359,10 +359,11 @@ def _add_export_parser(subparsers):
                         help="gpu: LiteRT GPU accelerator / OpenCL delegate; gl: OpenGL ES delegate (float "
                              "inputs); cpu: XNNPACK with GATHER; tensorrt: ONNX for trtexec (default: gpu)")
     parser.add_argument("--embedding", choices=("host", "graph"),
-                        help="gpu/gl: host = the file takes the looked-up rows table[ids] as float "
-                             "input `embeddings` (the kit reads them from FILE.embeddings.npy), graph = a "
-                             "one-hot product on the GPU (T x vocab x d_model multiply-adds) (default: host "
-                             "for gpu/gl models with a token table, the faster on a GPU; graph otherwise)")
+                        help="gpu/gl/tensorrt: host = the file takes the looked-up rows table[ids] as "
+                             "float input `embeddings` (the kit reads them from FILE.embeddings.npy), graph "
+                             "= the lookup in the file (gpu/gl: a one-hot product on the GPU, T x vocab x "
+                             "d_model multiply-adds; tensorrt: GATHER) (default: host for gpu/gl models "
+                             "with a token table, the faster on a GPU; graph otherwise)")
     parser.add_argument("--require-gpu", action="store_true",
                         help="fail when the GPU delegate would reject an op (default: off)")
     parser.add_argument("--tolerance", type=float,
@@ -448,12 +449,15 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
     from keras_posenc import export
 
     model = export.load_model(model_path)
-    if target == "tensorrt" and embedding == "host":
-        raise _Error("--embedding host is for the gpu and gl targets; tensorrt GATHERs its lookups.")
+    if target == "cpu" and embedding == "host":
+        raise _Error("--embedding host is for the gpu, gl and tensorrt targets; cpu GATHERs its lookups "
+                     "in the file.")
+    embedding = embedding or export.default_embedding(model, target)
     token_ids, language_ids = _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     if target == "tensorrt":
-        flat = export.to_onnx(model, sequence_length=sequence_length, batch_size=batch_size)
+        flat = export.to_onnx(model, sequence_length=sequence_length, batch_size=batch_size,
+                              embedding=embedding)
         parity = export.check_onnx_parity(model, flat, token_ids, language_ids)
         report = {"parity": parity, "verdicts": {},
                   "cost": export.cost_summary(export.onnx_cost(flat), export.weight_bytes(model))}
@@ -462,7 +466,6 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
                  f"Parity onnxruntime vs Keras: max abs diff {parity:.3g} on real tokens",
                  export.format_cost(report["cost"])]
     else:
-        embedding = embedding or export.default_embedding(model, target)
         flat = export.to_tflite(model, sequence_length=sequence_length, target=target,
                                 batch_size=batch_size, quantize=quantize, embedding=embedding)
         report = export.export_report(model, flat, token_ids, language_ids, target=target)
@@ -471,13 +474,13 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
         table_path = out + ".embeddings.npy"
         np.save(table_path, export.host_embedding_table(model))
         lines.append(f"Embedding: host; the runner feeds {os.path.basename(table_path)}[token_ids] as "
-                     "`embeddings` (export/jetson/run_tflite.py does)")
+                     "`embeddings` (export/jetson/run_tflite.py and run_tensorrt.py do)")
     with open(out, "wb") as f:
         f.write(flat)
     with open(out + ".json", "w") as f:
         table = os.path.basename(out) + ".embeddings.npy" if embedding == "host" else None
         metadata = export.runtime_metadata(model, sequence_length, batch_size, quantize=quantize,
-                                           target=target, embedding=embedding or "graph",
+                                           target=target, embedding=embedding,
                                            embedding_table=table)
         json.dump(dict(metadata, cost=report["cost"]), f, indent=1)
     print(f"Wrote {out} ({len(flat)} bytes, target {target}, quantize={quantize or 'none'}, "

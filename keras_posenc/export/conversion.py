@@ -11,12 +11,13 @@ Targets (`TARGETS`):
 
 - `gpu` (default): the LiteRT GPU accelerator (WebGPU/Vulkan, JetPack 6) and the OpenCL GPU
   delegate. int32 inputs, cast once to float (ids above 2048 split into digits by FLOOR_DIV
-  first, exact in float16), then the shader-only formulation of `gl` (one-hot products by
-  constant weights instead of GATHER, no STRIDED_SLICE, BATCH_MATMUL or CUMSUM): the token
-  lookup costs `T * vocab * d_model` multiply-adds with `embedding="graph"`, none with
-  `embedding="host"` (the runner feeds the looked-up rows), the price of keeping every op on the
-  GPU (a LiteRT GPU run of the one-hot/EQUAL/CUMSUM graph gave wrong logits on lavapipe).
-  Finite and within 3.4e-3 of float32 in the accelerator's float16 mode. Batch 1.
+  first, exact in float16); the lookups of `gl` (one-hot products by constant weights instead of
+  GATHER, no STRIDED_SLICE or CUMSUM): the token lookup costs `T * vocab * d_model`
+  multiply-adds with `embedding="graph"`, none with `embedding="host"` (the runner feeds the
+  looked-up rows), the price of keeping every op on the GPU (a LiteRT GPU run of the
+  one-hot/EQUAL/CUMSUM graph gave wrong logits on lavapipe). Attention by BATCH_MATMUL and
+  LayerNorm by MEAN, which this accelerator runs and GL does not (`keras_posenc.export.gpu`).
+  Finite and close to float32 in the accelerator's float16 mode. Any batch size.
 - `gl`: the classic GPU delegate's OpenGL ES backend (Jetson with tflite-runtime): the same
   graph with float32 inputs (GL has no CAST shader), see `keras_posenc.export.gl`. Batch 1.
 - `cpu`: XNNPACK, GATHER lookups (the smallest compute).
@@ -34,6 +35,7 @@ from keras_posenc import models as _models  # noqa: F401  (registers Encoder and
 from keras_posenc.backend import keras
 from keras_posenc.export import emitters
 from keras_posenc.export import gl as _gl  # noqa: F401  (registers the gl formulations)
+from keras_posenc.export import gpu as _gpu  # noqa: F401  (then gpu's own, replacing gl's for gpu)
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
@@ -85,7 +87,7 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
             `max_length`.
         target: one of `TARGETS` ("gpu", "gl", "cpu"; "tensorrt" is
             `to_onnx`), see the module docstring.
-        batch_size: int, the fixed batch size (1 for the GPU delegates).
+        batch_size: int, the fixed batch size (1 for `target="gl"`).
         quantize: None (float32), "float16" (float16 weights, float32 compute)
             or "dynamic_int8" (int8 weights, dynamic-range kernels on CPU).
         embedding: "graph" (the file looks the token ids up) or "host" (gpu and
@@ -137,14 +139,15 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
         raise ValueError("target='tensorrt' exports ONNX: use to_onnx(model, sequence_length=...).")
     if quantize not in QUANTIZE_MODES:
         raise ValueError(f"`quantize` must be one of {QUANTIZE_MODES}, got quantize={quantize!r}.")
-    if target in ("gpu", "gl") and batch_size != 1:
-        raise ValueError(f"target={target!r} exports batch 1 only (what the GPU delegates run), "
-                         f"got batch_size={batch_size}.")
+    if target == "gl" and batch_size != 1:
+        raise ValueError(f"target='gl' exports batch 1 only (the GL delegate takes the first axis of "
+                         f"every tensor for the batch), got batch_size={batch_size}.")
     check_choice("embedding", embedding, EMBEDDINGS)
     if embedding == "host":
         if target not in ("gpu", "gl"):
             raise ValueError(f"`embedding='host'` is for the gpu and gl targets (their lookup is a one-hot "
-                             f"product); target={target!r} GATHERs: use embedding='graph'.")
+                             f"product) and tensorrt (to_onnx); target={target!r} GATHERs: use "
+                             "embedding='graph'.")
         host_embedding_table(model)  # ValueError without a token table
     clone = rebuild(model, spec, target)
     dtype = tf.float32 if target == "gl" else tf.int32
@@ -155,6 +158,9 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
     function = tf.function(call, input_signature=signature)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)], clone)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if target == "gpu":  # keep BATCH_MATMUL (TF 2.12 unrolls it into per-head FULLY_CONNECTED)
+        converter._experimental_disable_batchmatmul_unfold = True
+        converter.unfold_batchmatmul = False
     if quantize is not None:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if quantize == "float16":
@@ -166,7 +172,7 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
             f"TFLite conversion with builtin ops only failed for model '{model.name}': {error}") from error
 
 
-def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
+def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding="graph"):
     """Converts the model to ONNX for TensorRT (`target="tensorrt"`): static shapes, int32 ids.
 
     Uses tf2onnx: 1.16.1 on TF 2.12 (the last release tested there; it pins
@@ -178,6 +184,10 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
     Args:
         model, sequence_length, batch_size: as in `to_tflite`.
         opset: int >= 17, the ONNX opset.
+        embedding: "graph" (GATHER from the token table in the file) or "host"
+            (the file takes `host_embedding_table(model)[token_ids]` as a
+            float32 input `embeddings` `[batch, T, d_model]` after its int32
+            inputs, and holds no token table; export/jetson/run_tensorrt.py feeds it).
 
     Returns:
         The serialized ONNX `ModelProto` as bytes.
@@ -188,6 +198,9 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
     """
     spec = ModelSpec.of(model, sequence_length, batch_size)
     check_positive_int("opset", opset, minimum=17)
+    check_choice("embedding", embedding, EMBEDDINGS)
+    if embedding == "host":
+        host_embedding_table(model)  # ValueError without a token table
     try:
         import tf2onnx
     except ImportError as error:
@@ -196,9 +209,11 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
                           "`make test-edge`, which installs it under .edge-cache/onnx-site "
                           "(onnx-site-py312 for .venv-keras3).") from error
     clone = rebuild(model, spec, "tensorrt")
-    function = tf.function(spec.caller(clone), input_signature=spec.signature(tf.int32))
-    proto, _ = tf2onnx.convert.from_function(function, input_signature=spec.signature(tf.int32),
-                                             opset=opset)
+    call, signature = spec.caller(clone), spec.signature(tf.int32)
+    if embedding == "host":
+        call, signature = _with_host_embeddings(clone, call, signature, spec)
+    function = tf.function(call, input_signature=signature)
+    proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=opset)
     return proto.SerializeToString()
 
 

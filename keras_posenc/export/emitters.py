@@ -173,9 +173,11 @@ def _position_gather(layer, inputs, position_ids=None, language_ids=None, mask=N
 def _embed(layer, token_ids, position_ids, language_ids, segment_ids, lookup):
     token_ids = tf.cast(token_ids, tf.int32)
     mask = tf.not_equal(token_ids, layer.pad_id)
-    x = lookup(token_ids)
-    if layer.scale_embeddings:
-        x = x * math.sqrt(layer.d_model)
+    x = getattr(layer, "_export_embeddings", None)  # embedding="host": table[ids] fed, sqrt(d_model) in
+    if x is None:
+        x = lookup(token_ids)
+        if layer.scale_embeddings:
+            x = x * math.sqrt(layer.d_model)
     return layer.position_embedding(x, position_ids=position_ids, language_ids=language_ids, mask=mask,
                                     segment_ids=segment_ids, training=False)
 

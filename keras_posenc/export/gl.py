@@ -29,6 +29,7 @@ Batch 1 only (what the GL delegate runs); position ids and attention masks must 
 the traced graph (segment ids may be a runtime input).
 """
 
+import collections
 import math
 
 import numpy as np
@@ -83,36 +84,41 @@ def one_hot(values, depth):
 
 
 def token_one_hot(token_ids, vocab_size):
-    """Token ids `[1, T]` -> `[1, T, V']` one-hot rows (V' >= vocab_size), exact in float16 too.
+    """Token ids `[B, T]` -> `[1, B * T, V']` one-hot rows (V' >= vocab_size), exact in float16 too.
 
     float16 holds every integer up to 2048 only: above that, `|v - classes|` would pick a
-    neighbouring row. Larger vocabs split each id into two digits below 2048 (high = v // base,
-    low = v % base), one-hot each, and join them as the outer product, whose row
-    `high * base + low` is the id's. int32 ids (the `gpu` target) are split by FLOOR_DIV before
-    the one CAST; float ids (`gl`) by counting the thresholds `base * h` they pass, read from the
-    input (which the delegates keep in float32).
+    neighbouring row. Larger vocabs split each id into two digits (high = v // base, low =
+    v % base, base a power of two near sqrt(vocab)), one-hot each, and join them as the outer
+    product, whose row `high * base + low` is the id's. int32 ids (the `gpu` target) are split
+    by FLOOR_DIV before the one CAST. Float ids (`gl`): a float16 GPU rounds the ids that a 1x1
+    CONV_2D reads (the GL delegate on llvmpipe does), so the thresholds `base * h` they pass
+    (constants exact in float16: multiples of a power of two) give a high digit that may be off
+    by one; the low digit `v - base * high` is an element-wise SUB, which reads the float32
+    input exactly, and one step corrects both digits into [0, base).
     """
     if vocab_size <= _FLOAT16_INTEGERS:
         return one_hot(token_ids, vocab_size)
-    base = math.isqrt(vocab_size - 1) + 1
+    base = 1 << ((vocab_size - 1).bit_length() + 1) // 2  # 2^ceil(log2(vocab) / 2)
     count = -(-vocab_size // base)
-    length = token_ids.shape[-1]
     if token_ids.dtype.is_integer:
         high = tf.math.floordiv(token_ids, base)
         low = tf.cast(token_ids - high * base, tf.float32)
         high = tf.cast(high, tf.float32)
     else:
-        values = tf.reshape(token_ids, [1, length, 1])
-        # step h = 1 when v >= base * h: min(relu(v - base * h + 1), 1) for integer-valued v.
-        thresholds = 1.0 - base * np.arange(1, count, dtype=np.float32)
-        steps = tf.minimum(tf.nn.relu(linear(values, np.ones([1, count - 1], np.float32), thresholds)), 1.0)
-        high = linear(steps, np.ones([count - 1, 1], np.float32))  # [1, T, 1]
-        low = tf.reshape(values - high * float(base), [1, length])
-        high = tf.reshape(high, [1, length])
-    high = tf.reshape(one_hot(high, count), [1, length, count, 1])
-    high = tf.reshape(linear(high, np.ones([1, base], np.float32)), [1, length, count, base])
-    low = _broadcast_rows(tf.reshape(one_hot(low, base), [1, length, 1, base]), count, axis=2)
-    return tf.reshape(high * low, [1, length, count * base])
+        values = tf.reshape(token_ids, [1, -1, 1])
+        # [v >= base * h] = 1 - min(relu(base * h - v), 1) for integer-valued v: no constant but base * h.
+        below = tf.minimum(tf.nn.relu(linear(values, -np.ones([1, count - 1], np.float32),
+                                             base * np.arange(1, count, dtype=np.float32))), 1.0)
+        high = (count - 1.0) - linear(below, np.ones([count - 1, 1], np.float32))  # [1, N, 1]
+        low = values - high * float(base)  # in (-base, 2 * base)
+        under = tf.minimum(tf.nn.relu(-low), 1.0)  # low < 0: one high step too many
+        over = tf.minimum(tf.nn.relu(low - (base - 1.0)), 1.0)  # low >= base: one too few
+        high = tf.reshape(high - under + over, [1, -1])
+        low = tf.reshape(low + (under - over) * float(base), [1, -1])
+    high = tf.reshape(one_hot(high, count), [1, -1, count, 1])
+    high = tf.reshape(linear(high, np.ones([1, base], np.float32)), [1, -1, count, base])
+    low = _broadcast_rows(tf.reshape(one_hot(low, base), [1, -1, 1, base]), count, axis=2)
+    return tf.reshape(high * low, [1, -1, count * base])
 
 
 def real_tokens(token_ids, pad_id):
@@ -144,17 +150,18 @@ def layer_norm(x, norm):
 
 def _check_batch(tensor):
     if tensor.shape[0] != 1:
-        raise ValueError(f"The gpu and gl targets run batch 1 only, got shape {tensor.shape}.")
+        raise ValueError(f"The gl target and runtime segment_ids export batch 1 only, got shape "
+                         f"{tensor.shape}.")
 
 
 def _position_rows(layer, x, real, position_ids=None, language_ids=None, segment_ids=None):
-    """`x + pe` for float `x` `[1, T, D]` and float `real` `[1, T]` (None: no mask)."""
+    """`x + pe` for float `x` `[B, T, D]` and float `real` `[B, T]` (None: no mask)."""
     constants = frozen(layer)
-    length = x.shape[1]
+    batch, length, depth = x.shape
     if real is None:
-        real = tf.ones([1, length])
+        real = tf.ones([batch, length])
     if position_ids is not None:
-        ids = tf.reshape(tf.cast(position_ids, tf.float32), [1, length])
+        ids = tf.reshape(tf.cast(position_ids, tf.float32), [-1, length])
         rows = constants.table
     else:
         if segment_ids is not None and tf.get_static_value(segment_ids) is None:
@@ -169,16 +176,15 @@ def _position_rows(layer, x, real, position_ids=None, language_ids=None, segment
         ids = (ids + 1.0) * real - 1.0  # padding -> -1 -> a zero one-hot row -> pe exactly 0
     elif position_ids is None:
         ids = ids * real
-    pe = linear(one_hot(ids, len(rows)), rows)
+    pe = tf.reshape(linear(one_hot(ids, len(rows)), rows), [-1, length, depth])
     if constants.scales is not None:
         count = len(constants.scales)
         languages = tf.cast(language_ids, tf.float32)
         if language_ids.shape.rank == 1:  # one language per row: spread over [T * D] by the weights
-            spread = np.repeat(constants.scales[:, None], length * x.shape[2], axis=1)
-            scale = tf.reshape(linear(one_hot(languages, count), spread), [1, length, -1])
+            spread = np.repeat(constants.scales[:, None], length * depth, axis=1)
         else:
-            spread = np.repeat(constants.scales[:, None], x.shape[2], axis=1)
-            scale = linear(one_hot(languages, count), spread)
+            spread = np.repeat(constants.scales[:, None], depth, axis=1)
+        scale = tf.reshape(linear(one_hot(languages, count), spread), [-1, length, depth])
         pe = pe * scale
     return x + pe
 
@@ -186,19 +192,18 @@ def _position_rows(layer, x, real, position_ids=None, language_ids=None, segment
 @emits(("gl", "gpu"), PositionEmbeddingBase)
 def _position(layer, inputs, position_ids=None, language_ids=None, mask=None, training=None,
               segment_ids=None):
-    _check_batch(inputs)
-    real = None if mask is None else tf.reshape(tf.cast(mask, tf.float32), [1, -1])
+    real = None if mask is None else tf.reshape(tf.cast(mask, tf.float32), [-1, inputs.shape[1]])
     return _position_rows(layer, inputs, real, position_ids, language_ids, segment_ids)
 
 
 def _embed(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None):
-    """`[1, T, D]` embeddings and the float real-token row `[1, T]` for float token ids `[1, T]`."""
-    _check_batch(token_ids)
+    """`[B, T, D]` embeddings and the float real-token rows `[B, T]` for token ids `[B, T]`."""
+    length = token_ids.shape[1]
     rows = getattr(layer, "_export_embeddings", None)
     if rows is not None:  # embedding="host": the runner looked the rows up, scaled
         # The pad test reads the ids as floats: exact for a pad id up to 2048 in float16, because
         # only ids above 2048 round, and never below 2048.
-        x = tf.reshape(rows, [1, token_ids.shape[1], layer.d_model])
+        x = tf.reshape(rows, [-1, length, layer.d_model])
         real = real_tokens(token_ids, layer.pad_id)
         x = _position_rows(layer.position_embedding, x, real, position_ids, language_ids, segment_ids)
         return x, real
@@ -213,8 +218,8 @@ def _embed(layer, token_ids, position_ids=None, language_ids=None, segment_ids=N
     else:  # the pad id's one-hot column: exact for any pad id
         column = np.zeros([rows.shape[-1], 1], np.float32)
         column[layer.pad_id] = 1.0
-        real = tf.reshape(1.0 - linear(rows, column), [1, -1])
-    x = linear(rows, table)
+        real = tf.reshape(1.0 - linear(rows, column), [-1, length])
+    x = tf.reshape(linear(rows, table), [-1, length, layer.d_model])
     x = _position_rows(layer.position_embedding, x, real, position_ids, language_ids, segment_ids)
     return x, real
 
@@ -238,23 +243,37 @@ def _broadcast_rows(tensor, copies, axis):
     return parts[0] if len(parts) == 1 else tf.concat(parts, axis=axis)
 
 
+Projections = collections.namedtuple("Projections", ["heads", "head_dim", "query", "key", "value", "output"])
+
+
+def attention_projections(attention, width):
+    """The weights of a `MultiHeadAttention` over `width` features, built if it never ran.
+
+    Returns `Projections(heads, head_dim, query, key, value, output)`: `(kernel, bias)` pairs,
+    kernels `[width, heads, head_dim]` (output: `[heads * head_dim, width]`), biases
+    `[heads, head_dim]` (output: `[width]`). The one reader of the layer's private attributes.
+    """
+    heads, head_dim = attention._num_heads, attention._key_dim
+    # MultiHeadAttention builds its projections on its first call, which the export replaces.
+    denses = (attention._query_dense, attention._key_dense, attention._value_dense)
+    for dense in denses:
+        if not dense.built:
+            dense.build(tf.TensorShape([1, 1, width]))
+    output = attention._output_dense
+    if not output.built:
+        output.build(tf.TensorShape([1, 1, heads, head_dim]))
+    query, key, value = ((dense.kernel, dense.bias) for dense in denses)
+    return Projections(heads, head_dim, query, key, value,
+                       (tf.reshape(output.kernel, [heads * head_dim, -1]), output.bias))
+
+
 def _attention(layer, x, bias):
     """Multi-head self-attention of `x` `[1, T, D]` with an additive `bias` `[1, T, 1, T]`."""
-    attention = layer.attention
     length = x.shape[1]
-    heads, head_dim = attention._num_heads, attention._key_dim
-    # MultiHeadAttention builds its projections on its first call, which the gl target replaces.
-    for dense in (attention._query_dense, attention._key_dense, attention._value_dense):
-        if not dense.built:
-            dense.build(tf.TensorShape([1, length, x.shape[2]]))
-    if not attention._output_dense.built:
-        attention._output_dense.build(tf.TensorShape([1, length, heads, head_dim]))
-    query_kernel, key_kernel, value_kernel = (dense.kernel for dense in
-                                              (attention._query_dense, attention._key_dense,
-                                               attention._value_dense))
-    query_bias, key_bias, value_bias = (dense.bias for dense in
-                                        (attention._query_dense, attention._key_dense,
-                                         attention._value_dense))
+    projections = attention_projections(layer.attention, x.shape[2])
+    heads, head_dim = projections.heads, projections.head_dim
+    (query_kernel, query_bias), (key_kernel, key_bias), (value_kernel, value_bias) = (
+        projections.query, projections.key, projections.value)
     scale = 1.0 / math.sqrt(float(head_dim))
     # RoPE and ALiBi (position="rope" | "alibi") as constants of positions 0..T-1, see the hooks.
     rotation = layer.export_rotation(length)
@@ -283,9 +302,7 @@ def _attention(layer, x, bias):
         mean = tf.nn.avg_pool2d(weights * values, ksize=[1, length], strides=[1, 1], padding="VALID")
         outputs.append(mean * float(length))  # [1, T, 1, head_dim]
     merged = tf.reshape(tf.concat(outputs, axis=-1), [1, length, heads * head_dim])
-    output_dense = attention._output_dense
-    kernel = tf.reshape(output_dense.kernel, [heads * head_dim, -1])
-    return linear(merged, kernel, output_dense.bias)
+    return linear(merged, *projections.output)
 
 
 def _dense(dense, x):
@@ -359,6 +376,7 @@ def _segment_positions(real, segment_ids):
     (packing numbers them 1, 2, 3, ...). Constants `[T, T]` only: the key row is repeated per
     query by CONCATENATION, and the count over keys is a product with constant ones.
     """
+    _check_batch(real)
     length = real.shape[1]
     before = np.arange(length)[None, :] < np.arange(length)[:, None]  # [query i, key j]: j < i
     counted = _key_rows(real) * _pair_constant(before) * _same_segment(segment_ids)
@@ -382,6 +400,7 @@ def _key_bias(real, allowed, same_segment=None):
 @emits(("gl", "gpu"), Encoder)
 def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None):
+    _check_batch(token_ids)
     length = token_ids.shape[1]
     runtime_segments = segment_ids is not None and tf.get_static_value(segment_ids) is None
     try:
@@ -399,22 +418,3 @@ def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids
     if layer.final_norm is not None:
         x = layer_norm(x, layer.final_norm)
     return x
-
-
-def attention_projections(layer, length, width):
-    """The one reader of `layer.attention`'s MultiHeadAttention internals, for the generation graphs.
-
-    Returns `(heads, head_dim, [(kernel, bias) of query, key, value], (kernel, bias) of the
-    output)`: kernels `[d_model, heads, head_dim]` and `[heads, head_dim, d_model]`, built for
-    inputs `[1, length, width]` when the layer has not been called yet.
-    """
-    attention = layer.attention
-    heads, head_dim = attention._num_heads, attention._key_dim
-    denses = (attention._query_dense, attention._key_dense, attention._value_dense)
-    for dense in denses:
-        if not dense.built:
-            dense.build(tf.TensorShape([1, length, width]))
-    if not attention._output_dense.built:
-        attention._output_dense.build(tf.TensorShape([1, length, heads, head_dim]))
-    return (heads, head_dim, [(dense.kernel, dense.bias) for dense in denses],
-            (attention._output_dense.kernel, attention._output_dense.bias))

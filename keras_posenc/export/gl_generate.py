@@ -81,7 +81,9 @@ def _decode_attention(layer, x, position, slot_row, key_cache, value_cache):
     `x` `[1, 1, D]`; `position` `[1, 1, 1]` float; `slot_row` `[1, 1, C]` its one-hot row; the
     caches `[1, C, heads, head_dim]`.
     """
-    heads, head_dim, projections, output = gl.attention_projections(layer, 1, x.shape[-1])
+    weights = gl.attention_projections(layer.attention, x.shape[-1])
+    heads, head_dim, output = weights.heads, weights.head_dim, weights.output
+    projections = (weights.query, weights.key, weights.value)
     width = heads * head_dim
     cache_length = key_cache.shape[1]
     query, key, value = (gl.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
@@ -130,7 +132,9 @@ def _decode_attention(layer, x, position, slot_row, key_cache, value_cache):
 def _prefill_attention(layer, x, cache_length):
     """Causal attention over the `P` prompt slots; the keys and values padded to `C` slots."""
     length = x.shape[1]
-    heads, head_dim, projections, output = gl.attention_projections(layer, length, x.shape[-1])
+    weights = gl.attention_projections(layer.attention, x.shape[-1])
+    heads, head_dim, output = weights.heads, weights.head_dim, weights.output
+    projections = (weights.query, weights.key, weights.value)
     width = heads * head_dim
     query, key, value = (gl.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
                          for kernel, bias in projections)

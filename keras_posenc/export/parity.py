@@ -83,7 +83,11 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_
 
 def with_host_rows(model, tflite_bytes, feeds, roles):
     """`(feeds, roles)` plus the looked-up rows `table[token_ids]` when the file takes `embeddings`."""
-    if not any(role_of(name) == HOST_EMBEDDINGS for name in input_names(tflite_bytes)):
+    return _with_rows_of(model, input_names(tflite_bytes), feeds, roles)
+
+
+def _with_rows_of(model, names, feeds, roles):
+    if not any(role_of(name) == HOST_EMBEDDINGS for name in names):
         return feeds, list(roles)
     table = host_embedding_table(model)
     return list(feeds) + [table[feeds[0]]], list(roles) + [HOST_EMBEDDINGS]
@@ -385,7 +389,8 @@ def run_onnx(onnx_bytes, feeds, roles=None):
 
     Args:
         onnx_bytes: the model from `to_onnx`.
-        feeds: numpy arrays as in `run_interpreter`.
+        feeds: numpy arrays as in `run_interpreter` (int ids; the float rows
+            `embeddings` of an `embedding="host"` file).
 
     Returns:
         The first output for all rows, concatenated.
@@ -399,7 +404,8 @@ def run_onnx(onnx_bytes, feeds, roles=None):
     rows = int(inputs[0].shape[0])
     got = []
     for start in range(0, len(feeds[0]), rows):
-        chunk = {detail.name: np.asarray(feed[start:start + rows], np.int32)
+        chunk = {detail.name: np.asarray(feed[start:start + rows],
+                                         np.float32 if detail.type == "tensor(float)" else np.int32)
                  for detail, feed in zip(inputs, feeds)}
         got.append(session.run(None, chunk)[0])
     return np.concatenate(got)
@@ -413,7 +419,11 @@ def check_onnx_parity(model, onnx_bytes, token_ids, language_ids=None, *, positi
     feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
                        segment_ids=segment_ids)
     expected = np.asarray(spec.caller(model)(*[tf.constant(f) for f in feeds]), np.float64)
-    difference = np.abs(run_onnx(onnx_bytes, feeds, spec.roles).astype(np.float64) - expected)
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
+    feeds, roles = _with_rows_of(model, [detail.name for detail in session.get_inputs()], feeds, spec.roles)
+    difference = np.abs(run_onnx(onnx_bytes, feeds, roles).astype(np.float64) - expected)
     if ignore_padding and spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
         difference = difference[token_ids != spec.pad_id]
     return float(np.max(difference)) if difference.size else 0.0

@@ -40,32 +40,24 @@ def tflite_file(tmp_path):
     return write
 
 
-# One float16 step at the largest logit, relative to it: 2^-10. Logits whose top two lie closer
-# (relative to max |x|) are a tie that float16 rounding decides in any runtime.
-FLOAT16_STEP = 2.0 ** -10
-
-
 def close_in_half_precision(half, reference, real):
     """The float16-GPU logits `half` against the float32 CPU logits `reference` `[T, vocab]`.
 
     On the rows of the real tokens (`real` `[T]` bool or index): all finite, within 2e-2 of the
-    reference relative to its max |x|, and the same argmax for at least 99 % of the tokens whose
-    reference top two are more than one float16 step apart (a random model has a few near-ties,
-    e.g. a gap of 8e-5 of max |x| in the demo model). Returns the relative error and the argmax
-    agreement over all real tokens.
+    reference relative to its max |x|, and the same argmax for at least 99 % of the real tokens
+    (every one counted, near-ties included). Returns the relative error and the argmax agreement,
+    and prints both (`pytest -s` shows the measured figures).
     """
     half, reference = np.asarray(half)[real], np.asarray(reference)[real]
     assert np.isfinite(half).all(), "non-finite logits in float16"
     scale = np.max(np.abs(reference))
     error = float(np.max(np.abs(half - reference)) / scale)
-    same = half.argmax(-1) == reference.argmax(-1)
-    top = np.sort(reference, axis=-1)
-    decided = (top[:, -1] - top[:, -2]) > FLOAT16_STEP * scale
+    agreement = float(np.mean(half.argmax(-1) == reference.argmax(-1)))
+    print(f"float16: max |dx| / max |x| = {error:.2e}, argmax agreement {agreement:.2%} "
+          f"of {len(half)} tokens")
     assert error <= 2e-2, f"float16 logits {error:.3g} (relative to max |x|) from the float32 ones"
-    assert decided.mean() >= 0.75, f"only {decided.mean():.0%} of the tokens have a clear winner"
-    agreement = float(np.mean(same[decided]))
-    assert agreement >= 0.99, f"float16 argmax agrees on {agreement:.1%} of the real tokens (clear winners)"
-    return error, float(np.mean(same))
+    assert agreement >= 0.99, f"float16 argmax agrees on {agreement:.1%} of the real tokens"
+    return error, agreement
 
 
 @pytest.fixture(scope="session")

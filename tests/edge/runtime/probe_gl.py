@@ -11,7 +11,10 @@ The model takes float32 inputs `[1, N]` (the `gl` export target): each is fed th
 `TensorConverterCalculator` (row-major matrix); several inputs are joined into one tensor vector
 in the order of the npz keys given with --inputs-order.
 
-    python probe_gl.py MODEL.tflite INPUTS.npz OUTPUT.npy [--cpu | --fp16]
+    python probe_gl.py MODEL.tflite INPUTS.npz OUTPUT.npy [--cpu | --fp16] [--rows N]
+
+With `--rows N` each array holds N rows of the model's batch-1 inputs, fed at N consecutive
+timestamps of the one graph; the output is `[N, size]`.
 """
 
 import argparse
@@ -97,9 +100,10 @@ def main():
     parser.add_argument("--cpu", action="store_true", help="TFLite CPU kernels instead of the GL delegate")
     parser.add_argument("--fp16", action="store_true",
                         help="allow_precision_loss: true (float16 compute, the delegate's usual setting)")
+    parser.add_argument("--rows", type=int, default=1, help="rows of the arrays, one call each")
     args = parser.parse_args()
     feeds = np.load(args.inputs)
-    arrays = [np.asarray(feeds[key], np.float32).reshape(1, -1)
+    arrays = [np.asarray(feeds[key], np.float32).reshape(args.rows, 1, -1)
               for key in args.inputs_order.split(",") if key in feeds]
     config = graph_config(args.model, len(arrays), args.cpu, args.fp16)
     graph = calculator_graph.CalculatorGraph(graph_config=config)
@@ -107,11 +111,13 @@ def main():
     graph.observe_output_stream("floats",
                                 lambda stream, packet: got.append(packet_getter.get_float_list(packet)))
     graph.start_run()
-    for i, array in enumerate(arrays):
-        packet = packet_creator.create_matrix(array).at(timestamp.Timestamp(0))
-        graph.add_packet_to_input_stream(f"in{i}", packet)
+    for row in range(args.rows):
+        for i, array in enumerate(arrays):
+            packet = packet_creator.create_matrix(array[row]).at(timestamp.Timestamp(row))
+            graph.add_packet_to_input_stream(f"in{i}", packet)
     graph.close()
-    result = np.asarray(got[0], np.float32)
+    result = np.asarray(got, np.float32)
+    result = result if args.rows > 1 else result[0]
     np.save(args.output, result)
     print(json.dumps({"size": int(result.size), "all_zero": bool(not result.any()), "inputs": len(arrays)}))
     return 0

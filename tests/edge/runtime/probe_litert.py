@@ -5,6 +5,9 @@ Vulkan driver for `--accelerator gpu` (tests/edge/runtime/runtimes.py sets the e
 log lines go to stderr, where the caller reads them.
 
     python probe_litert.py MODEL.tflite INPUTS.npz OUTPUT.npy --accelerator gpu|cpu [--fp16]
+
+Arrays with more rows than the model's batch run as consecutive calls of the one compiled model,
+a batch at a time; the output holds all rows.
 """
 
 import argparse
@@ -39,20 +42,23 @@ def main():
     signature = model.get_signature_list()
     key = next(iter(signature))
     feeds = np.load(args.inputs)
-    inputs = model.create_input_buffers(0)
-    for name, buffer in zip(signature[key]["inputs"], inputs):
-        chosen = next((key for key in feeds.files if key != "token_ids" and key in name), "token_ids")
-        array = feeds[chosen]
-        buffer.write(np.ascontiguousarray(array))
-    outputs = model.create_output_buffers(0)
-    model.run_by_index(0, inputs, outputs)
-    details = model.get_output_tensor_details(key)
-    first = details[signature[key]["outputs"][0]]
+    names = signature[key]["inputs"]
+    arrays = [feeds[next((k for k in feeds.files if k != "token_ids" and k in name), "token_ids")]
+              for name in names]
+    batch = int(model.get_input_tensor_details(key)[names[0]]["shape"][0])
+    inputs, outputs = model.create_input_buffers(0), model.create_output_buffers(0)
+    first = model.get_output_tensor_details(key)[signature[key]["outputs"][0]]
     shape = [int(n) for n in first["shape"]]
-    result = outputs[0].read(int(np.prod(shape)), np.float32).reshape(shape)
+    results = []
+    for start in range(0, len(arrays[0]), batch):
+        for array, buffer in zip(arrays, inputs):
+            buffer.write(np.ascontiguousarray(array[start:start + batch]))
+        model.run_by_index(0, inputs, outputs)
+        results.append(outputs[0].read(int(np.prod(shape)), np.float32).reshape(shape))
+    result = np.concatenate(results)
     np.save(args.output, result)
-    print(json.dumps({"fully_accelerated": model.is_fully_accelerated(), "shape": shape,
-                      "inputs": list(signature[key]["inputs"])}))
+    print(json.dumps({"fully_accelerated": model.is_fully_accelerated(), "shape": list(result.shape),
+                      "inputs": list(names)}))
     return 0
 
 

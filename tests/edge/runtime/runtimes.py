@@ -74,7 +74,9 @@ def _probe(venv, script, model_path, feeds, flags, timeout):
 def run_litert(model_path, feeds, *, accelerator="gpu", allow_cpu=False, fp16=False, timeout=600):
     """Runs `model_path` with LiteRT's CompiledModel; GPU-only unless `allow_cpu`.
 
-    `feeds`: {"token_ids": array, "language_ids": array, ...} matched to the inputs by name.
+    `feeds`: {"token_ids": array, "language_ids": array, ...} matched to the inputs by name; arrays
+    with more rows than the model's batch run a batch at a time (one compilation), the output
+    holds every row.
     A GPU-only compilation fails (non-zero exit, the runtime's reason in the log) when any op
     does not run on the GPU. `fp16`: the GPU computes in float16 (no enforce_f32).
     """
@@ -83,14 +85,16 @@ def run_litert(model_path, feeds, *, accelerator="gpu", allow_cpu=False, fp16=Fa
     return _probe("venv-litert", "probe_litert.py", model_path, feeds, flags, timeout)
 
 
-def run_gl(model_path, feeds, *, cpu=False, fp16=False, timeout=600):
+def run_gl(model_path, feeds, *, cpu=False, fp16=False, rows=1, timeout=600):
     """Runs `model_path` on the GL delegate (or TFLite's CPU kernels with `cpu=True`) via mediapipe.
 
     The probe joins the arrays in the model's input order, read from the file: each key of `feeds`
     (token_ids, segment_ids, ...) goes to the input whose name contains it. `fp16`: the delegate
-    with `allow_precision_loss: true` (float16 compute).
+    with `allow_precision_loss: true` (float16 compute). `rows` > 1: each array holds that many rows of
+    the batch-1 inputs, run one after the other by one graph; the output is `[rows, size]`.
     """
     flags = ["--inputs-order", ",".join(input_order(model_path, feeds))] + (["--cpu"] if cpu else [])
+    flags += ["--rows", str(rows)]
     flags += ["--fp16"] if fp16 else []
     return _probe("venv-mediapipe", "probe_gl.py", model_path, feeds, flags, timeout)
 
