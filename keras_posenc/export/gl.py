@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from keras_posenc.encoder import Encoder
 from keras_posenc.encoder_layer import EncoderLayer
-from keras_posenc.export.emitters import emits, exclusive_count_matrix, frozen, static_structure
+from keras_posenc.export.emitters import emits, exclusive_count_matrix, frozen, host_rows, static_structure
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 
@@ -194,7 +194,7 @@ def _position(layer, inputs, position_ids=None, language_ids=None, mask=None, tr
 def _embed(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None):
     """`[1, T, D]` embeddings and the float real-token row `[1, T]` for float token ids `[1, T]`."""
     _check_batch(token_ids)
-    rows = getattr(layer, "_export_embeddings", None)
+    rows = host_rows()
     if rows is not None:  # embedding="host": the runner looked the rows up, scaled
         # The pad test reads the ids as floats: exact for a pad id up to 2048 in float16, because
         # only ids above 2048 round, and never below 2048.
