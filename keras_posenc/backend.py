@@ -31,6 +31,8 @@ import types
 __all__ = ["backend_name", "dtype_name", "eager_scope", "inference_function", "is_keras3", "is_tensorflow",
            "is_symbolic", "is_tracer", "keras", "keras_version", "no_autocast", "ops", "static_int",
            "widest_float"]
+__all__ += ["build_multi_head_attention", "dense_gradients", "is_functional", "weight_name_scope",
+            "without_keras_mask"]
 
 
 def _keras_major():
@@ -372,3 +374,59 @@ if not _KERAS3:
         if callable(value) and not name.startswith("_") and name not in __all__
         and name not in ("tf", "types", "builtins")
     })
+
+
+# ---------------------------------------------------------------------------------------------
+# Keras 2 / Keras 3 differences of the layers, models and exporter (kept here, the one module
+# that branches on the Keras version).
+def build_multi_head_attention(layer, query_shape, value_shape, key_shape=None):
+    """Builds a `keras.layers.MultiHeadAttention` (or subclass) `layer` from shapes.
+
+    Keras 3 has `MultiHeadAttention.build(query_shape, value_shape, key_shape)`; Keras 2 builds
+    from `_build_from_signature`, which takes shapes too.
+    """
+    if _KERAS3:
+        keras.layers.MultiHeadAttention.build(layer, query_shape, value_shape, key_shape)
+    else:
+        layer._build_from_signature(query_shape, value_shape, key_shape)
+
+
+def weight_name_scope(name):
+    """Keras 2: a name scope, so that weight names are unique as the legacy h5 format requires."""
+    if _KERAS3:
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.name_scope(name)
+
+
+def without_keras_mask(x):
+    """A new tensor equal to `x` that carries no Keras mask."""
+    if _KERAS3:
+        return ops.copy(x)
+    import tensorflow as tf
+
+    return tf.identity(x)
+
+
+def dense_gradients(gradients):
+    """On Keras 3 (TensorFlow), the gradients with each `IndexedSlices` summed per row as a dense tensor.
+
+    Keras 3's Adam squares an embedding gradient's slices one by one (`g1**2 + g2**2` for a
+    token seen twice, not `(g1 + g2)**2`); Keras 2's optimizers sum duplicate slices themselves,
+    so there the gradients pass unchanged.
+    """
+    if not _KERAS3:
+        return gradients
+    import tensorflow as tf
+
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+
+
+def is_functional(model):
+    """True for a functional (graph-network) model: Keras 2 `_is_graph_network`, Keras 3 `Functional`."""
+    if not _KERAS3:
+        return bool(getattr(model, "_is_graph_network", False))
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional) and not isinstance(model, keras.Sequential)

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import models as _models  # noqa: F401  (registers Encoder and CausalLM for load_model)
-from keras_posenc.backend import keras
+from keras_posenc.backend import is_functional, keras
 from keras_posenc.export import emitters, gl
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
@@ -384,16 +384,6 @@ def frozen_function(function):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
     return convert_variables_to_constants_v2(function.get_concrete_function())
-
-
-def is_functional(model):
-    """True for a functional (graph-network) model: Keras 2 `_is_graph_network`, Keras 3 `Functional`."""
-    if getattr(model, "_is_graph_network", False):
-        return True
-    functional = getattr(getattr(keras, "src", None), "models", None)
-    functional = getattr(functional, "Functional", None)
-    return functional is not None and isinstance(model, functional) and not isinstance(
-        model, keras.Sequential)
 
 
 def _input_names(model):

@@ -167,8 +167,25 @@ class Formulated(keras.layers.Layer):
     """A layer computed by its export formulation: owns `layer`, calls `formulation(layer, ...)`.
 
     The wrapped layer keeps its own weights (the only weights of this layer, in the same order)
-    and its class, config and `call`; this layer's `call` is the formulation of `target`.
+    and its class, config and `call`; this layer's `call` is the formulation of `target`. Build
+    one with `Formulated.of(layer, target, formulations)`: its class takes the call signature of
+    the layer's class, so Keras passes it the same arguments (mask and training included).
     """
+
+    _classes = {}
+
+    @classmethod
+    def of(cls, layer, target, formulations):
+        layer_class = type(layer)
+        wrapper = cls._classes.get(layer_class)
+        if wrapper is None:
+            def call(self, *args, **kwargs):
+                return self.formulated_call(*args, **kwargs)
+
+            call.__signature__ = inspect.signature(layer_class.call)
+            wrapper = cls._classes[layer_class] = type(f"Formulated{layer_class.__name__}", (cls,),
+                                                       {"call": call})
+        return wrapper(layer, target, formulations)
 
     def __init__(self, layer, target, formulations, **kwargs):
         super().__init__(name=f"{layer.name}_{target}", **kwargs)
@@ -183,15 +200,14 @@ class Formulated(keras.layers.Layer):
     def build(self, input_shape):
         if not self.layer.built:
             self.layer.build(input_shape)
-        super().build(input_shape)
+        self.built = True
 
-    def call(self, inputs, mask=None, training=None, **kwargs):
-        kwargs = dict(kwargs, mask=mask, training=training)
+    def formulated_call(self, *args, **kwargs):
         context = _active()
         if context is not None and context.target == self.target:
-            return _apply(self.formulation, self.layer, (inputs,), kwargs)
+            return _apply(self.formulation, self.layer, args, kwargs)
         with exporting(self.target, self.formulations):  # a symbolic call while the clone is built
-            return _apply(self.formulation, self.layer, (inputs,), kwargs)
+            return _apply(self.formulation, self.layer, args, kwargs)
 
     def compute_mask(self, inputs, mask=None):
         return self.layer.compute_mask(inputs, mask)
@@ -211,12 +227,12 @@ def formulate(model, target, formulations, input_tensors=None, clone_layer=None)
                 return layer  # a Keras 3 stateless operation of the graph (`x + y`): nothing to clone
             layer = clone_layer(layer) if clone_layer is not None else layer
             if formulations.of(layer, target) is not None:
-                return Formulated(layer, target, formulations)
+                return Formulated.of(layer, target, formulations)
             return layer
 
         return keras.models.clone_model(model, input_tensors=input_tensors, clone_function=wrap)
     if formulations.of(model, target) is not None:
-        return Formulated(model, target, formulations)
+        return Formulated.of(model, target, formulations)
     return model
 
 

@@ -28,8 +28,8 @@ import tensorflow as tf
 
 from keras_posenc.encoder_layer import ATTENTION_POSITIONS
 from keras_posenc.export.conversion import FORMULATIONS, ONNX_OPSET, ModelSpec, frozen_function, rebuild
-from keras_posenc.export.emitters import emit, exporting
 from keras_posenc.export.cost import graph_cost, onnx_cost
+from keras_posenc.export.emitters import emit, exporting
 from keras_posenc.validation import check_positive_int
 
 __all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
