@@ -383,11 +383,12 @@ def build_multi_head_attention(layer, query_shape, value_shape, key_shape=None):
     """Builds a `keras.layers.MultiHeadAttention` (or subclass) `layer` from shapes.
 
     Keras 3 has `MultiHeadAttention.build(query_shape, value_shape, key_shape)`; Keras 2 builds
-    from `_build_from_signature`, which takes shapes too.
+    from `_build_from_signature`, which takes shapes too (and which its `from_config` has
+    already run when the config holds the shapes: not twice, that would make new weights).
     """
     if _KERAS3:
         keras.layers.MultiHeadAttention.build(layer, query_shape, value_shape, key_shape)
-    else:
+    elif not layer._built_from_signature:
         layer._build_from_signature(query_shape, value_shape, key_shape)
 
 

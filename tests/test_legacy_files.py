@@ -26,7 +26,7 @@ def test_every_legacy_file_is_present():
 # A CausalLM with num_languages did not load before this change either (`build_on_dummy`
 # reaches the position layer without language ids); kept visible until that is fixed.
 _NOT_LOADABLE = pytest.mark.xfail(strict=True, raises=ValueError,
-                                  reason="CausalLM with num_languages: build_from_config fails (pre-existing)")
+                                  reason="CausalLM with num_languages: build_from_config fails")
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=_NOT_LOADABLE) if "languages" in name else name

@@ -49,8 +49,8 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
 
     Call arguments:
         query: float tensor `[batch, length, dim]`.
-        value: float tensor `[batch, length, dim]` (self-attention: the
-            query) .
+        value: optional float tensor `[batch, length, dim]`; default: the
+            query (self-attention).
         key: optional float tensor, defaults to `value`.
         attention_mask: optional bool `[batch, length, length]` (or
             `[batch, 1, length]`), True where query `i` may attend to key `j`.
@@ -141,12 +141,16 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
         """Queries, keys and values of self-attention on `x`: three `[batch, length, heads, head_dim]`."""
         return self._query_dense(x), self._key_dense(x), self._value_dense(x)
 
-    def call(self, query, value, key=None, attention_mask=None, return_attention_scores=False, training=None,
-             use_causal_mask=False, position_ids=None, **kwargs):
+    def call(self, query, value=None, key=None, attention_mask=None, return_attention_scores=False,
+             training=None, use_causal_mask=False, position_ids=None, **kwargs):
+        value = query if value is None else value
         if self.position is None:
-            return super().call(query, value, key=key, attention_mask=attention_mask,
-                                return_attention_scores=return_attention_scores, training=training,
-                                use_causal_mask=use_causal_mask, **kwargs)
+            result = super().call(query, value, key=key, attention_mask=attention_mask,
+                                  return_attention_scores=return_attention_scores, training=training,
+                                  use_causal_mask=use_causal_mask, **kwargs)
+            if return_attention_scores:
+                return self._in_compute_dtype(result[0]), result[1]
+            return self._in_compute_dtype(result)
         length = ops.shape(query)[1]
         if use_causal_mask:
             steps = ops.arange(length)
@@ -174,9 +178,14 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
         scores = ops.softmax(logits, axis=-1)
         probabilities = self._dropout_layer(ops.cast(scores, self.compute_dtype), training=training)
         output = self._output_dense(ops.einsum("bhqk,bkhd->bqhd", probabilities, value))
+        output = self._in_compute_dtype(output)
         if return_attention_scores:
             return output, ops.cast(scores, self.compute_dtype)
         return output
+
+    def _in_compute_dtype(self, output):
+        # Keras 2 builds the projections under the global policy (float32 under a mixed layer).
+        return ops.cast(output, self.compute_dtype)
 
     def cached_attention(self, x, key_cache, value_cache, cache_index, position_ids):
         """One step of cached self-attention: writes the chunk's keys and values, attends over the caches.
@@ -227,8 +236,12 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
                             ops.cast(value_cache, self.compute_dtype))
         return self._output_dense(output), key_cache, value_cache, ops.cast(scores, self.compute_dtype)
 
-    def compute_output_spec(self, query, value, key=None, position_ids=None, **kwargs):
-        return super().compute_output_spec(query, value, key=key, **kwargs)
+    def compute_output_spec(self, query, value=None, key=None, position_ids=None, **kwargs):
+        return super().compute_output_spec(query, query if value is None else value, key=key, **kwargs)
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(dict(config))  # Keras 2 pops the shapes from the dict it is given
 
     def get_config(self):
         config = super().get_config()
