@@ -40,7 +40,8 @@ from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmb
 from keras_posenc.validation import check_choice, check_positive_int
 
 __all__ = ["EMBEDDINGS", "HOST_EMBEDDINGS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec",
-           "default_embedding", "host_embedding_table", "load_model", "rebuild", "to_onnx", "to_tflite"]
+           "convert_onnx", "convert_tflite", "default_embedding", "host_embedding_table", "load_model",
+           "rebuild", "to_onnx", "to_tflite"]
 
 QUANTIZE_MODES = (None, "float16", "dynamic_int8")
 TARGETS = emitters.TARGETS
@@ -133,6 +134,12 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
           the `quantize` modes.
     """
     spec = ModelSpec.of(model, sequence_length, batch_size)
+    return convert_tflite(spec, target=target, quantize=quantize, embedding=embedding)
+
+
+def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph"):
+    """`to_tflite` for a `ModelSpec` (its model, sequence length and batch size)."""
+    model, batch_size = spec.model, spec.batch_size
     check_choice("target", target, TARGETS)
     if target == "tensorrt":
         raise ValueError("target='tensorrt' exports ONNX: use to_onnx(model, sequence_length=...).")
@@ -187,7 +194,11 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
         ImportError: tf2onnx is not installed (the message says how).
         ValueError: as in `to_tflite`, or `opset` < 17.
     """
-    spec = ModelSpec.of(model, sequence_length, batch_size)
+    return convert_onnx(ModelSpec.of(model, sequence_length, batch_size), opset=opset)
+
+
+def convert_onnx(spec, *, opset=ONNX_OPSET):
+    """`to_onnx` for a `ModelSpec`."""
     check_positive_int("opset", opset, minimum=17)
     try:
         import tf2onnx
@@ -196,7 +207,7 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET):
                           "(without its protobuf pin: --no-deps), tf2onnx==1.17.0 on TF 2.16+; or run "
                           "`make test-edge`, which installs it under .edge-cache/onnx-site "
                           "(onnx-site-py312 for .venv-keras3).") from error
-    clone = rebuild(model, spec, "tensorrt")
+    clone = rebuild(spec.model, spec, "tensorrt")
     function = tf.function(traced(spec.caller(clone), "tensorrt"), input_signature=spec.signature(tf.int32))
     proto, _ = tf2onnx.convert.from_function(function, input_signature=spec.signature(tf.int32),
                                              opset=opset)
