@@ -31,8 +31,8 @@ import types
 __all__ = ["backend_name", "dtype_name", "eager_scope", "inference_function", "is_keras3", "is_tensorflow",
            "is_symbolic", "is_tracer", "keras", "keras_version", "no_autocast", "ops", "static_int",
            "widest_float"]
-__all__ += ["build_multi_head_attention", "dense_gradients", "is_functional", "weight_name_scope",
-            "without_keras_mask"]
+__all__ += ["build_multi_head_attention", "dense_gradients", "is_functional", "model_input_names",
+            "weight_name_scope", "without_keras_mask"]
 
 
 def _keras_major():
@@ -431,3 +431,10 @@ def is_functional(model):
     from keras.src.models.functional import Functional
 
     return isinstance(model, Functional) and not isinstance(model, keras.Sequential)
+
+
+def model_input_names(model):
+    """The input names of a functional model: Keras 2's `input_names`, Keras 3's input tensors' names."""
+    if not _KERAS3:
+        return list(model.input_names)
+    return [tensor.name for tensor in model.inputs]

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import models as _models  # noqa: F401  (registers Encoder and CausalLM for load_model)
-from keras_posenc.backend import is_functional, keras
+from keras_posenc.backend import is_functional, keras, model_input_names
 from keras_posenc.export import emitters, gl
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
@@ -335,7 +335,7 @@ class ModelSpec:
         needs_languages = any(layer.num_languages is not None for layer in positions)
         roles, ranks = ["token_ids"], [2]
         if is_functional(model):
-            input_names = _input_names(model)
+            input_names = model_input_names(model)
             for index, tensor in enumerate(model.inputs[1:], start=1):
                 role = role_of(input_names[index])
                 if role == "token_ids" and index == 1 and needs_languages:
@@ -395,12 +395,6 @@ def frozen_function(function):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
     return convert_variables_to_constants_v2(function.get_concrete_function())
-
-
-def _input_names(model):
-    # Keras 2 models have `input_names`; a Keras 3 model names its inputs through the tensors.
-    names = getattr(model, "input_names", None)
-    return list(names) if names else [tensor.name for tensor in model.inputs]
 
 
 def _all_layers(model):
