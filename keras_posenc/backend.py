@@ -435,6 +435,5 @@ def is_functional(model):
 
 def model_input_names(model):
     """The input names of a functional model: Keras 2's `input_names`, Keras 3's input tensors' names."""
-    if not _KERAS3:
-        return list(model.input_names)
-    return [tensor.name for tensor in model.inputs]
+    names = getattr(model, "input_names", None)
+    return list(names) if names else [tensor.name for tensor in model.inputs]
