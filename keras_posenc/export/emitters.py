@@ -141,11 +141,12 @@ class Frozen:
 
 
 def _accepted(function, kwargs):
-    """`kwargs` without the call arguments `function` does not take (`mask`, `training`)."""
+    """`kwargs` without `mask` and `training` when `function` does not take them (Keras passes both)."""
     parameters = inspect.signature(function).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return kwargs
-    return {name: value for name, value in kwargs.items() if name in parameters}
+    return {name: value for name, value in kwargs.items()
+            if name in parameters or name not in ("mask", "training")}
 
 
 def _apply(function, layer, args, kwargs):
