@@ -51,7 +51,8 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
     causal mask. A padding query may attend to every real key; its output is
     finite, ignored downstream, and the Keras mask is passed on unchanged.
 
-    Positions inside the attention (`position="rope"` or `"alibi"`): the
+    Positions inside the attention (`position="rope"` or `"alibi"`, the
+    attention being a `keras_posenc.layers.PositionalAttention`): the
     token embeddings then carry no position signal, and each query and key
     gets its position from `position_ids` (or, without them, from the Keras
     mask: real tokens numbered 0, 1, ... so left padding changes nothing).
