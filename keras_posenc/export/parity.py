@@ -358,8 +358,8 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
     ([], [], True, 1600)
     """
     spec = ModelSpec.of(model, _checked_ids(token_ids).shape[1], 1)
-    return report_of(spec, decoded(tflite_bytes), parity(spec, tflite_bytes, token_ids, language_ids),
-                     target=target)
+    tflite = decoded(tflite_bytes)
+    return report_of(spec, tflite, parity(spec, tflite, token_ids, language_ids), target=target)
 
 
 def report_of(spec, tflite, parities, *, target="gpu"):
