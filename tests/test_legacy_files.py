@@ -2,8 +2,8 @@
 
 The files under tests/data/legacy/ were saved by keras_posenc before `PositionalAttention`
 replaced the plain `MultiHeadAttention` of `EncoderLayer` (Keras 2 files under keras2/, Keras 3
-files under keras3/), together with their inputs and outputs. Loading one must give the same
-weights at the same paths, hence the same outputs.
+files under keras3/, TensorFlow backend), together with their inputs and outputs. Loading one must
+give the same weights at the same paths, hence the same outputs (bit for bit on TensorFlow).
 """
 
 import pathlib
@@ -11,7 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from keras_posenc.backend import is_keras3, keras, ops
+from keras_posenc.backend import is_keras3, is_tensorflow, keras, ops
 from keras_posenc.export import load_model
 from keras_posenc.layers.positional_attention import PositionalAttention
 
@@ -42,7 +42,10 @@ def test_legacy_file_loads_with_identical_outputs(name):
         got = model(inputs)
     else:
         got = model(ops.convert_to_tensor(ids))
-    np.testing.assert_array_equal(ops.convert_to_numpy(got), expected)
+    if is_tensorflow():  # the backend that saved them: bit for bit
+        np.testing.assert_array_equal(ops.convert_to_numpy(got), expected)
+    else:  # same weights, other kernels: float32 rounding
+        np.testing.assert_allclose(ops.convert_to_numpy(got), expected, rtol=0, atol=1e-5)
     attention = [layer for layer in _layers(model) if isinstance(layer, keras.layers.MultiHeadAttention)]
     assert attention and all(isinstance(layer, PositionalAttention) for layer in attention)
 
