@@ -155,6 +155,7 @@ def _apply(function, layer, args, kwargs):
     return plain(layer, *args, **_accepted(function, kwargs))
 
 
+@tf.autograph.experimental.do_not_convert
 def emit(layer, *args, **kwargs):
     """Inside a formulation: `layer`'s formulation for the current target, or `layer(...)` without one."""
     context = _active()
