@@ -105,6 +105,7 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
 
     Example:
 
+    >>> import numpy as np
     >>> layer = EncoderLayer(d_model=8, num_heads=2, dff=16)
     >>> x = np.random.default_rng(0).normal(size=[2, 5, 8]).astype("float32")
     >>> mask = np.array([[True] * 5, [True, True, True, False, False]])

@@ -310,7 +310,7 @@ def _attention(attention, x, bias):
     """
     length = x.shape[1]
     heads, head_dim = attention.num_heads, attention.head_dim
-    projections = (attention.query_dense, attention.key_dense, attention.value_dense)
+    *projections, output_dense = attention.projections(x.shape)
     query_kernel, key_kernel, value_kernel = (dense.kernel for dense in projections)
     query_bias, key_bias, value_bias = (dense.bias for dense in projections)
     scale = 1.0 / math.sqrt(float(head_dim))
@@ -341,7 +341,6 @@ def _attention(attention, x, bias):
         mean = tf.nn.avg_pool2d(weights * values, ksize=[1, length], strides=[1, 1], padding="VALID")
         outputs.append(mean * float(length))  # [1, T, 1, head_dim]
     merged = tf.reshape(tf.concat(outputs, axis=-1), [1, length, heads * head_dim])
-    output_dense = attention.output_dense
     kernel = tf.reshape(output_dense.kernel, [heads * head_dim, -1])
     return linear(merged, kernel, output_dense.bias)
 

@@ -35,7 +35,7 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
     Position ids, not indices: a left-padded row (ids counted over its real
     tokens) gets the outputs of the same row without padding. The layer
     also runs one step of cached decoding (`cached_attention`) and exposes
-    its projections (`query_dense`, ..., `head_dim`) for exporters.
+    its projections (`projections`, `head_dim`) for exporters.
 
     Args:
         num_heads: int, the attention heads.
@@ -67,6 +67,7 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
 
     Example:
 
+    >>> import numpy as np
     >>> attention = PositionalAttention(num_heads=2, key_dim=4, position="alibi")
     >>> x = np.random.default_rng(0).normal(size=[2, 5, 8]).astype("float32")
     >>> ids = np.array([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]], "int32")
@@ -136,6 +137,23 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
         if self.rotary is not None:
             self.rotary.build(query_shape[:-1] + (self.num_heads, self.head_dim))
         self.built = True
+
+    def projections(self, query_shape):
+        """The query, key, value and output projections, built for self-attention on `query_shape`.
+
+        Keras 2 builds them on their first call; an exporter that reads their
+        kernels without calling them gets them built here.
+
+        Returns:
+            `(query_dense, key_dense, value_dense, output_dense)`.
+        """
+        query_shape = tuple(query_shape)
+        output_shape = query_shape[:-1] + (self.num_heads, self._value_dim)
+        layers = (self._query_dense, self._key_dense, self._value_dense, self._output_dense)
+        for dense, shape in zip(layers, (query_shape,) * 3 + (output_shape,)):
+            if not dense.built:
+                dense.build(shape)
+        return layers
 
     def project(self, x):
         """Queries, keys and values of self-attention on `x`: three `[batch, length, heads, head_dim]`."""
