@@ -32,6 +32,8 @@ __all__ = ["attention_kernel_initializer", "backend_name", "dropout_state", "dty
            "inference_function", "is_keras3", "is_tensorflow", "is_symbolic", "is_tracer", "keras",
            "keras_version", "make_deterministic", "no_autocast", "ops", "save_model", "static_int",
            "widest_float"]
+__all__ += ["build_multi_head_attention", "dense_gradients", "is_functional", "model_input_names",
+            "weight_name_scope", "without_keras_mask"]
 
 
 def _keras_major():
@@ -409,3 +411,66 @@ if not _KERAS3:
         if callable(value) and not name.startswith("_") and name not in __all__
         and name not in ("tf", "types", "builtins")
     })
+
+
+# ---------------------------------------------------------------------------------------------
+# Keras 2 / Keras 3 differences of the layers, models and exporter (kept here, the one module
+# that branches on the Keras version).
+def build_multi_head_attention(layer, query_shape, value_shape, key_shape=None):
+    """Builds a `keras.layers.MultiHeadAttention` (or subclass) `layer` from shapes.
+
+    Keras 3 has `MultiHeadAttention.build(query_shape, value_shape, key_shape)`; Keras 2 builds
+    from `_build_from_signature`, which takes shapes too (and which its `from_config` has
+    already run when the config holds the shapes: not twice, that would make new weights).
+    """
+    if _KERAS3:
+        keras.layers.MultiHeadAttention.build(layer, query_shape, value_shape, key_shape)
+    elif not layer._built_from_signature:
+        layer._build_from_signature(query_shape, value_shape, key_shape)
+
+
+def weight_name_scope(name):
+    """Keras 2: a name scope, so that weight names are unique as the legacy h5 format requires."""
+    if _KERAS3:
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.name_scope(name)
+
+
+def without_keras_mask(x):
+    """A new tensor equal to `x` that carries no Keras mask."""
+    if _KERAS3:
+        return ops.copy(x)
+    import tensorflow as tf
+
+    return tf.identity(x)
+
+
+def dense_gradients(gradients):
+    """On Keras 3 (TensorFlow), the gradients with each `IndexedSlices` summed per row as a dense tensor.
+
+    Keras 3's Adam squares an embedding gradient's slices one by one (`g1**2 + g2**2` for a
+    token seen twice, not `(g1 + g2)**2`); Keras 2's optimizers sum duplicate slices themselves,
+    so there the gradients pass unchanged.
+    """
+    if not _KERAS3:
+        return gradients
+    import tensorflow as tf
+
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+
+
+def is_functional(model):
+    """True for a functional (graph-network) model: Keras 2 `_is_graph_network`, Keras 3 `Functional`."""
+    if not _KERAS3:
+        return bool(getattr(model, "_is_graph_network", False))
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional) and not isinstance(model, keras.Sequential)
+
+
+def model_input_names(model):
+    """The input names of a functional model: Keras 2's `input_names`, Keras 3's input tensors' names."""
+    names = getattr(model, "input_names", None)
+    return list(names) if names else [tensor.name for tensor in model.inputs]

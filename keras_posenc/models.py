@@ -23,7 +23,7 @@ References:
 
 import tensorflow as tf
 
-from keras_posenc.backend import is_keras3, keras, ops
+from keras_posenc.backend import dense_gradients, keras, ops
 from keras_posenc.generation import generate as _generate
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
@@ -243,6 +243,4 @@ def _dense(gradients):
     themselves, so there the gradients pass unchanged (and Keras 2 runs keep
     their exact numbers).
     """
-    if not is_keras3():
-        return gradients
-    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+    return dense_gradients(gradients)

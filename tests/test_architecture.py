@@ -63,3 +63,19 @@ def test_imports_point_down_the_stack(module, path):
 def test_every_module_has_a_level():
     for module, _ in _modules():
         _level(module)
+
+
+MHA_INTERNALS = {"_query_dense", "_key_dense", "_value_dense", "_output_dense", "_num_heads", "_key_dim",
+                 "_value_dim", "_dropout_layer", "_softmax", "_attention_axes", "_dot_product_equation",
+                 "_combine_equation", "_compute_attention", "_masked_softmax", "_use_bias"}
+ATTENTION_MODULE = "keras_posenc.layers.positional_attention"
+
+
+@pytest.mark.parametrize("module,path", list(_modules()), ids=lambda v: str(v).rsplit("/", 1)[-1])
+def test_only_the_attention_layer_reads_multi_head_attention_internals(module, path):
+    if module == ATTENTION_MODULE:
+        return
+    read = sorted({node.attr for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Attribute) and node.attr in MHA_INTERNALS
+                   and ast.unparse(node.value) != "self"})
+    assert read == [], f"{module} reads MultiHeadAttention internals {read}: use {ATTENTION_MODULE}"

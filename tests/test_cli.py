@@ -227,7 +227,7 @@ def test_demo_trains_the_demo_config_and_calls_the_exporter(monkeypatch, tmp_pat
         calls["generate"] = (run, prompt, generation)
 
     monkeypatch.setattr(train_lib, "train", fake_train)
-    monkeypatch.setattr(cli, "export_model", fake_export)
+    monkeypatch.setattr(cli, "_export_command", fake_export)
     monkeypatch.setattr(cli, "_print_generation", fake_generation)
     out = str(tmp_path / "demo")
     assert cli.main(["demo", "--out", out, "--steps", "7", "--quiet"]) == 0

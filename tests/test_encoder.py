@@ -175,7 +175,7 @@ def test_output_mask_is_the_padding_mask():
 # Post-LN versus pre-LN --------------------------------------------------------------------------
 
 def _silence_sublayers(layer):
-    for dense in (layer.ffn_output, layer.attention._output_dense):
+    for dense in (layer.ffn_output, layer.attention.output_dense):
         dense.set_weights([np.zeros_like(w) for w in dense.get_weights()])
 
 
@@ -303,7 +303,7 @@ def reference_scores(layer, x, positions, allowed):
         return np.einsum("btd,dhk->bthk", x, kernel) + bias
 
     x = np.asarray(x, np.float64)
-    q, k = project(layer.attention._query_dense), project(layer.attention._key_dense)
+    q, k = project(layer.attention.query_dense), project(layer.attention.key_dense)
     heads, head_dim = q.shape[2], q.shape[3]
     if layer.position == "rope":
         half = head_dim // 2

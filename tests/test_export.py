@@ -5,6 +5,7 @@ tests/edge/ (`make test-edge`); here the TFLite CPU interpreter runs each target
 """
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -489,6 +490,43 @@ def test_export_command_names_the_backend_and_fails_on_request(tmp_path, capsys)
         assert cli.main(bad + flags) == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "bad.tflite").exists()
+
+
+def test_export_command_runs_each_analysis_once(tmp_path, monkeypatch, capsys):
+    """`keras-posenc export`: one ModelSpec, one parity (one interpreter), one flatbuffer decode."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    from keras_posenc.app import cli
+    from keras_posenc.export import conversion, parity, pipeline, verdicts
+    from keras_posenc.models import CausalLM
+
+    keras.utils.set_random_seed(8)
+    model = CausalLM(dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=40, max_length=16,
+                          dropout=0.0), name="lm")
+    model.build_on_dummy()
+    model.save(str(tmp_path / "model.keras"), save_format="keras_v3")
+    calls = {"spec": 0, "parity": 0, "interpreter": 0, "decode": 0, "analyzer": 0}
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            # Decodes by the package's own code (the TFLite converter decodes its result itself).
+            caller = sys._getframe(1).f_globals["__name__"]
+            calls[name] += name != "decode" or caller.startswith("keras_posenc")
+            return function(*args, **kwargs)
+        return wrapper
+
+    spec_of = conversion.ModelSpec.of.__func__
+    monkeypatch.setattr(conversion.ModelSpec, "of", classmethod(counted("spec", spec_of)))
+    monkeypatch.setattr(pipeline, "parity", counted("parity", pipeline.parity))
+    monkeypatch.setattr(parity, "interpreter_class", counted("interpreter", parity.interpreter_class))
+    monkeypatch.setattr(flatbuffer_utils, "convert_bytearray_to_object",
+                        counted("decode", flatbuffer_utils.convert_bytearray_to_object))
+    monkeypatch.setattr(verdicts, "analyzer_report", counted("analyzer", verdicts.analyzer_report))
+    out = str(tmp_path / "model.tflite")
+    assert cli.main(["export", str(tmp_path / "model.keras"), "--out", out, "--sequence-length", "12"]) == 0
+    assert "Parity vs Keras: max abs diff" in capsys.readouterr().out
+    # Three backends' verdicts (webgpu, opencl, gl), two analyzer readers: one decode, one analyzer run.
+    assert calls == {"spec": 1, "parity": 1, "interpreter": 1, "decode": 1, "analyzer": 1}
 
 
 # float16 safety, quadratic constants, host embedding, cost ----------------------------------

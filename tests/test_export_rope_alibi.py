@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from keras_posenc import EncoderLayer, export
 from keras_posenc.backend import keras
+from keras_posenc.export.gl import rotation_constants
 from keras_posenc.layers import RotaryEmbedding
 from keras_posenc.models import CausalLM
 
@@ -73,7 +74,7 @@ def test_tensorrt_onnx_matches_keras(name):
                                     {"layout": "interleave", "partial_rotary_factor": 0.5}])
 def test_export_rotation_constants_reproduce_the_layer(config):
     layer = EncoderLayer(d_model=16, num_heads=2, dff=8, position="rope", position_config=config)
-    cos, sin, turn = layer.export_rotation(LENGTH)
+    cos, sin, turn = rotation_constants(layer.attention, LENGTH)
     q = np.random.default_rng(0).normal(size=[1, LENGTH, 8]).astype(np.float32)
     expected = RotaryEmbedding(**config)(q).numpy()
     np.testing.assert_allclose(q * cos + (q @ turn) * sin, expected, atol=1e-6)

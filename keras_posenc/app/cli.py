@@ -4,7 +4,7 @@ Each subcommand is a pair `_add_<name>_parser(subparsers)` (its flags) and
 `_run_<name>(args) -> int` (its work), registered in `_SUBCOMMANDS`. The
 flags of `train` and `demo` are generated from the fields of
 `train.TrainConfig` (name, type, default, help and choices in one place);
-`demo` and `export` share `export_model`, a plain function.
+`demo` and `export` share `_export_command`, which prints `export.export_and_check`.
 
 Exit status: 0 on success, 1 when `export` fails its parity or GPU check,
 2 on a usage or input error (the message goes to stderr, no traceback).
@@ -39,7 +39,7 @@ import warnings
 
 from keras_posenc import _startup
 
-__all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "EXPORT_TOLERANCE", "build_parser", "export_model",
+__all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "build_parser",
            "main"]
 
 DEMO_OUT = os.path.join("runs", "demo")
@@ -153,8 +153,8 @@ def _run_demo(args):
     report = train(config)
     _print_summary(report, config.out)
     print("Exporting the demo model to TFLite (float32, GPU target):")
-    status = export_model(os.path.join(config.out, "model.keras"), os.path.join(config.out, "model.tflite"),
-                          config.max_length, require_gpu=True)
+    status = _export_command(os.path.join(config.out, "model.keras"),
+                             os.path.join(config.out, "model.tflite"), config.max_length, require_gpu=True)
     print(f"Generating from the demo model (keras-posenc generate {config.out} --prompt {DEMO_PROMPT!r}):")
     _print_generation(config.out, DEMO_PROMPT, max_new_tokens=DEMO_NEW_TOKENS)
     return status
@@ -329,8 +329,6 @@ def _run_ablate(args):
 
 
 # export -------------------------------------------------------------------------------------
-# Parity that `export` requires, per quantize mode (None: report only).
-EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "dynamic_int8": None}
 
 
 def _add_export_parser(subparsers):
@@ -385,65 +383,34 @@ def _add_export_parser(subparsers):
                                  "cache-length // 2)")
 
 
-def _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids_path):
+def _corpus_token_ids(model_path, sequence_length, rows):
+    """Corpus sentences tokenized with the `spm.model` beside the model, as in training; None without one."""
     import numpy as np
 
-    from keras_posenc import export
+    from keras_posenc.app import dataset as data_lib
 
-    rows = 4 * batch_size
     spm_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
-    if token_ids_path:
-        token_ids = np.load(token_ids_path)
-        if token_ids.ndim != 2 or token_ids.shape[1] != sequence_length:
-            raise _Error(f"--token-ids must hold an int array [n, {sequence_length}], "
-                         f"got shape {token_ids.shape}.")
-    elif os.path.isfile(spm_path):
-        from keras_posenc.app import dataset as data_lib
-        from keras_posenc.app.diagnostics import probe_batch
-
-        with open(spm_path, "rb") as f:
-            sp_model = f.read()
-        texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:rows]
-        token_ids, _ = probe_batch(sp_model, texts, sequence_length)
-        token_ids = token_ids.numpy()[:, :sequence_length]
-        token_ids = np.pad(token_ids, ((0, 0), (0, sequence_length - token_ids.shape[1])),
-                           constant_values=data_lib.PAD_ID)
-    else:
-        return export.sample_token_batch(model, sequence_length, rows=rows)
-    _, languages = export.sample_token_batch(model, sequence_length, rows=len(token_ids))
-    return token_ids.astype(np.int32), None if languages is None else np.zeros_like(languages)
+    if not os.path.isfile(spm_path):
+        return None
+    with open(spm_path, "rb") as f:
+        sp_model = f.read()
+    texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:rows]
+    dataset = data_lib.lm_dataset(texts, sp_model, max_length=sequence_length, batch_size=len(texts),
+                                  shuffle=False, bucket_lengths=None)
+    features, _ = next(iter(dataset))
+    token_ids = np.asarray(features["token_ids"])[:, :sequence_length]
+    return np.pad(token_ids, ((0, 0), (0, sequence_length - token_ids.shape[1])),
+                  constant_values=data_lib.PAD_ID)
 
 
-def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=None, target="gpu",
-                 require_gpu=False, tolerance=None, token_ids=None, embedding=None):
-    """Exports a trained model and checks it, printing the report; returns the exit status.
+def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=None, target="gpu",
+                    require_gpu=False, tolerance=None, token_ids=None, embedding=None):
+    """`keras-posenc export` (and the end of `demo`): `export.export_and_check`, printed; the exit status.
 
-    What `keras-posenc export` and the end of `keras-posenc demo` run: converts
-    with `export.to_tflite` (or `export.to_onnx` for `target="tensorrt"`),
-    writes `out` and `out.json` (its runtime metadata), prints the report,
-    and checks the parity against `tolerance` and, with `require_gpu`, the
-    target's GPU verdict.
-
-    Args:
-        model_path: str, the trained model (`.keras`, `.h5` or SavedModel).
-        out: str, the output file.
-        sequence_length: int, the fixed input length.
-        batch_size: int, the fixed batch.
-        quantize: None or one of `export.QUANTIZE_MODES`.
-        target: one of `export.TARGETS`.
-        require_gpu: bool, fail when the target's GPU backend rejects an op.
-        tolerance: float or None (`EXPORT_TOLERANCE[quantize]`), the
-            largest parity error accepted.
-        token_ids: optional path of an int `.npy` `[n, sequence_length]`
-            for the parity check.
-        embedding: "host", "graph" or None (`export.default_embedding`); with
-            "host", `out.embeddings.npy` holds the table the runner reads.
-
-    Returns:
-        int, 0 when every check passed, else 1.
+    `token_ids`: optional path of an int `.npy` `[n, sequence_length]` for the parity; default
+    corpus sentences tokenized with `spm.model` beside the model, else a synthetic padded batch.
+    Writes `out`, `out.json` and, with `embedding="host"`, `out.embeddings.npy`.
     """
-    import json
-
     import numpy as np
 
     from keras_posenc import export
@@ -452,52 +419,25 @@ def export_model(model_path, out, sequence_length, *, batch_size=1, quantize=Non
     if target == "cpu" and embedding == "host":
         raise _Error("--embedding host is for the gpu, gl and tensorrt targets; cpu GATHERs its lookups "
                      "in the file.")
-    embedding = embedding or export.default_embedding(model, target)
-    token_ids, language_ids = _export_parity_batch(model, model_path, sequence_length, batch_size, token_ids)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    if target == "tensorrt":
-        flat = export.to_onnx(model, sequence_length=sequence_length, batch_size=batch_size,
-                              embedding=embedding)
-        parity = export.check_onnx_parity(model, flat, token_ids, language_ids)
-        report = {"parity": parity, "verdicts": {},
-                  "cost": export.cost_summary(export.onnx_cost(flat), export.weight_bytes(model))}
-        lines = [f"ONNX opset {export.ONNX_OPSET}, static shapes, int32 ids "
-                 f"(trtexec --onnx={out} --fp16)",
-                 f"Parity onnxruntime vs Keras: max abs diff {parity:.3g} on real tokens",
-                 export.format_cost(report["cost"])]
+    if token_ids is not None:
+        ids = np.load(token_ids)
+        if ids.ndim != 2 or ids.shape[1] != sequence_length:
+            raise _Error(f"--token-ids must hold an int array [n, {sequence_length}], got shape {ids.shape}.")
     else:
-        flat = export.to_tflite(model, sequence_length=sequence_length, target=target,
-                                batch_size=batch_size, quantize=quantize, embedding=embedding)
-        report = export.export_report(model, flat, token_ids, language_ids, target=target)
-        lines = export.format_report(report)
-    if embedding == "host":
-        table_path = out + ".embeddings.npy"
-        np.save(table_path, export.host_embedding_table(model))
-        lines.append(f"Embedding: host; the runner feeds {os.path.basename(table_path)}[token_ids] as "
-                     "`embeddings` (export/jetson/run_tflite.py and run_tensorrt.py do)")
-    with open(out, "wb") as f:
-        f.write(flat)
-    with open(out + ".json", "w") as f:
-        table = os.path.basename(out) + ".embeddings.npy" if embedding == "host" else None
-        metadata = export.runtime_metadata(model, sequence_length, batch_size, quantize=quantize,
-                                           target=target, embedding=embedding,
-                                           embedding_table=table)
-        json.dump(dict(metadata, cost=report["cost"]), f, indent=1)
-    print(f"Wrote {out} ({len(flat)} bytes, target {target}, quantize={quantize or 'none'}, "
+        ids = _corpus_token_ids(model_path, sequence_length, rows=4 * batch_size)
+    result = export.export_and_check(model, sequence_length=sequence_length, target=target,
+                                     batch_size=batch_size, quantize=quantize, embedding=embedding,
+                                     token_ids=ids)
+    result.save(out)
+    print(f"Wrote {out} ({len(result.exported)} bytes, target {target}, quantize={quantize or 'none'}, "
           f"batch {batch_size} x length {sequence_length}) and {out}.json")
-    for line in lines:
+    for line in result.lines:
+        print(line.replace("FILE.embeddings.npy", os.path.basename(out) + ".embeddings.npy")
+              .replace("--onnx=FILE", f"--onnx={out}"))
+    failures = result.failures(tolerance=tolerance, require_gpu=require_gpu)
+    for line in failures:
         print(line)
-    status = 0
-    tolerance = tolerance if tolerance is not None else EXPORT_TOLERANCE[quantize]
-    if tolerance is not None and not report["parity"] <= tolerance:
-        print(f"FAILED: parity {report['parity']:.3g} exceeds the tolerance {tolerance:g}.")
-        status = 1
-    backend = export.TARGET_BACKENDS[target][0] if report["verdicts"] else None
-    if require_gpu and backend and report["verdicts"][backend]:
-        print(f"FAILED: --require-gpu and {export.BACKENDS[backend]} does not run "
-              + ", ".join(report["verdicts"][backend]))
-        status = 1
-    return status
+    return 1 if failures else 0
 
 
 def _run_export(args):
@@ -505,7 +445,7 @@ def _run_export(args):
         return _export_generator(args)
     if args.sequence_length is None:
         raise _Error("export needs --sequence-length (or --generate with --cache-length).")
-    return export_model(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
+    return _export_command(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
                         quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
                         tolerance=args.tolerance, token_ids=args.token_ids, embedding=args.embedding)
 
@@ -539,7 +479,7 @@ def _export_generator(args):
     print(f"Greedy parity over {result['tokens_checked']} tokens: "
           f"{'same tokens' if result['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
           f"max abs logit diff {result['parity']:.3g}")
-    tolerance = args.tolerance if args.tolerance is not None else EXPORT_TOLERANCE[None]
+    tolerance = args.tolerance if args.tolerance is not None else export.EXPORT_TOLERANCE[None]
     if not result["same_tokens"] or not result["parity"] <= tolerance:
         print(f"FAILED: the file does not generate what the model generates (tolerance {tolerance:g}).")
         return 1

@@ -2,10 +2,13 @@
 
 Modules:
 
+- `pipeline`: `export_and_check`, one pass of conversion, report, parity and metadata (what
+  `keras-posenc export` prints);
 - `conversion`: `to_tflite` / `to_onnx`, model inspection and the float32 rebuild;
-- `emitters` and `gl`: the formulation of each keras_posenc layer per target (a registry keyed
-  by layer class);
-- `flatbuffer`: operators of a TFLite file, read with TensorFlow's flatbuffer utilities;
+- `emitters` and `gl`: the formulation of each keras_posenc layer per target, gathered
+  explicitly (`emitters.Formulations.collect`) and applied by `Formulated` wrapper layers;
+- `flatbuffer`: operators of a TFLite file, read with TensorFlow's flatbuffer utilities
+  (`TfliteFile`: decoded once for every reader);
 - `cost`: multiply-adds, constant bytes and the largest intermediate of a TFLite or ONNX file;
 - `verdicts`: `gpu_incompatible_ops(tflite, backend="opencl" | "webgpu" | "gl")`;
 - `parity`: the exported file against Keras (TFLite interpreter, onnxruntime) and the report
@@ -26,7 +29,7 @@ from keras_posenc.export.conversion import (
                                             to_tflite,
 )
 from keras_posenc.export.cost import graph_cost, onnx_cost
-from keras_posenc.export.flatbuffer import op_counts, operators
+from keras_posenc.export.flatbuffer import TfliteFile, op_counts, operators
 from keras_posenc.export.parity import (
                                             TARGET_BACKENDS,
                                             check_onnx_parity,
@@ -42,6 +45,7 @@ from keras_posenc.export.parity import (
                                             sample_token_batch,
                                             weight_bytes,
 )
+from keras_posenc.export.pipeline import EXPORT_TOLERANCE, ExportResult, export_and_check
 from keras_posenc.export.verdicts import (
                                             BACKENDS,
                                             GL_SHADER_OPS,
@@ -52,7 +56,8 @@ from keras_posenc.export.verdicts import (
 )
 
 __all__ = [
-    "BACKENDS", "EMBEDDINGS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
+    "BACKENDS", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "TfliteFile", "export_and_check",
+    "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
     "QUANTIZE_MODES", "TARGETS", "TARGET_BACKENDS", "ModelSpec", "analyzer_report", "check_onnx_parity",
     "check_parity", "cost_summary", "default_embedding", "export_report", "format_cost", "format_report",
     "gpu_incompatible_ops", "graph_cost", "host_embedding_table", "interpreter_class", "load_model",

@@ -32,10 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import models as _models  # noqa: F401  (registers Encoder and CausalLM for load_model)
-from keras_posenc.backend import keras
-from keras_posenc.export import emitters
-from keras_posenc.export import gl as _gl  # noqa: F401  (registers the gl formulations)
-from keras_posenc.export import gpu as _gpu  # noqa: F401  (then gpu's own, replacing gl's for gpu)
+from keras_posenc.backend import is_functional, keras, model_input_names
+from keras_posenc.export import emitters, gl, gpu
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
@@ -43,10 +41,13 @@ from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmb
 from keras_posenc.validation import check_choice, check_positive_int
 
 __all__ = ["EMBEDDINGS", "HOST_EMBEDDINGS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec",
-           "default_embedding", "host_embedding_table", "load_model", "rebuild", "to_onnx", "to_tflite"]
+           "convert_onnx", "convert_tflite", "default_embedding", "host_embedding_table", "load_model",
+           "rebuild", "to_onnx", "to_tflite"]
 
 QUANTIZE_MODES = (None, "float16", "dynamic_int8")
 TARGETS = emitters.TARGETS
+# The formulations of every target, from the modules that define them (in order: later wins).
+FORMULATIONS = emitters.Formulations.collect(emitters, gl, gpu)
 EMBEDDINGS = ("graph", "host")
 ONNX_OPSET = 17
 
@@ -134,6 +135,12 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
           the `quantize` modes.
     """
     spec = ModelSpec.of(model, sequence_length, batch_size)
+    return convert_tflite(spec, target=target, quantize=quantize, embedding=embedding)
+
+
+def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph"):
+    """`to_tflite` for a `ModelSpec` (its model, sequence length and batch size)."""
+    model, batch_size = spec.model, spec.batch_size
     check_choice("target", target, TARGETS)
     if target == "tensorrt":
         raise ValueError("target='tensorrt' exports ONNX: use to_onnx(model, sequence_length=...).")
@@ -152,15 +159,17 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
     clone = rebuild(model, spec, target)
     dtype = tf.float32 if target == "gl" else tf.int32
     signature = spec.signature(dtype)
-    call = spec.caller(clone)
+    call = traced(spec.caller(clone), target, host_embeddings=embedding == "host")
     if embedding == "host":
-        call, signature = _with_host_embeddings(clone, call, signature, spec)
+        signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)], clone)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if target == "gpu":  # keep BATCH_MATMUL (TF 2.12 unrolls it into per-head FULLY_CONNECTED)
-        converter._experimental_disable_batchmatmul_unfold = True
-        converter.unfold_batchmatmul = False
+    if target == "gpu":  # keep BATCH_MATMUL (the converter unrolls it into per-head FULLY_CONNECTED)
+        if hasattr(converter, "unfold_batchmatmul"):
+            converter.unfold_batchmatmul = False
+        else:  # TF 2.12: the same switch, private
+            converter._experimental_disable_batchmatmul_unfold = True
     if quantize is not None:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if quantize == "float16":
@@ -196,11 +205,15 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
         ImportError: tf2onnx is not installed (the message says how).
         ValueError: as in `to_tflite`, or `opset` < 17.
     """
-    spec = ModelSpec.of(model, sequence_length, batch_size)
+    return convert_onnx(ModelSpec.of(model, sequence_length, batch_size), opset=opset, embedding=embedding)
+
+
+def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph"):
+    """`to_onnx` for a `ModelSpec`."""
     check_positive_int("opset", opset, minimum=17)
     check_choice("embedding", embedding, EMBEDDINGS)
     if embedding == "host":
-        host_embedding_table(model)  # ValueError without a token table
+        host_embedding_table(spec.model)  # ValueError without a token table
     try:
         import tf2onnx
     except ImportError as error:
@@ -208,27 +221,21 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
                           "(without its protobuf pin: --no-deps), tf2onnx==1.17.0 on TF 2.16+; or run "
                           "`make test-edge`, which installs it under .edge-cache/onnx-site "
                           "(onnx-site-py312 for .venv-keras3).") from error
-    clone = rebuild(model, spec, "tensorrt")
-    call, signature = spec.caller(clone), spec.signature(tf.int32)
+    clone = rebuild(spec.model, spec, "tensorrt")
+    signature = spec.signature(tf.int32)
+    call = traced(spec.caller(clone), "tensorrt", host_embeddings=embedding == "host")
     if embedding == "host":
-        call, signature = _with_host_embeddings(clone, call, signature, spec)
+        signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
     proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=opset)
     return proto.SerializeToString()
 
 
-def _with_host_embeddings(clone, call, signature, spec):
-    """`call` taking the looked-up rows as a last input, handed to each token-embedding layer."""
+def _host_embeddings_spec(clone, spec):
+    """The last input of an `embedding="host"` file: the looked-up rows, read by the gl/gpu formulation."""
     layers = [layer for layer in _all_layers(clone) if isinstance(layer, TokenAndPositionEmbedding)]
-    rows = tf.TensorSpec([spec.batch_size, spec.sequence_length, layers[0].d_model], tf.float32,
+    return tf.TensorSpec([spec.batch_size, spec.sequence_length, layers[0].d_model], tf.float32,
                          name=HOST_EMBEDDINGS)
-
-    def with_rows(*inputs):
-        for layer in layers:
-            layer._export_embeddings = inputs[-1]  # read by the gl/gpu formulation while traced
-        return call(*inputs[:-1])
-
-    return with_rows, signature + [rows]
 
 
 def load_model(path):
@@ -345,7 +352,7 @@ class ModelSpec:
         needs_languages = any(layer.num_languages is not None for layer in positions)
         roles, ranks = ["token_ids"], [2]
         if is_functional(model):
-            input_names = _input_names(model)
+            input_names = model_input_names(model)
             for index, tensor in enumerate(model.inputs[1:], start=1):
                 role = role_of(input_names[index])
                 if role == "token_ids" and index == 1 and needs_languages:
@@ -407,22 +414,6 @@ def frozen_function(function):
     return convert_variables_to_constants_v2(function.get_concrete_function())
 
 
-def is_functional(model):
-    """True for a functional (graph-network) model: Keras 2 `_is_graph_network`, Keras 3 `Functional`."""
-    if getattr(model, "_is_graph_network", False):
-        return True
-    functional = getattr(getattr(keras, "src", None), "models", None)
-    functional = getattr(functional, "Functional", None)
-    return functional is not None and isinstance(model, functional) and not isinstance(
-        model, keras.Sequential)
-
-
-def _input_names(model):
-    # Keras 2 models have `input_names`; a Keras 3 model names its inputs through the tensors.
-    names = getattr(model, "input_names", None)
-    return list(names) if names else [tensor.name for tensor in model.inputs]
-
-
 def _all_layers(model):
     # _flatten_layers: Keras 2 and Keras 3 (a Keras 3 model is no tf.Module: no `submodules`); a
     # Keras 3 op of a functional graph (`x + y` is an `ops.Add`) is no layer and has neither.
@@ -456,18 +447,15 @@ def _float32_config(config):
 def rebuild(model, spec, target):
     """Same architecture and weights, fixed input shapes, float32 compute, `target` formulations.
 
-    The formulations are bound to each cloned layer before the clone is first called (the gl
-    target feeds float token ids, which the layers' own call refuses); they read the weights
-    when traced, after `set_weights`, and the position tables are frozen right after it.
+    The float32 clone of each layer is built from its config; a functional model is cloned with
+    its formulated layers wrapped (`emitters.formulate`), any other model is built by one call
+    of its own and then wrapped. The formulations read the weights when traced inside
+    `exporting` (after `set_weights`): the trained values, frozen as constants.
     """
     dtype = tf.float32 if target == "gl" else tf.int32
 
     def clone_layer(layer):
-        if not isinstance(layer, keras.layers.Layer):
-            return layer  # a Keras 3 stateless operation of the graph (`x + y`): nothing to clone
-        clone = type(layer).from_config(_float32_config(layer.get_config()))
-        _bind(clone, target)
-        return clone
+        return type(layer).from_config(_float32_config(layer.get_config()))
 
     with _float32_policy():
         if spec.functional:
@@ -475,11 +463,11 @@ def rebuild(model, spec, target):
                       for s in spec.signature(dtype)]
             if not isinstance(model.input, (list, tuple)):
                 inputs = inputs[0]  # Keras 3 wants the structure of model.input
-            clone = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone_layer)
+            clone = emitters.formulate(model, target, FORMULATIONS, input_tensors=inputs,
+                                       clone_layer=clone_layer)
         else:
-            clone = type(model).from_config(_float32_config(model.get_config()))
-            _bind(clone, target)
-            spec.caller(clone)(*[tf.zeros(s.shape, s.dtype) for s in spec.signature(dtype)])
+            clone = clone_layer(model)
+            spec.caller(clone)(*[tf.zeros(s.shape, s.dtype) for s in spec.signature(tf.int32)])
     weights = model.get_weights()
     clone_shapes = [w.shape for w in clone.get_weights()]
     if clone_shapes != [w.shape for w in weights]:
@@ -487,12 +475,21 @@ def rebuild(model, spec, target):
                          "differ in number or shape; does every custom layer have a complete get_config?")
     clone.set_weights([np.asarray(w, np.float32) if w.dtype == np.float16 else w for w in weights])
     for layer in _all_layers(clone):
-        if isinstance(layer, PositionEmbeddingBase):
-            layer.overflow = "error"  # exported positions stay inside the table
-            layer._export_frozen = emitters.Frozen(layer)  # the trained values, frozen
         if isinstance(layer, RotaryEmbedding):
             layer.freeze(spec.sequence_length)  # "dynamic"/"longrope": the tables of length T
+    if not spec.functional:
+        clone = emitters.formulate(clone, target, FORMULATIONS)
     return clone
+
+
+def traced(call, target, host_embeddings=False):
+    """`call` run inside the export context of `target` (with `host_embeddings`: rows as last input)."""
+    def run(*inputs):
+        rows = inputs[-1] if host_embeddings else None
+        with emitters.exporting(target, FORMULATIONS, host_embeddings=rows):
+            return call(*(inputs[:-1] if host_embeddings else inputs))
+
+    return run
 
 
 def rope_notes(model, sequence_length):
@@ -502,7 +499,4 @@ def rope_notes(model, sequence_length):
             "switches frequencies by each call's length" for layer in _all_layers(model)
             if isinstance(layer, RotaryEmbedding) and layer.scaling in DYNAMIC_SCALINGS]
 
-
-def _bind(layer, target):
-    emitters.install(target, _all_layers(layer))
 

@@ -17,7 +17,7 @@ directly:
 import numpy as np
 from tensorflow.lite.tools import flatbuffer_utils
 
-from keras_posenc.export.flatbuffer import check_flatbuffer
+from keras_posenc.export.flatbuffer import decoded
 
 __all__ = ["graph_cost", "onnx_cost"]
 
@@ -81,8 +81,7 @@ def graph_cost(tflite_bytes, signature=None):
     >>> cost["multiply_adds"], cost["largest_tensor_shape"], cost["largest_tensor_bytes"]
     (60, [4, 5], 80)
     """
-    check_flatbuffer(tflite_bytes)
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_bytes))
+    model = decoded(tflite_bytes).model
     names = [flatbuffer_utils.opcode_to_name(model, index) for index in range(len(model.operatorCodes))]
     multiply_adds, constants, largest, largest_shape = 0, set(), 0, []
     constant_bytes = 0

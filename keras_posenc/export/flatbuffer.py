@@ -8,7 +8,7 @@ import collections
 
 from tensorflow.lite.tools import flatbuffer_utils
 
-__all__ = ["check_flatbuffer", "input_names", "op_counts", "operators"]
+__all__ = ["TfliteFile", "check_flatbuffer", "decoded", "input_names", "op_counts", "operators"]
 
 Operator = collections.namedtuple("Operator", ["name", "version", "inputs", "outputs", "input_tensors",
                                                "output_tensors"])
@@ -24,6 +24,8 @@ def check_flatbuffer(tflite_bytes):
         ...
     ValueError: `tflite_bytes` is not a TFLite flatbuffer (no 'TFL3' identifier).
     """
+    if isinstance(tflite_bytes, TfliteFile):
+        return
     if not isinstance(tflite_bytes, (bytes, bytearray)):
         raise TypeError(f"`tflite_bytes` must be bytes, got {type(tflite_bytes).__name__}.")
     if len(tflite_bytes) < 8 or bytes(tflite_bytes[4:8]) != b"TFL3":
@@ -54,39 +56,7 @@ def operators(tflite_bytes):
     >>> [(op.name, op.version) for op in operators(flat)]
     [('ADD', 1)]
     """
-    check_flatbuffer(tflite_bytes)
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_bytes))
-    codes = []
-    for code in model.operatorCodes:
-        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-        name = flatbuffer_utils.opcode_to_name(model, model.operatorCodes.index(code))
-        if builtin == flatbuffer_utils.schema_fb.BuiltinOperator.CUSTOM:
-            custom = code.customCode
-            name = custom.decode() if isinstance(custom, bytes) else str(custom)
-        codes.append((name, code.version))
-    result = []
-    for graph in model.subgraphs:
-        tensors = graph.tensors or []
-
-        def describe(indices, tensors=tensors):
-            described = []
-            for index in (indices if indices is not None else []):
-                if index < 0:
-                    described.append((None, False, None))
-                    continue
-                tensor = tensors[index]
-                constant = bool(model.buffers[tensor.buffer].data is not None and
-                                len(model.buffers[tensor.buffer].data))
-                shape = tuple(int(n) for n in tensor.shape) if tensor.shape is not None else ()
-                described.append((shape, constant, flatbuffer_utils.type_to_name(tensor.type)))
-            return described
-
-        for op in graph.operators or []:
-            name, version = codes[op.opcodeIndex]
-            result.append(Operator(name, version, describe(op.inputs), describe(op.outputs),
-                                   [int(i) for i in (op.inputs if op.inputs is not None else [])],
-                                   [int(i) for i in (op.outputs if op.outputs is not None else [])]))
-    return result
+    return decoded(tflite_bytes).operators
 
 
 def op_counts(tflite_bytes):
@@ -124,8 +94,91 @@ def input_names(tflite_bytes):
     >>> input_names(tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert())
     ['ids']
     """
-    check_flatbuffer(tflite_bytes)
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_bytes))
-    graph = model.subgraphs[0]
-    names = [graph.tensors[index].name for index in graph.inputs]
-    return [name.decode() if isinstance(name, bytes) else str(name) for name in names]
+    return list(decoded(tflite_bytes).input_names)
+
+
+class TfliteFile:
+    """A TFLite flatbuffer decoded once, for every reader of one export (ops, verdicts, cost, inputs).
+
+    The functions of `keras_posenc.export` that take `tflite_bytes` take a `TfliteFile` too.
+
+    Attributes:
+        bytes: the flatbuffer.
+        model: the decoded schema object (`flatbuffer_utils`).
+        operators: the `Operator`s of every subgraph, in execution order.
+        input_names: the names of the first subgraph's inputs.
+        analyzer_report: the TFLite analyzer's printout, computed on first use.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> add = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([3], tf.float32, name="ids")])
+    >>> converter = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()])
+    >>> flat = TfliteFile(converter.convert())
+    >>> [op.name for op in flat.operators], flat.input_names, decoded(flat) is flat
+    (['ADD'], ['ids'], True)
+    """
+
+    def __init__(self, tflite_bytes):
+        check_flatbuffer(tflite_bytes)
+        self.bytes = bytes(tflite_bytes)
+        self.model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_bytes))
+        self.operators = _operators(self.model)
+        graph = self.model.subgraphs[0]
+        names = [graph.tensors[index].name for index in graph.inputs]
+        self.input_names = [name.decode() if isinstance(name, bytes) else str(name) for name in names]
+        self._analyzer_report = None
+
+    def __len__(self):
+        return len(self.bytes)
+
+    @property
+    def analyzer_report(self):
+        if self._analyzer_report is None:
+            from keras_posenc.export.verdicts import analyzer_report
+
+            self._analyzer_report = analyzer_report(self.bytes)
+        return self._analyzer_report
+
+
+def decoded(tflite):
+    """`tflite` as a `TfliteFile`: decoded now from bytes, or the given one."""
+    return tflite if isinstance(tflite, TfliteFile) else TfliteFile(tflite)
+
+
+def _operators(model):
+    """The `Operator`s of a decoded flatbuffer object."""
+    codes = []
+    for code in model.operatorCodes:
+        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+        name = flatbuffer_utils.opcode_to_name(model, model.operatorCodes.index(code))
+        if builtin == flatbuffer_utils.schema_fb.BuiltinOperator.CUSTOM:
+            custom = code.customCode
+            name = custom.decode() if isinstance(custom, bytes) else str(custom)
+        codes.append((name, code.version))
+    result = []
+    for graph in model.subgraphs:
+        tensors = graph.tensors or []
+
+        def describe(indices, tensors=tensors):
+            described = []
+            for index in (indices if indices is not None else []):
+                if index < 0:
+                    described.append((None, False, None))
+                    continue
+                tensor = tensors[index]
+                constant = bool(model.buffers[tensor.buffer].data is not None and
+                                len(model.buffers[tensor.buffer].data))
+                shape = tuple(int(n) for n in tensor.shape) if tensor.shape is not None else ()
+                described.append((shape, constant, flatbuffer_utils.type_to_name(tensor.type)))
+            return described
+
+        for op in graph.operators or []:
+            name, version = codes[op.opcodeIndex]
+            result.append(Operator(name, version, describe(op.inputs), describe(op.outputs),
+                                   [int(i) for i in (op.inputs if op.inputs is not None else [])],
+                                   [int(i) for i in (op.outputs if op.outputs is not None else [])]))
+    return result
+
+
+

@@ -39,8 +39,10 @@ import tensorflow as tf
 
 from keras_posenc import special_ids
 from keras_posenc.export import conversion, gl_generate
-from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
+from keras_posenc.export.conversion import FORMULATIONS, ONNX_OPSET, ModelSpec, frozen_function, rebuild
 from keras_posenc.export.cost import graph_cost, onnx_cost
+from keras_posenc.export.emitters import emit, exporting
+from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 from keras_posenc.validation import check_positive_int
 
 __all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
@@ -78,8 +80,9 @@ def cache_bytes(model, cache_length):
 class _Generator:
     """The two signatures over a rebuilt float32 clone of the model."""
 
-    def __init__(self, clone, prompt_length, cache_length):
+    def __init__(self, clone, prompt_length, cache_length, target):
         self.clone = clone
+        self.target = target
         encoder = clone.encoder
         self.layers = encoder.num_layers
         self.cache_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
@@ -94,9 +97,20 @@ class _Generator:
         return outputs
 
     def _step(self, token_ids, positions, index, keys, values):
-        x, keys, values = self.clone.encoder.cached_step(token_ids, keys, values, index,
-                                                         position_ids=positions)
-        return self.clone.head(x), keys, values
+        """`Encoder.cached_step` with the token embedding of the target's formulation."""
+        encoder = self.clone.encoder
+        with exporting(self.target, FORMULATIONS):
+            in_attention = encoder.position in ATTENTION_POSITIONS
+            x = emit(encoder.embedding, token_ids, position_ids=None if in_attention else positions,
+                     training=False)
+            new_keys, new_values = [], []
+            for layer, key_cache, value_cache in zip(encoder.encoder_layers, keys, values):
+                x, key_cache, value_cache, _ = layer.cached_step(x, key_cache, value_cache, index, positions)
+                new_keys.append(key_cache)
+                new_values.append(value_cache)
+            if encoder.final_norm is not None:
+                x = encoder.final_norm(x)
+        return self.clone.head(x), new_keys, new_values
 
     def prefill_function(self):
         def prefill(token_ids):
@@ -123,7 +137,7 @@ class _ShaderGenerator(_Generator):
     """The `gpu`/`gl` signatures: `gl_generate`'s graphs, float32 inputs for `gl`, int32 for `gpu`."""
 
     def __init__(self, clone, prompt_length, cache_length, target, embedding):
-        super().__init__(clone, prompt_length, cache_length)
+        super().__init__(clone, prompt_length, cache_length, target)
         self.cache_length = cache_length
         self.dtype = tf.float32 if target == "gl" else tf.int32
         self.host = embedding == "host"
@@ -192,9 +206,10 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     embedding = _embedding(model, target, embedding)
     spec = ModelSpec.of(model, cache_length, 1)
     if target == "cpu":
-        module = _Generator(rebuild(model, spec, target), prompt_length, cache_length)
+        module = _Generator(rebuild(model, spec, target).layer, prompt_length, cache_length, target)
     else:  # a float32 clone whose weights the shader graphs read (RoPE frozen at the cache length)
-        module = _ShaderGenerator(rebuild(model, spec, "cpu"), prompt_length, cache_length, target, embedding)
+        module = _ShaderGenerator(rebuild(model, spec, "cpu").layer, prompt_length, cache_length, target,
+                                  embedding)
     # Two signatures convert through a SavedModel (the concrete-function path takes one). The
     # functions are frozen first, so the SavedModel holds no Keras object and no variable.
     signatures = {"prefill": _frozen_signature(module.prefill_function(), module.output_names),
@@ -239,7 +254,7 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
     import tf2onnx
 
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1), "tensorrt")
-    module = _Generator(clone, prompt_length, cache_length)
+    module = _Generator(clone.layer, prompt_length, cache_length, "tensorrt")
     protos = []
     for function in (module.prefill_function(), module.decode_function()):
         frozen = _frozen_signature(function, module.output_names)

@@ -35,13 +35,13 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.emitters import emits, exclusive_count_matrix, frozen, static_structure
+from keras_posenc.export.emitters import emits, exclusive_count_matrix, frozen, host_rows, static_structure
 from keras_posenc.layers.encoder import Encoder
-from keras_posenc.layers.encoder_layer import EncoderLayer
+from keras_posenc.layers.encoder_layer import EncoderLayer, residual_block
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 
-__all__ = ["layer_norm", "one_hot", "token_one_hot"]
+__all__ = ["alibi_constants", "layer_norm", "one_hot", "rotation_constants", "token_one_hot"]
 
 _RSQRT_EXPONENT = float(np.nextafter(np.float32(-0.5), np.float32(-1.0)))
 # Added to masked attention scores. Finite in float16 (largest 65504; Keras' float32 -1e9 is inf
@@ -199,7 +199,7 @@ def _position(layer, inputs, position_ids=None, language_ids=None, mask=None, tr
 def _embed(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None):
     """`[B, T, D]` embeddings and the float real-token rows `[B, T]` for token ids `[B, T]`."""
     length = token_ids.shape[1]
-    rows = getattr(layer, "_export_embeddings", None)
+    rows = host_rows()
     if rows is not None:  # embedding="host": the runner looked the rows up, scaled
         # The pad test reads the ids as floats: exact for a pad id up to 2048 in float16, because
         # only ids above 2048 round, and never below 2048.
@@ -247,37 +247,98 @@ Projections = collections.namedtuple("Projections", ["heads", "head_dim", "query
 
 
 def attention_projections(attention, width):
-    """The weights of a `MultiHeadAttention` over `width` features, built if it never ran.
+    """The weights of a `PositionalAttention` over `width` features, built if it never ran.
 
     Returns `Projections(heads, head_dim, query, key, value, output)`: `(kernel, bias)` pairs,
     kernels `[width, heads, head_dim]` (output: `[heads * head_dim, width]`), biases
-    `[heads, head_dim]` (output: `[width]`). The one reader of the layer's private attributes.
+    `[heads, head_dim]` (output: `[width]`), read through the layer's public `projections`.
     """
-    heads, head_dim = attention._num_heads, attention._key_dim
-    # MultiHeadAttention builds its projections on its first call, which the export replaces.
-    denses = (attention._query_dense, attention._key_dense, attention._value_dense)
-    for dense in denses:
-        if not dense.built:
-            dense.build(tf.TensorShape([1, 1, width]))
-    output = attention._output_dense
-    if not output.built:
-        output.build(tf.TensorShape([1, 1, heads, head_dim]))
-    query, key, value = ((dense.kernel, dense.bias) for dense in denses)
+    *inputs, output = attention.projections([1, 1, width])
+    heads, head_dim = attention.num_heads, attention.head_dim
+    query, key, value = ((dense.kernel, dense.bias) for dense in inputs)
     return Projections(heads, head_dim, query, key, value,
                        (tf.reshape(output.kernel, [heads * head_dim, -1]), output.bias))
 
 
-def _attention(layer, x, bias):
-    """Multi-head self-attention of `x` `[1, T, D]` with an additive `bias` `[1, T, 1, T]`."""
+# RoPE logits and ALiBi biases depend on positions only through differences. The per-sample ids
+# of a left-padded row are 0..T-1 shifted by the padding, and those of a packed row are shifted
+# once per segment, across which attention is masked: constants for positions 0..T-1 give every
+# real token the outputs of the per-sample ids.
+def rotation_constants(attention, length):
+    """RoPE of one head as constants: `q_rotated = q * cos + (q @ turn) * sin`, or None.
+
+    Args:
+        attention: a `PositionalAttention`.
+        length: int, the exported sequence length T.
+
+    Returns:
+        None without RoPE, else float32 numpy `(cos, sin, turn)`: `cos` and `sin` `[T, head_dim]`
+        of positions `0 .. T-1` in the layer's layout (the scaling's attention factor included;
+        "dynamic" and "longrope" with the frequencies of a call of length T), `turn`
+        `[head_dim, head_dim]` the signed permutation taking each pair `(a, b)` to `(-b, a)`.
+        Features past the rotated width (partial rotary) get cos 1, sin 0 and no turn.
+
+    Example:
+
+    >>> from keras_posenc.layers.positional_attention import PositionalAttention
+    >>> cos, sin, turn = rotation_constants(PositionalAttention(2, 4, position="rope"), 3)
+    >>> cos.shape, turn[2].tolist()  # half layout, head_dim 4: pair (0, 2) -> (-x2, x0)
+    ((3, 4), [-1.0, 0.0, 0.0, 0.0])
+    """
+    rotary = attention.rotary
+    if rotary is None:
+        return None
+    head_dim = attention.head_dim
+    width = rotary.rotated_width(head_dim)
+    cos, sin = rotary.cos_sin_tables(length, head_dim)
+    half = width // 2
+    if rotary.layout == "half":
+        pairs = [(k, k + half) for k in range(half)]
+        columns = np.arange(width) % half
+    else:
+        pairs = [(2 * k, 2 * k + 1) for k in range(half)]
+        columns = np.arange(width) // 2
+    turn = np.zeros([head_dim, head_dim], np.float32)
+    for a, b in pairs:
+        turn[b, a], turn[a, b] = -1.0, 1.0
+    factor = np.float32(rotary.attention_factor)
+    full_cos = np.ones([length, head_dim], np.float32)
+    full_sin = np.zeros([length, head_dim], np.float32)
+    full_cos[:, :width], full_sin[:, :width] = cos[:, columns] * factor, sin[:, columns] * factor
+    return full_cos, full_sin, turn
+
+
+def alibi_constants(attention, length):
+    """The ALiBi bias of positions `0 .. T-1` as a float32 `[num_heads, T, T]` constant, or None.
+
+    Example:
+
+    >>> from keras_posenc.layers.positional_attention import PositionalAttention
+    >>> (alibi_constants(PositionalAttention(2, 4, position="alibi"), 3)[0] * 16).tolist()  # slope 1/16
+    [[0.0, -1.0, -2.0], [-1.0, 0.0, -1.0], [-2.0, -1.0, 0.0]]
+    """
+    if attention.slopes is None:
+        return None
+    positions = np.arange(length, dtype=np.float64)
+    distance = np.abs(positions[None, :] - positions[:, None])
+    return (0.0 - attention.slopes[:, None, None] * distance).astype(np.float32)
+
+
+def _attention(attention, x, bias):
+    """Multi-head self-attention of `x` `[1, T, D]` with an additive `bias` `[1, T, 1, T]`.
+
+    `attention` is a built `PositionalAttention`; its weights are read through its public
+    `projections`.
+    """
     length = x.shape[1]
-    projections = attention_projections(layer.attention, x.shape[2])
+    projections = attention_projections(attention, x.shape[2])
     heads, head_dim = projections.heads, projections.head_dim
     (query_kernel, query_bias), (key_kernel, key_bias), (value_kernel, value_bias) = (
         projections.query, projections.key, projections.value)
     scale = 1.0 / math.sqrt(float(head_dim))
-    # RoPE and ALiBi (position="rope" | "alibi") as constants of positions 0..T-1, see the hooks.
-    rotation = layer.export_rotation(length)
-    alibi = layer.export_attention_bias(length)
+    # RoPE and ALiBi (position="rope" | "alibi") as constants of positions 0..T-1.
+    rotation = rotation_constants(attention, length)
+    alibi = alibi_constants(attention, length)
     outputs = []
     for head in range(heads):
         q = linear(x, query_kernel[:, head, :], query_bias[head])
@@ -310,19 +371,10 @@ def _dense(dense, x):
 
 
 def _encoder_layer_rows(layer, x, bias):
-    residual = x
-    if layer.norm_first:
-        x = layer_norm(x, layer.attention_norm)
-    x = residual + _attention(layer, x, bias)
-    if not layer.norm_first:
-        x = layer_norm(x, layer.attention_norm)
-    residual = x
-    if layer.norm_first:
-        x = layer_norm(x, layer.ffn_norm)
-    x = residual + _dense(layer.ffn_output, _dense(layer.ffn_hidden, x))
-    if not layer.norm_first:
-        x = layer_norm(x, layer.ffn_norm)
-    return x
+    x = residual_block(x, lambda h: _attention(layer.attention, h, bias),
+                       lambda h: layer_norm(h, layer.attention_norm), layer.norm_first)
+    return residual_block(x, lambda h: _dense(layer.ffn_output, _dense(layer.ffn_hidden, h)),
+                          lambda h: layer_norm(h, layer.ffn_norm), layer.norm_first)
 
 
 @emits(("gl", "gpu"), EncoderLayer)

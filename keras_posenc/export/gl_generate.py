@@ -68,7 +68,7 @@ def _rotate(x, cos, sin, turn):
 
 def _rotation(layer, cache_length, heads):
     """RoPE over all heads at once: cos, sin `[C, heads * head_dim]` and the block-diagonal turn."""
-    rotation = layer.export_rotation(cache_length)
+    rotation = gl.rotation_constants(layer.attention, cache_length)
     if rotation is None:
         return None
     cos, sin, turn = rotation
@@ -143,7 +143,7 @@ def _prefill_attention(layer, x, cache_length):
         query, key = (_rotate(t, rotation[0][None], rotation[1][None], rotation[2]) for t in (query, key))
     causal = np.tril(np.ones([length, length], bool))
     bias = gl._pair_constant(np.where(causal, 0.0, _MASKED))
-    alibi = layer.export_attention_bias(length)
+    alibi = gl.alibi_constants(layer.attention, length)
     scale = 1.0 / math.sqrt(float(head_dim))
     outputs = []
     for head in range(heads):

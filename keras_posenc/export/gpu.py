@@ -28,11 +28,13 @@ from keras_posenc.export.gl import (
     _dense,
     _embed,
     _not,
+    alibi_constants,
     attention_projections,
     linear,
+    rotation_constants,
 )
 from keras_posenc.layers.encoder import Encoder
-from keras_posenc.layers.encoder_layer import EncoderLayer
+from keras_posenc.layers.encoder_layer import EncoderLayer, residual_block
 
 __all__ = ["layer_norm"]
 
@@ -70,13 +72,13 @@ def _attention(layer, x, bias):
     q = _split_heads(x, projections.query, heads, head_dim, 1.0 / np.sqrt(float(head_dim)))
     k = _split_heads(x, projections.key, heads, head_dim)
     v = _split_heads(x, projections.value, heads, head_dim)
-    rotation = layer.export_rotation(length)  # RoPE: constants of positions 0..T-1
+    rotation = rotation_constants(layer.attention, length)  # RoPE: constants of positions 0..T-1
     if rotation is not None:
         cos, sin, turn = tf.constant(rotation[0]), tf.constant(rotation[1]), rotation[2]
         q = q * cos + linear(q, turn) * sin
         k = k * cos + linear(k, turn) * sin
     scores = tf.matmul(q, k, transpose_b=True) + bias  # [B, heads, T, T]
-    alibi = layer.export_attention_bias(length)
+    alibi = alibi_constants(layer.attention, length)
     if alibi is not None:
         scores = scores + tf.constant(alibi[None])
     weights = tf.nn.softmax(scores, axis=-1)
@@ -85,19 +87,12 @@ def _attention(layer, x, bias):
 
 
 def _encoder_layer_rows(layer, x, bias):
-    residual = x
-    if layer.norm_first:
-        x = layer_norm(x, layer.attention_norm)
-    x = residual + _attention(layer, x, bias)
-    if not layer.norm_first:
-        x = layer_norm(x, layer.attention_norm)
-    residual = x
-    if layer.norm_first:
-        x = layer_norm(x, layer.ffn_norm)
-    x = residual + _dense(layer.ffn_output, _dense(layer.ffn_hidden, x))
-    if not layer.norm_first:
-        x = layer_norm(x, layer.ffn_norm)
-    return x
+    def norm(which):
+        return lambda h: layer_norm(h, which)
+
+    x = residual_block(x, lambda h: _attention(layer, h, bias), norm(layer.attention_norm), layer.norm_first)
+    return residual_block(x, lambda h: _dense(layer.ffn_output, _dense(layer.ffn_hidden, h)),
+                          norm(layer.ffn_norm), layer.norm_first)
 
 
 def _key_bias(real, allowed, segment_ids=None):

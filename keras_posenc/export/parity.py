@@ -12,12 +12,12 @@ from keras_posenc.export.conversion import (
     rope_notes,
 )
 from keras_posenc.export.cost import graph_cost
-from keras_posenc.export.flatbuffer import check_flatbuffer, input_names, op_counts
+from keras_posenc.export.flatbuffer import check_flatbuffer, decoded, input_names, op_counts
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
 __all__ = ["check_onnx_parity", "check_parity", "cost_summary", "export_report", "format_cost",
-           "format_report", "interpreter_class", "run_interpreter", "run_onnx", "runtime_metadata",
-           "sample_token_batch", "weight_bytes"]
+           "format_report", "interpreter_class", "parity", "report_of", "run_interpreter", "run_onnx",
+           "runtime_metadata", "sample_batch", "sample_token_batch", "spec_metadata", "weight_bytes"]
 
 # The backends whose verdict `export` prints for each target (the target's own first).
 TARGET_BACKENDS = {"gpu": ("webgpu", "opencl", "gl"), "gl": ("gl", "webgpu"), "cpu": ("gl", "webgpu"),
@@ -64,21 +64,67 @@ def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_
     True
     """
     check_flatbuffer(tflite_bytes)
+    spec = ModelSpec.of(model, _checked_ids(token_ids).shape[1], 1)
+    real, every = parity(spec, tflite_bytes, token_ids, language_ids, position_ids=position_ids,
+                         segment_ids=segment_ids)
+    return real if ignore_padding else every
+
+
+def check_onnx_parity(model, onnx_bytes, token_ids, language_ids=None, *, position_ids=None,
+                      segment_ids=None, ignore_padding=True):
+    """Max abs difference between the Keras model and onnxruntime on real tokens (see `check_parity`)."""
+    spec = ModelSpec.of(model, _checked_ids(token_ids).shape[1], 1)
+    real, every = parity(spec, onnx_bytes, token_ids, language_ids, position_ids=position_ids,
+                         segment_ids=segment_ids, runtime="onnx")
+    return real if ignore_padding else every
+
+
+def parity(spec, exported, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
+           runtime="tflite"):
+    """`(max abs diff on real tokens, max abs diff everywhere)`: one Keras pass, one runtime pass.
+
+    Args:
+        spec: the `ModelSpec` of the exported model (`spec.model` is run).
+        exported: the `.tflite` flatbuffer (bytes or `TfliteFile`) or, with
+            `runtime="onnx"`, the ONNX model.
+        token_ids, language_ids, position_ids, segment_ids: as in
+            `check_parity`.
+        runtime: "tflite" (the interpreter) or "onnx" (onnxruntime).
+
+    Returns:
+        Two Python floats.
+    """
+    token_ids = _checked_ids(token_ids)
+    feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
+                       segment_ids=segment_ids)
+    expected = np.asarray(spec.caller(spec.model)(*[tf.constant(f) for f in feeds]), np.float64)
+    if runtime == "onnx":
+        feeds, roles = _with_rows_of(spec.model, onnx_input_names(exported), feeds, spec.roles)
+        got = run_onnx(exported, feeds, roles)
+    else:
+        feeds, roles = with_host_rows(spec.model, exported, feeds, spec.roles)
+        got = run_interpreter(exported, feeds, roles)
+    difference = np.abs(got.astype(np.float64).reshape(expected.shape) - expected)
+    every = float(np.max(difference)) if difference.size else 0.0
+    if spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
+        difference = difference[token_ids != spec.pad_id]
+    return (float(np.max(difference)) if difference.size else 0.0), every
+
+
+def onnx_input_names(onnx_bytes):
+    """The input names of an ONNX model, as onnxruntime reads them."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
+    return [detail.name for detail in session.get_inputs()]
+
+
+def _checked_ids(token_ids):
     token_ids = np.asarray(token_ids)
     if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer):
         raise ValueError(f"`token_ids` must be an int array [batch, length], got shape {token_ids.shape} "
                          f"and dtype {token_ids.dtype}.")
-    spec = ModelSpec.of(model, token_ids.shape[1], 1)
-    feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
-                       segment_ids=segment_ids)
-    expected = np.asarray(spec.caller(model)(*[tf.constant(f) for f in feeds]), np.float64)
-    feeds, roles = with_host_rows(model, tflite_bytes, feeds, spec.roles)
-    got = run_interpreter(tflite_bytes, feeds, roles).astype(np.float64).reshape(expected.shape)
-    difference = np.abs(got - expected)
-    if ignore_padding and spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
-        difference = difference[token_ids != spec.pad_id]
-    return float(np.max(difference)) if difference.size else 0.0
-
+    return token_ids
 
 
 def with_host_rows(model, tflite_bytes, feeds, roles):
@@ -114,25 +160,37 @@ def run_interpreter(tflite_bytes, feeds, roles=None):
     >>> run_interpreter(flat, [np.arange(6, dtype=np.float32).reshape(2, 3)]).tolist()
     [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
     """
+    tflite_bytes = getattr(tflite_bytes, "bytes", tflite_bytes)  # a TfliteFile's flatbuffer
     interpreter = interpreter_class()(model_content=bytes(tflite_bytes))
     interpreter.allocate_tensors()
     # Token ids first, language ids second, whatever order the converter gave the inputs.
     inputs = _in_role_order(interpreter.get_input_details(), lambda detail: detail["name"], roles)
-    if len(inputs) != len(feeds):
-        raise ValueError(f"The TFLite model has {len(inputs)} inputs, got {len(feeds)} arrays.")
-    rows = int(inputs[0]["shape"][0])
-    for detail, feed in zip(inputs, feeds):
-        if tuple(detail["shape"][1:]) != feed.shape[1:] or len(feed) % rows:
-            raise ValueError(f"Input '{detail['name']}' of shape {feed.shape} does not fit the exported "
-                             f"shape {tuple(detail['shape'])} (same length, batch a multiple of it).")
     output = interpreter.get_output_details()[0]["index"]
-    got = []
-    for start in range(0, len(feeds[0]), rows):
-        for detail, feed in zip(inputs, feeds):
-            interpreter.set_tensor(detail["index"], feed[start:start + rows].astype(detail["dtype"]))
+
+    def run(chunk):
+        for detail, feed in zip(inputs, chunk):
+            interpreter.set_tensor(detail["index"], feed.astype(detail["dtype"]))
         interpreter.invoke()
-        got.append(interpreter.get_tensor(output))
-    return np.concatenate(got)
+        return interpreter.get_tensor(output)
+
+    shapes = [(detail["name"], tuple(int(n) for n in detail["shape"])) for detail in inputs]
+    return _run_in_chunks("TFLite", shapes, feeds, run)
+
+
+def _run_in_chunks(kind, shapes, feeds, run):
+    """`run(chunk)` over row chunks of `feeds` of the exported batch size, the outputs concatenated.
+
+    `shapes`: `(name, exported shape)` of each input, in the order of `feeds`.
+    """
+    if len(shapes) != len(feeds):
+        raise ValueError(f"The {kind} model has {len(shapes)} inputs, got {len(feeds)} arrays.")
+    rows = int(shapes[0][1][0])
+    for (name, shape), feed in zip(shapes, feeds):
+        if tuple(shape[1:]) != feed.shape[1:] or len(feed) % rows:
+            raise ValueError(f"Input '{name}' of shape {feed.shape} does not fit the exported "
+                             f"shape {shape} (same length, batch a multiple of it).")
+    return np.concatenate([run([feed[start:start + rows] for feed in feeds])
+                           for start in range(0, len(feeds[0]), rows)])
 
 
 
@@ -207,7 +265,12 @@ def sample_token_batch(model, sequence_length, *, rows=4, seed=0):
     >>> (tokens != 0).astype(int).tolist(), languages
     ([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1]], None)
     """
-    spec = ModelSpec.of(model, sequence_length, 1)
+    return sample_batch(ModelSpec.of(model, sequence_length, 1), rows=rows, seed=seed)
+
+
+def sample_batch(spec, *, rows=4, seed=0):
+    """`sample_token_batch` for a `ModelSpec` (its `sequence_length`)."""
+    sequence_length = spec.sequence_length
     rng = np.random.default_rng(seed)
     vocab = spec.vocab_size or 2
     pad = spec.pad_id if spec.pad_id is not None else -1
@@ -256,11 +319,16 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
     {'sequence_length': 6, 'batch_size': 1, 'vocab_size': 50, 'pad_id': 0, 'num_languages': None,
      'inputs': ['token_ids'], 'input_dtype': 'int32', 'quantize': None, 'target': 'gpu', 'embedding': 'graph'}
     """
-    spec = ModelSpec.of(model, sequence_length, batch_size)
+    return spec_metadata(ModelSpec.of(model, sequence_length, batch_size), quantize=quantize, target=target,
+                         embedding=embedding, embedding_table=embedding_table)
+
+
+def spec_metadata(spec, *, quantize=None, target="gpu", embedding="graph", embedding_table=None):
+    """`runtime_metadata` for a `ModelSpec` (its sequence length and batch size)."""
     languages = [layer.num_languages for layer in spec.position_layers if layer.num_languages]
     return {
-        "sequence_length": sequence_length,
-        "batch_size": batch_size,
+        "sequence_length": spec.sequence_length,
+        "batch_size": spec.batch_size,
         "vocab_size": spec.vocab_size,
         "pad_id": spec.pad_id,
         "num_languages": min(languages) if languages else None,
@@ -302,27 +370,35 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
     >>> report["verdicts"]["webgpu"], report["flex_ops"], report["parity"] < 1e-5, report["weight_bytes"]
     ([], [], True, 1600)
     """
-    ops = op_counts(tflite_bytes)
+    spec = ModelSpec.of(model, _checked_ids(token_ids).shape[1], 1)
+    tflite = decoded(tflite_bytes)
+    return report_of(spec, tflite, parity(spec, tflite, token_ids, language_ids), target=target)
+
+
+def report_of(spec, tflite, parities, *, target="gpu"):
+    """The `export_report` dict of a decoded file (`TfliteFile`) and its `parity` pair."""
+    ops = op_counts(tflite)
     backends = TARGET_BACKENDS[target]
+    weights = weight_bytes(spec.model)
     return {
-        "cost": cost_summary(graph_cost(tflite_bytes), weights_in_file(model, tflite_bytes)),
+        "cost": cost_summary(graph_cost(tflite), weights_in_file(spec.model, tflite, weights)),
         "target": target,
         "ops": ops,
-        "verdicts": {backend: gpu_incompatible_ops(tflite_bytes, backend) for backend in backends},
-        "verdict_lines": [verdict_line(tflite_bytes, backend) for backend in backends],
+        "verdicts": {backend: gpu_incompatible_ops(tflite, backend) for backend in backends},
+        "verdict_lines": [verdict_line(tflite, backend) for backend in backends],
         "flex_ops": sorted(name for name in ops if name.startswith("Flex")),
-        "parity": check_parity(model, tflite_bytes, token_ids, language_ids),
-        "parity_all": check_parity(model, tflite_bytes, token_ids, language_ids, ignore_padding=False),
-        "file_bytes": len(tflite_bytes),
-        "weight_bytes": weight_bytes(model),
-        "size_ratio": len(tflite_bytes) / max(1, weight_bytes(model)),
-        "rope_notes": rope_notes(model, np.shape(token_ids)[-1]),
+        "parity": parities[0],
+        "parity_all": parities[1],
+        "file_bytes": len(tflite),
+        "weight_bytes": weights,
+        "size_ratio": len(tflite) / max(1, weights),
+        "rope_notes": rope_notes(spec.model, spec.sequence_length),
     }
 
 
-def weights_in_file(model, tflite_bytes):
+def weights_in_file(model, tflite_bytes, weights=None):
     """The model's weight bytes that the file holds: all of them, less the token table of a host file."""
-    weights = weight_bytes(model)
+    weights = weight_bytes(model) if weights is None else weights
     if any(role_of(name) == HOST_EMBEDDINGS for name in input_names(tflite_bytes)):
         weights -= host_embedding_table(model).nbytes
     return weights
@@ -384,6 +460,9 @@ def format_report(report):
     return lines
 
 
+FLOAT_TYPES = {"tensor(float)": np.float32}
+
+
 def run_onnx(onnx_bytes, feeds, roles=None):
     """Runs an ONNX model with onnxruntime (CPU) on `feeds` (token ids, language ids), row chunks.
 
@@ -399,31 +478,10 @@ def run_onnx(onnx_bytes, feeds, roles=None):
 
     session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
     inputs = _in_role_order(session.get_inputs(), lambda detail: detail.name, roles)
-    if len(inputs) != len(feeds):
-        raise ValueError(f"The ONNX model has {len(inputs)} inputs, got {len(feeds)} arrays.")
-    rows = int(inputs[0].shape[0])
-    got = []
-    for start in range(0, len(feeds[0]), rows):
-        chunk = {detail.name: np.asarray(feed[start:start + rows],
-                                         np.float32 if detail.type == "tensor(float)" else np.int32)
-                 for detail, feed in zip(inputs, feeds)}
-        got.append(session.run(None, chunk)[0])
-    return np.concatenate(got)
 
+    def run(chunk):
+        feeds_by_name = {detail.name: np.asarray(feed, FLOAT_TYPES.get(detail.type, np.int32))
+                         for detail, feed in zip(inputs, chunk)}
+        return session.run(None, feeds_by_name)[0]
 
-def check_onnx_parity(model, onnx_bytes, token_ids, language_ids=None, *, position_ids=None,
-                      segment_ids=None, ignore_padding=True):
-    """Max abs difference between the Keras model and onnxruntime on real tokens (see `check_parity`)."""
-    token_ids = np.asarray(token_ids, np.int32)
-    spec = ModelSpec.of(model, token_ids.shape[1], 1)
-    feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
-                       segment_ids=segment_ids)
-    expected = np.asarray(spec.caller(model)(*[tf.constant(f) for f in feeds]), np.float64)
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
-    feeds, roles = _with_rows_of(model, [detail.name for detail in session.get_inputs()], feeds, spec.roles)
-    difference = np.abs(run_onnx(onnx_bytes, feeds, roles).astype(np.float64) - expected)
-    if ignore_padding and spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
-        difference = difference[token_ids != spec.pad_id]
-    return float(np.max(difference)) if difference.size else 0.0
+    return _run_in_chunks("ONNX", [(detail.name, tuple(detail.shape)) for detail in inputs], feeds, run)

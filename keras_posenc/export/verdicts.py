@@ -33,7 +33,7 @@ import re
 
 import tensorflow as tf
 
-from keras_posenc.export.flatbuffer import check_flatbuffer, operators
+from keras_posenc.export.flatbuffer import TfliteFile, check_flatbuffer, decoded
 
 __all__ = ["BACKENDS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "analyzer_report", "gpu_incompatible_ops",
            "verdict_line"]
@@ -185,9 +185,10 @@ def gpu_incompatible_ops(tflite_bytes, backend="opencl"):
     """
     if backend not in BACKENDS:
         raise ValueError(f"`backend` must be one of {tuple(BACKENDS)}, got backend={backend!r}.")
+    tflite = decoded(tflite_bytes)
     flagged = set()
-    folded = _folded_tensors(operators(tflite_bytes))
-    for op in operators(tflite_bytes):
+    folded = _folded_tensors(tflite.operators)
+    for op in tflite.operators:
         if backend == "gl":
             if op.name not in GL_SHADER_OPS or _gl_limits(op, folded):
                 flagged.add(op.name)
@@ -197,10 +198,11 @@ def gpu_incompatible_ops(tflite_bytes, backend="opencl"):
         elif op.name not in GPU_PARSER_OPS or op.version > _PARSER_MAX_VERSION.get(op.name, op.version):
             flagged.add(op.name)
     if backend != "gl":
-        readers = {index for index, op in enumerate(operators(tflite_bytes))
-                   if folded & set(op.input_tensors)}
+        readers = {index for index, op in enumerate(tflite.operators) if folded & set(op.input_tensors)}
         current = index = None
-        for line in analyzer_report(tflite_bytes).splitlines():
+        # The analyzer's own GPU check (TF 2.12 warns about ops its parser lacks) is C++ that the
+        # flatbuffer does not record: its printout is the only place to read it from.
+        for line in tflite.analyzer_report.splitlines():
             match = _ANALYZER_OP.match(line)
             if match:
                 index, current = int(match.group(1)), match.group(2)
@@ -226,7 +228,7 @@ def _folded_tensors(ops):
 def gl_limit_reasons(tflite_bytes):
     """`{op name: reason}` for supported GL ops refused by a shader limit (MEAN axis, broadcasts)."""
     reasons = {}
-    ops = operators(tflite_bytes)
+    ops = decoded(tflite_bytes).operators
     folded = _folded_tensors(ops)
     for op in ops:
         if op.name in GL_SHADER_OPS and _gl_limits(op, folded):
@@ -244,12 +246,13 @@ def verdict_line(tflite_bytes, backend):
     >>> verdict_line(flat, "gl")
     'OpenGL ES (Jetson + tflite-runtime): all 1 ops have shaders'
     """
-    missing = gpu_incompatible_ops(tflite_bytes, backend)
-    count = len(operators(tflite_bytes))
+    tflite = decoded(tflite_bytes)
+    missing = gpu_incompatible_ops(tflite, backend)
+    count = len(tflite.operators)
     if not missing:
         what = "have shaders" if backend == "gl" else "run on the GPU"
         return f"{BACKENDS[backend]}: all {count} ops {what}"
-    reasons = gl_limit_reasons(tflite_bytes) if backend == "gl" else {}
+    reasons = gl_limit_reasons(tflite) if backend == "gl" else {}
     named = ", ".join(f"{name} ({reasons[name]})" if name in reasons else name for name in missing)
     return f"{BACKENDS[backend]}: NOT fully accelerated; runs on the CPU: {named}"
 
@@ -270,6 +273,8 @@ def analyzer_report(tflite_bytes):
     True
     """
     check_flatbuffer(tflite_bytes)
+    if isinstance(tflite_bytes, TfliteFile):
+        return tflite_bytes.analyzer_report
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         tf.lite.experimental.Analyzer.analyze(model_content=bytes(tflite_bytes), gpu_compatibility=True)

@@ -1,10 +1,9 @@
 """Encoder: token and position embedding followed by a stack of EncoderLayers."""
 
-from keras_posenc.backend import keras, ops
+from keras_posenc.backend import keras, ops, weight_name_scope
 from keras_posenc.layers.encoder_layer import (
     ATTENTION_POSITIONS,
     EncoderLayer,
-    _weight_scope,
     merge_attention_masks,
     static_or_dynamic_length,
 )
@@ -189,7 +188,7 @@ class Encoder(keras.layers.Layer):
         if self.final_norm is not None:
             sublayers.append((self.final_norm, hidden_shape))
         for layer, shape in sublayers:
-            with _weight_scope(layer.name):  # unique weight names for the legacy h5 format
+            with weight_name_scope(layer.name):  # unique weight names for the legacy h5 format
                 layer.build(shape)
         super().build(input_shape)
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_posenc.backend import backend_name, is_tensorflow, keras, ops
+from keras_posenc.backend import is_tensorflow, is_tracer, keras, ops
 from keras_posenc.layers._shape_preserving import ShapePreserving
 from keras_posenc.layers.rope_scaling import (
     DYNAMIC_SCALINGS,
@@ -49,21 +49,12 @@ def rotary_cos_sin(position_ids, frequencies):
     if is_tensorflow():
         angles = ops.cast(position_ids, "float64")[..., None] * ops.convert_to_tensor(frequencies)
         return ops.cast(ops.cos(angles), "float32"), ops.cast(ops.sin(angles), "float32")
-    if not _is_traced(position_ids):
+    if not is_tracer(position_ids):
         cos, sin = rotary_cos_sin(ops.convert_to_numpy(position_ids), frequencies)
         return ops.convert_to_tensor(cos), ops.convert_to_tensor(sin)
     frequencies = ops.convert_to_tensor(frequencies.astype(np.float32))
     angles = ops.cast(position_ids, "float32")[..., None] * frequencies
     return ops.cos(angles), ops.sin(angles)
-
-
-def _is_traced(tensor):
-    """True for a JAX tracer (inside `jit`), whose values NumPy cannot read."""
-    if backend_name() != "jax":
-        return False
-    import jax
-
-    return isinstance(tensor, jax.core.Tracer)
 
 
 def _concrete(tensor):
@@ -72,7 +63,7 @@ def _concrete(tensor):
         import tensorflow as tf
 
         return tensor.numpy() if tf.executing_eagerly() and hasattr(tensor, "numpy") else None
-    return None if _is_traced(tensor) else ops.convert_to_numpy(tensor)
+    return None if is_tracer(tensor) else ops.convert_to_numpy(tensor)
 
 
 def _traced_cos_sin(ids, frequencies):
