@@ -115,7 +115,7 @@ class CausalLM(keras.Model):
         self.pad_id = self.encoder_config.get("pad_id", 0)
         self.encoder = Encoder(**self.encoder_config, name="encoder")
         self.head = keras.layers.Dense(self.encoder_config["vocab_size"], name="lm_head")
-        self.num_languages = self.encoder_config.get("num_languages")
+        self.num_languages = self.encoder.position_config.get("num_languages")  # flat or in position_config
         self.eval_loss = keras.metrics.Mean(name="loss")
         self.distribute_reduction_method = "sum"
 

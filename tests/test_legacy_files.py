@@ -23,14 +23,9 @@ def test_every_legacy_file_is_present():
     assert NAMES == ["functional_rope", "lm_alibi", "lm_learned_languages", "lm_rope_yarn", "lm_sinusoidal"]
 
 
-# A CausalLM with num_languages did not load before this change either (`build_on_dummy`
-# reaches the position layer without language ids); kept visible until that is fixed.
-_NOT_LOADABLE = pytest.mark.xfail(strict=True, raises=ValueError,
-                                  reason="CausalLM with num_languages: build_from_config fails")
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=_NOT_LOADABLE) if "languages" in name else name
-                                  for name in NAMES])
+# lm_learned_languages gives `num_languages` inside `position_config`: such a CausalLM did not load
+# before (its dummy build call passed no language ids); CausalLM now reads it from the encoder.
+@pytest.mark.parametrize("name", NAMES)
 def test_legacy_file_loads_with_identical_outputs(name):
     model = load_model(str(FOLDER / f"{name}.keras"))
     ids = np.load(FOLDER / f"{name}.ids.npy")
