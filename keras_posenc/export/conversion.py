@@ -163,7 +163,10 @@ def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph"):
     if embedding == "host":
         signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)], clone)
+    # A frozen function reads no variable: without a trackable object the converter imports the
+    # frozen graph directly, instead of saving and reloading a SavedModel that also holds the
+    # clone's variables (about 1 GB less peak memory at d_model 512, 6 layers, T = 512).
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if target == "gpu":  # keep BATCH_MATMUL (the converter unrolls it into per-head FULLY_CONNECTED)
         if hasattr(converter, "unfold_batchmatmul"):
