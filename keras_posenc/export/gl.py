@@ -449,10 +449,13 @@ def _key_bias(real, allowed, same_segment=None):
     return keep * -_MASKED + _MASKED
 
 
-@emits(("gl", "gpu"), Encoder)
-def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
-             use_causal_mask=False, training=None):
-    _check_batch(token_ids)
+def encoder_structure(layer, token_ids, position_ids, segment_ids, attention_mask, use_causal_mask):
+    """`(allowed [T, T], runtime_segments)` of an Encoder call on the shader targets, or a ValueError.
+
+    The attention structure must be constant (causal mask, constant segment ids and attention mask);
+    segment ids only known at run time are left to the caller's key bias. RoPE and ALiBi encoders
+    take the ids they derive from padding and segments, not explicit `position_ids`.
+    """
     length = token_ids.shape[1]
     runtime_segments = segment_ids is not None and tf.get_static_value(segment_ids) is None
     try:
@@ -463,6 +466,15 @@ def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids
     if position_ids is not None and layer.position in ("rope", "alibi"):
         raise ValueError(f"The {layer.position} encoder exports with the ids it derives from padding and "
                          "segments; explicit position_ids are not supported on the gl and gpu targets.")
+    return allowed, runtime_segments
+
+
+@emits(("gl", "gpu"), Encoder)
+def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
+             use_causal_mask=False, training=None):
+    _check_batch(token_ids)
+    allowed, runtime_segments = encoder_structure(layer, token_ids, position_ids, segment_ids, attention_mask,
+                                                  use_causal_mask)
     x, real = _embed(layer.embedding, token_ids, position_ids, language_ids, segment_ids)
     bias = _key_bias(real, allowed, _same_segment(segment_ids) if runtime_segments else None)
     for encoder_layer in layer.encoder_layers:

@@ -30,6 +30,7 @@ from keras_posenc.export.gl import (
     _not,
     alibi_constants,
     attention_projections,
+    encoder_structure,
     linear,
     rotation_constants,
 )
@@ -126,16 +127,8 @@ def _encoder_layer(layer, x, mask=None, attention_mask=None, use_causal_mask=Fal
 @emits(("gpu",), Encoder)
 def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None):
-    length = token_ids.shape[1]
-    runtime_segments = segment_ids is not None and tf.get_static_value(segment_ids) is None
-    try:
-        allowed, _ = static_structure(length, None if runtime_segments else segment_ids, attention_mask,
-                                      use_causal_mask)
-    except ValueError as error:
-        raise ValueError(f"The gl and gpu targets need a constant attention_mask ({error}).") from None
-    if position_ids is not None and layer.position in ("rope", "alibi"):
-        raise ValueError(f"The {layer.position} encoder exports with the ids it derives from padding and "
-                         "segments; explicit position_ids are not supported on the gl and gpu targets.")
+    allowed, runtime_segments = encoder_structure(layer, token_ids, position_ids, segment_ids, attention_mask,
+                                                  use_causal_mask)
     x, real = _embed(layer.embedding, token_ids, position_ids, language_ids, segment_ids)
     bias = _key_bias(real, allowed, segment_ids if runtime_segments else None)
     for encoder_layer in layer.encoder_layers:
