@@ -13,7 +13,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_posenc"
 LEVELS = {
     "keras_posenc._startup": 0, "keras_posenc.validation": 0, "keras_posenc.backend": 0,
-    "keras_posenc.special_ids": 0,
+    "keras_posenc.special_ids": 0, "keras_posenc.files": 0,
     "keras_posenc.tables": 1,
     "keras_posenc.positions": 2,
     "keras_posenc.layers": 3,
