@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from float16_rules import check_half_generation
 
 from keras_posenc.backend import is_keras3, keras
 from keras_posenc.export import generator
@@ -117,11 +118,6 @@ def run_kit_on_litert(edge, path, precision, tmp_path):
     return ids, np.load(logits), done.stdout
 
 
-def check_half(half_ids, half_logits, ids):
-    assert np.isfinite(half_logits).all(), "non-finite logits in float16"
-    assert half_ids[:8] == ids[:8]
-
-
 def test_gpu_generation_on_litert_gpu_equals_keras(edge, generation_case, tmp_path):
     name, model, (keras_ids, full), paths = generation_case
     ids, logits, stdout = run_kit_on_litert(edge, paths["gpu"], "fp32", tmp_path)
@@ -129,7 +125,7 @@ def test_gpu_generation_on_litert_gpu_equals_keras(edge, generation_case, tmp_pa
     assert ids == keras_ids, name
     assert np.max(np.abs(logits - full)) <= 1e-4  # every decode step against the full forward pass
     half_ids, half_logits, _ = run_kit_on_litert(edge, paths["gpu"], "fp16", tmp_path)
-    check_half(half_ids, half_logits, ids)
+    check_half_generation(half_ids, half_logits, ids, full)
 
 
 def test_gl_generation_on_the_gl_delegate_equals_keras(edge, generation_case):
@@ -144,4 +140,4 @@ def test_gl_generation_on_the_gl_delegate_equals_keras(edge, generation_case):
     assert np.max(np.abs(logits - full)) <= 1e-4
     half = edge.run_gl_generate(pair, PROMPT, NEW_TOKENS, pad_id=0, table=table, fp16=True)
     assert half.returncode == 0 and edge.refusals(half.log) == [], half.log[-3000:]
-    check_half(*half.output, ids)
+    check_half_generation(*half.output, ids, full)
