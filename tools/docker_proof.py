@@ -296,6 +296,7 @@ class Proof:
         self.args = args
         self.cache = cache_dir()
         self.times = []
+        self.start = time.monotonic()
         self.env = dict(os.environ)
 
     # -- helpers --------------------------------------------------------------------------
@@ -434,12 +435,12 @@ class Proof:
         os.chown(out, IMAGE_UID, IMAGE_UID)
         command = ["podman", "run", "--rm", "--network=none", "-v", f"{out}:/out", tag]
         self.say("$ " + " ".join(command))
-        process = subprocess.Popen(command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True)
+        process = subprocess.Popen(command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         lines = []
-        for line in process.stdout:
+        for raw in process.stdout:  # bytes split at "\n" only: a progress bar's "\r" updates stay one line
+            line = raw.decode(errors="replace")
             lines.append(line)
-            print("    | " + line, end="", flush=True)
+            print("    | " + line.rstrip("\r\n").rsplit("\r", 1)[-1], flush=True)
         returncode = process.wait()
         log = "".join(lines)
         (RUNS / f"{out.name}.log").write_text(log)
@@ -465,19 +466,22 @@ class Proof:
             out2, returncode2, log2 = self.timed("podman run (rebuilt image)", self.run_image, REBUILT_IMAGE,
                                                  "rebuilt")
             good = self.check(out2, returncode2, log2)
+            # made only for this comparison: 2.3 GB that no later build reuses
+            subprocess.run(["podman", "rmi", REBUILT_IMAGE], env=self.env, stdout=subprocess.DEVNULL,
+                           check=False)
             if good:
                 first, second = final_train_loss(out), final_train_loss(out2)
                 same = first == second
-                self.say(f"{'ok  ' if same else 'FAIL'}  final train loss {first!r} (first image) vs "
+                self.say(f"{'ok    ' if same else 'FAIL  '}final train loss {first!r} (first image) vs "
                          f"{second!r} (rebuilt from the same lock){'' if same else ': NOT the same'}")
                 good = same
         self.summary(good)
         return 0 if good else 1
 
     def summary(self, good):
-        total = sum(seconds for _, seconds in self.times)
+        wall = time.monotonic() - self.start
         self.say("times: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.times)
-                 + f"; total {total / 60:.1f} min")
+                 + f"; {wall / 60:.1f} min in all")
         if not good:
             self.say("FAILED (output in runs/docker-proof/)")
             return
