@@ -287,3 +287,18 @@ def test_build_uses_the_repository_dockerfile_with_from(machine):
     assert command[command.index("--from") + 1] == "localhost/localbase:bookworm-py3.11"
     assert command[command.index("-f") + 1] == _TOOL.parents[1] / "docker" / "Dockerfile"
     assert command[-2:] == ["--no-cache", _TOOL.parents[1]]
+
+
+def test_the_cached_base_is_reused_only_when_complete_and_of_the_same_packages(machine, tmp_path):
+    runner = proof.Proof(proof.argparse.Namespace(twice=False))
+    assert runner.rootfs == tmp_path / "cache" / "rootfs-bookworm-py3.11"
+    assert not runner.base_cached()
+    runner.rootfs.mkdir(parents=True)
+    assert not runner.base_cached()  # debootstrap did not finish: no stamp
+    stamp = runner.rootfs / ".docker-proof.json"
+    stamp.write_text(json.dumps({"packages": list(proof.BASE_PACKAGES), "created": "2026-01-01T00:00"}))
+    assert runner.base_cached()
+    stamp.write_text(json.dumps({"packages": ["python3.11"], "created": "2026-01-01T00:00"}))
+    assert not runner.base_cached()
+    stamp.write_text("{")
+    assert not runner.base_cached()

@@ -359,7 +359,12 @@ class Proof:
         return f"localhost/localbase:{base_key()}"
 
     def base_cached(self):
-        return (self.rootfs / ".docker-proof.json").is_file()
+        """A complete rootfs (stamped last) made with today's package list."""
+        try:
+            stamp = json.loads((self.rootfs / ".docker-proof.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return stamp.get("packages") == list(BASE_PACKAGES)
 
     def make_rootfs(self):
         partial = self.cache / f"rootfs-{base_key()}.partial"
