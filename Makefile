@@ -16,6 +16,9 @@
 #   make bench       run benchmarks/*.py in .venv-bench
 #   make docker      build the GPU training image (needs a Docker engine and network)
 #   make docker-demo run `keras-posenc demo` in that image, output in runs/docker-demo/
+#   make docker-proof build the unedited Dockerfile with podman on a local Debian base (no registry;
+#                    root, installs podman with apt-get), run the demo in it offline and check it
+#   make docker-proof-twice the same, then rebuild with --no-cache: both images, same final loss
 #   make clean       remove the venvs, caches (.edge-cache too) and build outputs
 #
 # requirements/tf212.txt is the one source of truth for the environment: .venv, .venv-bench and
@@ -68,10 +71,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
-        pytest-keras3 test-edge test-thorough edge-keras2 edge-keras3
+        pytest-keras3 test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice
 
 help:
-	@sed -n '3,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,22p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
@@ -255,6 +258,14 @@ docker-demo: docker
 	mkdir -p runs/docker-demo
 	docker run --rm $(DOCKER_GPUS) --user "$$(id -u):$$(id -g)" \
 	  -v "$(CURDIR)/runs/docker-demo:/out" $(IMAGE) demo --out /out/demo $(DEMO_ARGS)
+
+# No Docker engine or registry needed: tools/docker_proof.py (docker/README.md, "Prove the image
+# without a registry"). DOCKER_PROOF=skip passes where the machine cannot (not root, no podman).
+docker-proof:
+	$(PY) tools/docker_proof.py
+
+docker-proof-twice:
+	$(PY) tools/docker_proof.py --twice
 
 clean:
 	rm -rf $(VENV) $(KERAS3_VENV) $(BENCH_VENV) .edge-cache build dist *.egg-info .pytest_cache .ruff_cache
