@@ -227,7 +227,7 @@ def test_switching_in_every_path(rope_type, max_length):
 
 
 @pytest.mark.parametrize("config, field", [
-    ({"head_dim": 64, "rope_scaling": {"rope_type": "su"}}, "rope_type"),
+    ({"head_dim": 64, "rope_scaling": {"rope_type": "mrope"}}, "rope_type"),
     ({"head_dim": 64, "rope_scaling": {"type": "linear"}}, "factor"),
     ({"head_dim": 64, "rope_scaling": {"type": "linear", "factor": 0.5}}, "factor"),
     ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "max_position_embeddings"),
