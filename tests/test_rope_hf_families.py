@@ -218,6 +218,20 @@ def test_layout_follows_the_family(model_type, extra, layout):
     assert hf_rotary_kwargs(config)["layout"] == layout
 
 
+def test_text_config_without_model_type_takes_the_outer_family():
+    config = {"model_type": "gemma3", "text_config": {"head_dim": 256, "rope_scaling": {
+        "rope_type": "linear", "factor": 8.0}}}
+    assert hf_layer_types(config) == ("full_attention", "sliding_attention")
+    assert hf_rotary_kwargs(config, "full_attention")["max_wavelength"] == 1e6  # Gemma 3's default, not 1e4
+    with pytest.raises(HFRopeConfigError, match="`model_type`='llava'"):
+        hf_rotary_kwargs({"model_type": "llava", "text_config": {"head_dim": 64}})
+
+
+def test_gptj_default_rotary_dim_is_64():
+    assert hf_rotary_kwargs({"model_type": "codegen", "n_embd": 1024, "n_head": 4})[
+        "partial_rotary_factor"] == 0.25
+
+
 def test_su_and_phi3_yarn_are_longrope():
     base = {**_PHI3, "rope_scaling": {"short_factor": PHI3_SHORT, "long_factor": PHI3_LONG}}
     kwargs = [hf_rotary_kwargs({**base, "rope_scaling": {**base["rope_scaling"], "type": kind}})
@@ -274,6 +288,8 @@ def test_flat_config_accepts_a_declared_layer_type():
         "type": "longrope", "short_factor": PHI3_SHORT, "long_factor": PHI3_LONG, "short_mscale": 1.1,
         "long_mscale": 1.2}}, None,
      r"`rope_scaling\['short_mscale'\]`=1.1 and `\['long_mscale'\]`=1.2 differ"),
+    ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": None}, None,
+     r"`config\['rotary_dim'\]` must be an int in \[2, head_dim=32\], got None"),
     ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": 33}, None,
      r"`config\['rotary_dim'\]` must be an int in \[2, head_dim=32\], got 33"),
     ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": "4"}, "max_position_embeddings": 64},

@@ -284,6 +284,8 @@ _PER_TYPE_FAMILIES = {
                     ("sliding_attention", "local_rope_theta", 1e4)), ("full_attention", "sliding_attention")),
 }
 _DEFAULT_PARTIAL = {"gpt_neox": 0.25}
+# The `model_type` of a multimodal config's `text_config` when it does not say.
+_TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _DEFAULT_HEAD_DIM = {"gemma": 256, "gemma2": 256, "gemma3_text": 256}
 # Phi-3's config class defaults `original_max_position_embeddings` to 4096.
 _DEFAULT_ORIGINAL = {"phi3": 4096}
@@ -331,7 +333,8 @@ def _text_config(config):
     text = config.get("text_config")
     if isinstance(text, dict) and not any(key in config for key in ("rope_scaling", "rope_parameters",
                                                                     "rope_theta", "num_attention_heads")):
-        return text
+        outer = config.get("model_type")
+        return {"model_type": _TEXT_MODEL_TYPES.get(outer, outer), **text}
     return config
 
 
@@ -445,8 +448,8 @@ def _head_dim(config, model_type):
 
 
 def _partial(config, rope, model_type, head_dim):
-    if model_type in _ROTARY_DIM_FAMILIES and config.get("rotary_dim") is not None:
-        width = config["rotary_dim"]
+    if model_type in _ROTARY_DIM_FAMILIES:
+        width = config.get("rotary_dim", 64)  # the config classes' default
         if isinstance(width, bool) or not isinstance(width, int) or not 2 <= width <= head_dim:
             _fail(f"`config['rotary_dim']` must be an int in [2, head_dim={head_dim}], got {width!r}.")
         return width / head_dim
@@ -606,9 +609,14 @@ def hf_rotary_kwargs(config, layer_type=None, *, layout=None):
                 _fail(f"`{where}['short_mscale']`={mscales[0]!r} and `['long_mscale']`={mscales[1]!r} "
                       "differ: an attention factor that switches with the call length is not supported.")
             attention = _number(mscales[0], "short_mscale", where)
+        pairs = int(head_dim * kwargs["partial_rotary_factor"]) // 2
+        for key in ("short_factor", "long_factor"):
+            factors = _field(rope, key, where)
+            if not isinstance(factors, (list, tuple)) or len(factors) != pairs:
+                _fail(f"`{where}['{key}']` must be a list of one factor per rotated pair ({pairs}), got "
+                      f"{factors!r}.")
+            kwargs[key] = [_number(v, key, where) for v in factors]
         kwargs.update(scaling_factor=_number(factor, "factor", where, 1.0), original_length=original,
-                      short_factor=[float(v) for v in _field(rope, "short_factor", where)],
-                      long_factor=[float(v) for v in _field(rope, "long_factor", where)],
                       attention_factor=attention)
     elif scaling == "llama3":
         kwargs.update(scaling_factor=_required(rope, "factor", where, 1.0),
