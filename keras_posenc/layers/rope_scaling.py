@@ -505,7 +505,9 @@ def hf_rotary_kwargs(config, layer_type=None, *, layout=None):
       `attention_factor`, else `sqrt(1 + ln s / ln L)` (Phi-3.5-MoE's equal
       `short_mscale`/`long_mscale` taken as it). DeepSeek's attention also
       multiplies its softmax scale by `(0.1 mscale_all_dim ln s + 1)^2`;
-      that is the attention layer's, not the rotary's.
+      that is the attention layer's, not the rotary's. Which layers rotate at
+      all (Llama 4's, SmolLM3's and Cohere 2's layers without RoPE) is the
+      model's business too.
 
     Args:
         config: dict, a `config.json`.
