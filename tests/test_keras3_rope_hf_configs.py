@@ -227,7 +227,7 @@ def test_switching_in_every_path(rope_type, max_length):
 
 
 @pytest.mark.parametrize("config, field", [
-    ({"head_dim": 64, "rope_scaling": {"rope_type": "su"}}, "rope_type"),
+    ({"head_dim": 64, "rope_scaling": {"rope_type": "mrope"}}, "rope_type"),
     ({"head_dim": 64, "rope_scaling": {"type": "linear"}}, "factor"),
     ({"head_dim": 64, "rope_scaling": {"type": "linear", "factor": 0.5}}, "factor"),
     ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "max_position_embeddings"),
@@ -242,9 +242,13 @@ def test_bad_configs_name_the_field(config, field):
         RotaryEmbedding.from_hf_config(config)
 
 
-def test_longrope_factor_count_is_checked_on_build():
-    layer = RotaryEmbedding.from_hf_config({"head_dim": 8, "max_position_embeddings": 32, "rope_scaling": {
-        "rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 3}})
+def test_longrope_factor_count_is_checked():
+    """From a config as soon as the head is known; from the constructor when the layer is built."""
+    with pytest.raises(ValueError, match=r"short_factor.*one factor per rotated pair \(4\)"):
+        RotaryEmbedding.from_hf_config({"head_dim": 8, "max_position_embeddings": 32, "rope_scaling": {
+            "rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 4}})
+    layer = RotaryEmbedding(scaling="longrope", original_length=32, short_factor=[1.0] * 3,
+                            long_factor=[1.0] * 3)
     with pytest.raises(ValueError, match="short_factor"):
         layer(np.zeros([1, 2, 1, 8], np.float32))
 

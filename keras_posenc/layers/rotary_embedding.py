@@ -7,7 +7,9 @@ from keras_posenc.layers._shape_preserving import ShapePreserving
 from keras_posenc.layers.rope_scaling import (
     DYNAMIC_SCALINGS,
     ROTARY_SCALINGS,
+    HFRopeConfigError,
     check_scaling,
+    hf_layer_types,
     hf_rotary_kwargs,
     rotary_attention_factor,
     rotary_frequencies,
@@ -355,18 +357,66 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
         self.supports_masking = True
 
     @classmethod
-    def from_hf_config(cls, config, **kwargs):
-        """The RoPE of a Hugging Face model from its `config.json` dict (see `hf_rotary_kwargs`).
+    def from_hf_config(cls, config, layer_type=None, **kwargs):
+        """The RoPE of a Hugging Face model from its `config.json` dict, as transformers builds it.
 
-        Supported `rope_type`s: default, linear, dynamic, yarn, longrope and
-        llama3, in the "half" layout those checkpoints use; `kwargs`
-        (`max_length`, `name`, ...) go to the constructor.
+        Reads the rope type (default, linear, dynamic, yarn, longrope or its
+        older name "su", llama3), the base, the rotated width (partial
+        rotary, DeepSeek's `qk_rope_head_dim`), the attention factor, and the
+        pairs the family rotates: "half" for Llama, Qwen, Mistral, Phi,
+        Gemma, ..., "interleave" for DeepSeek-V2, GPT-J, GLM, Cohere, ... and
+        DeepSeek-V3 unless `rope_interleave` is false (see
+        `rope_scaling.hf_rotary_kwargs`). transformers' DeepSeek-V3 writes the
+        rotated pairs back evens first, odds second; the layer keeps each
+        pair in place: the same attention scores.
+
+        Args:
+            config: dict, a `config.json` (or a multimodal one with a
+                `text_config`).
+            layer_type: str, the attention type whose RoPE to build when the
+                config has one per type (Gemma 3, ModernBERT:
+                "full_attention", "sliding_attention"; see
+                `from_hf_config_per_layer_type`).
+            **kwargs: constructor arguments (`max_length`, `name`, ...);
+                `layout` overrides the family's pairs.
 
         Raises:
-            ValueError: an unknown rope type, a missing field, or a factor
-                < 1, naming the field.
+            HFRopeConfigError (a ValueError): a RoPE this cannot reproduce (an
+                unknown rope type, RoPE key or `model_type`, a missing field,
+                a factor < 1, several RoPEs and no `layer_type`), naming the
+                key and the value.
         """
-        return cls(**{**hf_rotary_kwargs(config), **kwargs})
+        options = hf_rotary_kwargs(config, layer_type, layout=kwargs.pop("layout", None))
+        return cls(**{**options, **kwargs})
+
+    @classmethod
+    def from_hf_config_per_layer_type(cls, config, **kwargs):
+        """One `RotaryEmbedding` per attention type of a config with a RoPE per type, in a dict.
+
+        `{"full_attention": ..., "sliding_attention": ...}` for Gemma 3 and
+        ModernBERT (either config layout); `kwargs` go to every constructor
+        (a `name` gets the type appended).
+
+        Example:
+
+        >>> gemma3 = {"model_type": "gemma3_text", "head_dim": 256, "rope_theta": 1e6,
+        ...           "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+        >>> rotaries = RotaryEmbedding.from_hf_config_per_layer_type(gemma3)
+        >>> {key: (r.max_wavelength, r.scaling) for key, r in rotaries.items()}
+        {'full_attention': (1000000.0, 'linear'), 'sliding_attention': (10000.0, None)}
+
+        Raises:
+            HFRopeConfigError: the config has one RoPE for every layer (use
+                `from_hf_config`), or as in `from_hf_config`.
+        """
+        types = hf_layer_types(config)
+        if not types:
+            raise HFRopeConfigError("The config has one RoPE for every layer (no `rope_parameters` per "
+                                    "attention type): use RotaryEmbedding.from_hf_config.")
+        name = kwargs.pop("name", None)
+        return {layer_type: cls.from_hf_config(config, layer_type, **kwargs,
+                                               **({} if name is None else {"name": f"{name}_{layer_type}"}))
+                for layer_type in types}
 
     def rotated_width(self, head_dim):
         """The number of rotated features of a head of `head_dim`: `int(head_dim * partial_rotary_factor)`."""

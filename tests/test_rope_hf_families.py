@@ -1,0 +1,311 @@
+"""`RotaryEmbedding.from_hf_config` per model family: the pairs, the RoPE per attention type, the legacy
+names, the rotated width and the attention factors, against float64 NumPy formulas written here.
+
+Every expectation below is stated by hand from the family's modeling code in transformers 5.23 (the
+layout, the base, the rotated width, the scaling formula, the factor on cos and sin) and computed in
+NumPy float64, independently of the package. The same configs were checked against transformers'
+own rotary classes by tools/check_rope_against_transformers.py (benchmarks/RESULTS.md); the pinned
+`TRANSFORMERS_*` values are that run's float32 output. NumPy inputs and `keras_posenc.backend` only,
+so the file also runs on Keras 3 (TF and JAX backends).
+"""
+
+import math
+
+import numpy as np
+import pytest
+from layer_test_helper import to_numpy
+
+from keras_posenc.layers import RotaryEmbedding
+from keras_posenc.layers.rope_scaling import HFRopeConfigError, hf_layer_types, hf_rotary_kwargs
+
+
+def _inv(base, dim):
+    return base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+def _yarn(base, dim, s, original, beta_fast=32.0, beta_slow=1.0, truncate=True):
+    """YaRN's blend of f and f / s, the ramp linear in the pair index between the correction dims."""
+    def correction(turns):
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction(beta_fast), correction(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = np.clip((np.arange(dim // 2) - low) / ((high - low) or 0.001), 0, 1)
+    f = _inv(base, dim)
+    return f / s * ramp + f * (1 - ramp)
+
+
+def _llama3(base, dim, s, original, low, high):
+    f = _inv(base, dim)
+    wavelength = 2 * math.pi / f
+    out = np.where(wavelength > original / low, f / s, f)
+    if high > low:
+        smooth = (original / wavelength - low) / (high - low)
+        middle = (wavelength >= original / high) & (wavelength <= original / low)
+        out = np.where(middle, (1 - smooth) * f / s + smooth * f, out)
+    return out
+
+
+def _mscale(s, m=1.0):
+    return 0.1 * m * math.log(s) + 1.0 if s > 1 else 1.0
+
+
+def _rotate(x, ids, inv, attention, width, layout):
+    """float64 RoPE of the first `width` features of `x` [B, T, H, D]; pairs (k, k + w/2) or (2k, 2k+1)."""
+    x = np.asarray(x, np.float64)
+    angles = np.asarray(ids, np.float64)[..., None] * inv  # [B, T, w/2]
+    cos, sin = (fn(angles)[:, :, None] * attention for fn in (np.cos, np.sin))
+    part, rest = x[..., :width], x[..., width:]
+    if layout == "half":
+        a, b = part[..., :width // 2], part[..., width // 2:]
+        turned = np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+    else:
+        a, b = part[..., 0::2], part[..., 1::2]
+        turned = np.stack([a * cos - b * sin, b * cos + a * sin], -1).reshape(part.shape)
+    return np.concatenate([turned, rest], -1)
+
+
+PHI3_SHORT = [1.0 + 0.05 * k for k in range(48)]
+PHI3_LONG = [1.0 + 1.3 * k for k in range(48)]
+_PHI3 = {"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32,
+         "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rope_theta": 10000.0}
+_DEEPSEEK = {"hidden_size": 7168, "num_attention_heads": 128, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+             "max_position_embeddings": 163840, "rope_theta": 10000}
+_YARN40 = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "original_max_position_embeddings": 4096,
+           "type": "yarn"}
+_GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "num_attention_heads": 4, "head_dim": 256,
+              "max_position_embeddings": 32768, "rope_theta": 1000000, "rope_local_base_freq": 10000,
+              "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+_GEMMA3_NESTED = {"model_type": "gemma3_text", "head_dim": 256, "max_position_embeddings": 131072,
+                  "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "rope_parameters": {
+                      "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+_MODERNBERT = {"model_type": "modernbert", "hidden_size": 768, "num_attention_heads": 12,
+               "max_position_embeddings": 8192, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0}
+
+# name -> (config, layer_type, call length -> (head_dim, rotated width, layout, frequencies, attention))
+FAMILIES = {
+    "deepseek-v2-lite": (
+        {"model_type": "deepseek_v2", **_DEEPSEEK, "hidden_size": 2048, "num_attention_heads": 16,
+         "rope_scaling": {**_YARN40, "mscale": 0.707, "mscale_all_dim": 0.707}}, None,
+        lambda n: (64, 64, "interleave", _yarn(1e4, 64, 40.0, 4096), 1.0)),
+    "deepseek-v3": (
+        {"model_type": "deepseek_v3", **_DEEPSEEK, "rope_scaling": {**_YARN40, "mscale": 1.0,
+                                                                     "mscale_all_dim": 1.0}}, None,
+        lambda n: (64, 64, "interleave", _yarn(1e4, 64, 40.0, 4096), 1.0)),
+    "deepseek-v3-flag-off-mscale-ratio": (
+        {"model_type": "deepseek_v3", **_DEEPSEEK, "rope_interleave": False,
+         "rope_scaling": {**_YARN40, "mscale": 1.0, "mscale_all_dim": 0.707}}, None,
+        lambda n: (64, 64, "half", _yarn(1e4, 64, 40.0, 4096), _mscale(40, 1.0) / _mscale(40, 0.707))),
+    "deepseek-v3-no-factor": (  # factor null: transformers takes max_position_embeddings / original
+        {"model_type": "deepseek_v3", **_DEEPSEEK, "rope_scaling": {
+            "type": "yarn", "original_max_position_embeddings": 4096, "factor": None}}, None,
+        lambda n: (64, 64, "interleave", _yarn(1e4, 64, 40.0, 4096), _mscale(40.0))),
+    "gemma3-legacy-full": (_GEMMA3_1B, "full_attention",
+                           lambda n: (256, 256, "half", _inv(1e6, 256) / 8.0, 1.0)),
+    "gemma3-legacy-sliding": (_GEMMA3_1B, "sliding_attention",
+                              lambda n: (256, 256, "half", _inv(1e4, 256), 1.0)),
+    "gemma3-nested-full": (_GEMMA3_NESTED, "full_attention",
+                           lambda n: (256, 256, "half", _inv(1e6, 256) / 8.0, 1.0)),
+    "gemma3-nested-sliding": (_GEMMA3_NESTED, "sliding_attention",
+                              lambda n: (256, 256, "half", _inv(1e4, 256), 1.0)),
+    "gemma3-4b-text-config": (  # the hub's sparse text_config: head_dim and bases are the class defaults
+        {"model_type": "gemma3", "text_config": {"hidden_size": 2560, "model_type": "gemma3_text",
+                                                 "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}},
+        "full_attention", lambda n: (256, 256, "half", _inv(1e6, 256) / 8.0, 1.0)),
+    "modernbert-global": (_MODERNBERT, "full_attention", lambda n: (64, 64, "half", _inv(160000.0, 64), 1.0)),
+    "modernbert-local": (_MODERNBERT, "sliding_attention", lambda n: (64, 64, "half", _inv(1e4, 64), 1.0)),
+    "phi3-su": (
+        {**_PHI3, "rope_scaling": {"type": "su", "short_factor": PHI3_SHORT, "long_factor": PHI3_LONG}}, None,
+        lambda n: (96, 96, "half", _inv(1e4, 96) / np.array(PHI3_LONG if n > 4096 else PHI3_SHORT),
+                   math.sqrt(1 + math.log(32) / math.log(4096)))),
+    "phi3.5-moe-mscale": (
+        {**_PHI3, "model_type": "phimoe", "rope_scaling": {
+            "type": "longrope", "short_factor": PHI3_SHORT, "long_factor": PHI3_LONG,
+            "short_mscale": 1.243163121016122, "long_mscale": 1.243163121016122}}, None,
+        lambda n: (96, 96, "half", _inv(1e4, 96) / np.array(PHI3_LONG if n > 4096 else PHI3_SHORT),
+                   1.243163121016122)),
+    "pythia-default-pct": (  # gpt_neox's config class defaults rotary_pct to 0.25
+        {"model_type": "gpt_neox", "hidden_size": 768, "num_attention_heads": 12, "rotary_emb_base": 10000},
+        None, lambda n: (64, 16, "half", _inv(1e4, 16), 1.0)),
+    "phi-2": ({"model_type": "phi", "hidden_size": 2560, "num_attention_heads": 32,
+               "partial_rotary_factor": 0.4, "rope_theta": 10000.0}, None,
+              lambda n: (80, 32, "half", _inv(1e4, 32), 1.0)),
+    "gpt-j": ({"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "rope_theta": 5e5}, None,
+              lambda n: (256, 64, "interleave", _inv(1e4, 64), 1.0)),  # GPT-J's base is fixed
+    "glm-4": ({"model_type": "glm", "head_dim": 128, "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
+              None, lambda n: (128, 64, "interleave", _inv(1e4, 64), 1.0)),
+    "command-r": ({"model_type": "cohere", "hidden_size": 8192, "num_attention_heads": 64,
+                   "rope_theta": 8000000.0}, None, lambda n: (128, 128, "interleave", _inv(8e6, 128), 1.0)),
+    "gpt-oss-truncate-false": (
+        {"model_type": "gpt_oss", "head_dim": 64, "max_position_embeddings": 131072, "rope_theta": 150000,
+         "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                          "truncate": False, "original_max_position_embeddings": 4096}}, None,
+        lambda n: (64, 64, "half", _yarn(150000.0, 64, 32.0, 4096, truncate=False), _mscale(32.0))),
+    "llama4-equal-bounds": (
+        {"model_type": "llama4", "text_config": {
+            "model_type": "llama4_text", "head_dim": 128, "rope_theta": 500000.0, "rope_scaling": {
+                "factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192, "rope_type": "llama3"}}}, None,
+        lambda n: (128, 128, "interleave", _llama3(5e5, 128, 16.0, 8192, 1.0, 1.0), 1.0)),
+    "qwen2.5-yarn-top-level-original": (  # a top-level original_max_position_embeddings wins, as in HF
+        {"model_type": "qwen2", "head_dim": 128, "rope_theta": 1e6, "max_position_embeddings": 131072,
+         "original_max_position_embeddings": 16384,
+         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, None,
+        lambda n: (128, 128, "half", _yarn(1e6, 128, 4.0, 16384), _mscale(4.0))),
+    "mistral-dynamic": (
+        {"model_type": "mistral", "head_dim": 128, "rope_theta": 1e6, "max_position_embeddings": 4096,
+         "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, None,
+        lambda n: (128, 128, "half", _inv(1e6 * (2.0 * max(n, 4096) / 4096 - 1.0) ** (128 / 126), 128), 1.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("top", [64, 9000])
+def test_family_matches_float64_formulas(name, top):
+    config, layer_type, expected = FAMILIES[name]
+    layer = RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
+    head_dim, width, layout, inv, attention = expected(top)
+    assert (layer.head_dim, layer.rotated_width(head_dim), layer.layout) == (head_dim, width, layout)
+    np.testing.assert_allclose(layer.frequencies(head_dim, top), inv, rtol=1e-12, atol=0)
+    assert layer.attention_factor == pytest.approx(attention, rel=1e-12)
+    rng = np.random.default_rng(7)
+    ids = np.sort(rng.integers(0, top, [2, 6]), axis=1)
+    ids[0, -1] = top - 1  # the call's length is `top`: dynamic and longrope switch on it
+    x = rng.standard_normal([2, 6, 2, head_dim]).astype(np.float32)
+    got = to_numpy(layer(x, position_ids=ids)).astype(np.float64)
+    assert np.max(np.abs(got - _rotate(x, ids, inv, attention, width, layout))) <= 2e-5
+
+
+# transformers 5.23's float32 inverse frequencies of pairs 0, 10, 20 and 31 (its rotary classes).
+TRANSFORMERS_DEEPSEEK_V3 = [1.0, 0.05623412877321243, 0.0007905694073997438, 3.3338035336782923e-06]
+TRANSFORMERS_GEMMA3_4B_FULL = [0.125, 0.04247760400176048, 0.014434775337576866, 0.004403368104249239]
+
+
+@pytest.mark.parametrize("name, layer_type, pinned", [
+    ("deepseek-v3", None, TRANSFORMERS_DEEPSEEK_V3),
+    ("gemma3-4b-text-config", "full_attention", TRANSFORMERS_GEMMA3_4B_FULL)])
+def test_pinned_transformers_values(name, layer_type, pinned):
+    layer = RotaryEmbedding.from_hf_config(FAMILIES[name][0], layer_type=layer_type)
+    np.testing.assert_allclose(layer.inverse_frequencies[[0, 10, 20, 31]], pinned, rtol=1e-6)
+
+
+def test_deepseek_layout_changes_the_rotation():
+    """The pairs matter: the "half" rotation of a DeepSeek-V3 query differs by O(1) at a far position."""
+    config = FAMILIES["deepseek-v3"][0]
+    interleaved = RotaryEmbedding.from_hf_config(config)
+    half = RotaryEmbedding.from_hf_config(config, layout="half")
+    assert (interleaved.layout, half.layout) == ("interleave", "half")
+    x = np.random.default_rng(3).standard_normal([1, 1, 1, 64]).astype(np.float32)
+    ids = np.array([[3000]])
+    gap = to_numpy(interleaved(x, position_ids=ids)) - to_numpy(half(x, position_ids=ids))
+    assert np.max(np.abs(gap)) > 0.5
+
+
+@pytest.mark.parametrize("model_type, extra, layout", [
+    (None, {}, "half"), ("llama", {}, "half"), ("qwen3", {}, "half"), ("falcon", {}, "half"),
+    ("deepseek_v2", {}, "interleave"), ("deepseek_v3", {}, "interleave"),
+    ("deepseek_v3", {"rope_interleave": True}, "interleave"),
+    ("deepseek_v3", {"rope_interleave": False}, "half"), ("deepseek_v3", {"rope_interleave": None}, "half"),
+    ("glm4_moe_lite", {}, "interleave"), ("gptj", {"rotary_dim": 32}, "interleave"),
+    ("cohere", {}, "interleave"), ("helium", {}, "interleave")])
+def test_layout_follows_the_family(model_type, extra, layout):
+    config = {"head_dim": 64, "qk_rope_head_dim": 64, **extra}
+    if model_type is not None:
+        config["model_type"] = model_type
+    assert hf_rotary_kwargs(config)["layout"] == layout
+
+
+def test_text_config_without_model_type_takes_the_outer_family():
+    config = {"model_type": "gemma3", "text_config": {"head_dim": 256, "rope_scaling": {
+        "rope_type": "linear", "factor": 8.0}}}
+    assert hf_layer_types(config) == ("full_attention", "sliding_attention")
+    assert hf_rotary_kwargs(config, "full_attention")["max_wavelength"] == 1e6  # Gemma 3's default, not 1e4
+    with pytest.raises(HFRopeConfigError, match="`model_type`='llava'"):
+        hf_rotary_kwargs({"model_type": "llava", "text_config": {"head_dim": 64}})
+
+
+def test_gptj_default_rotary_dim_is_64():
+    assert hf_rotary_kwargs({"model_type": "codegen", "n_embd": 1024, "n_head": 4})[
+        "partial_rotary_factor"] == 0.25
+
+
+def test_su_and_phi3_yarn_are_longrope():
+    base = {**_PHI3, "rope_scaling": {"short_factor": PHI3_SHORT, "long_factor": PHI3_LONG}}
+    kwargs = [hf_rotary_kwargs({**base, "rope_scaling": {**base["rope_scaling"], "type": kind}})
+              for kind in ("longrope", "su", "yarn")]
+    assert kwargs[0]["scaling"] == "longrope" and kwargs[0] == kwargs[1] == kwargs[2]
+    assert kwargs[0]["scaling_factor"] == 32.0 and kwargs[0]["original_length"] == 4096
+
+
+def test_one_rotary_per_attention_type():
+    for config in (_GEMMA3_1B, _GEMMA3_NESTED, _MODERNBERT):
+        assert hf_layer_types(config) == ("full_attention", "sliding_attention")
+        rotaries = RotaryEmbedding.from_hf_config_per_layer_type(config, name="rope", max_length=32)
+        assert sorted(rotaries) == ["full_attention", "sliding_attention"]
+        assert rotaries["sliding_attention"].name == "rope_sliding_attention"
+        assert rotaries["full_attention"].max_length == 32
+        assert rotaries["full_attention"].max_wavelength != rotaries["sliding_attention"].max_wavelength
+    assert hf_layer_types({"head_dim": 64}) == ()
+    with pytest.raises(HFRopeConfigError, match="one RoPE for every layer"):
+        RotaryEmbedding.from_hf_config_per_layer_type({"head_dim": 64})
+
+
+def test_flat_config_accepts_a_declared_layer_type():
+    config = {"model_type": "gemma2", "head_dim": 256, "rope_theta": 10000.0,
+              "layer_types": ["sliding_attention", "full_attention"]}
+    assert hf_rotary_kwargs(config, "sliding_attention") == hf_rotary_kwargs(config)
+    with pytest.raises(HFRopeConfigError, match="`layer_type`='chunked_attention'"):
+        hf_rotary_kwargs(config, "chunked_attention")
+
+
+@pytest.mark.parametrize("config, layer_type, pattern", [
+    (_GEMMA3_NESTED, None, r"one RoPE per attention type \(\['full_attention', 'sliding_attention'\]\): "
+                           r"pass `layer_type`"),
+    (_GEMMA3_1B, None, "pass `layer_type`"),
+    (_GEMMA3_NESTED, "global", r"`layer_type`='global' is not an attention type"),
+    ({"head_dim": 64, "layer_types": ["full_attention", "linear_attention"],
+      "rope_parameters": {"full_attention": {"rope_type": "default"}, "linear_attention": None}},
+     "linear_attention", r"`rope_parameters\['linear_attention'\]` is null"),
+    ({"head_dim": 64, "rope_parameters": {"full_attention": {"rope_type": "default"}, "rope_theta": 1e4}},
+     None, r"flat key: `rope_parameters\['rope_theta'\]`=10000.0"),
+    ({"head_dim": 64, "layer_types": ["full_attention"], "rope_parameters": {"sliding": {}}}, None,
+     r"`rope_parameters\['sliding'\]` names no attention type"),
+    ({"head_dim": 64, "rope_scaling": {"rope_type": "default", "mrope_section": [16, 24, 24]}}, None,
+     r"`rope_scaling\['mrope_section'\]`=\[16, 24, 24\] is a RoPE setting from_hf_config does not know"),
+    ({"head_dim": 64, "rope_scaling": {"rope_type": "proportional"}}, None,
+     r"`rope_scaling\['rope_type'\]`='proportional' is not supported"),
+    ({"model_type": "mistral4", "head_dim": 64}, None, r"`model_type`='mistral4' is not a RoPE family"),
+    ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 2, "alibi": True}, None,
+     r"`alibi`=True: this model has ALiBi"),
+    ({"head_dim": 64, "position_embedding_type": "absolute"}, None, r"`position_embedding_type`='absolute'"),
+    ({"model_type": "deepseek_v3", "qk_rope_head_dim": 64, "rope_interleave": "yes"}, None,
+     r"`rope_interleave` must be true, false or null, got 'yes'"),
+    ({"model_type": "deepseek_v3", "head_dim": 64}, None, r"no `config\['qk_rope_head_dim'\]`"),
+    ({**_PHI3, "model_type": "phimoe", "rope_scaling": {
+        "type": "longrope", "short_factor": PHI3_SHORT, "long_factor": PHI3_LONG, "short_mscale": 1.1,
+        "long_mscale": 1.2}}, None,
+     r"`rope_scaling\['short_mscale'\]`=1.1 and `\['long_mscale'\]`=1.2 differ"),
+    ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": None}, None,
+     r"`config\['rotary_dim'\]` must be an int in \[2, head_dim=32\], got None"),
+    ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": 33}, None,
+     r"`config\['rotary_dim'\]` must be an int in \[2, head_dim=32\], got 33"),
+    ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": "4"}, "max_position_embeddings": 64},
+     None, r"`rope_scaling\['factor'\]` must be a number >= 1, got '4'"),
+    ({"head_dim": 64, "rope_scaling": [1, 2]}, None, r"`rope_scaling` must be a dict, got \[1, 2\]"),
+    ({"head_dim": 64, "rope_theta": "big"}, None, r"`rope_scaling\['rope_theta'\]` must be a number"),
+])
+def test_what_it_cannot_reproduce_raises_naming_the_key(config, layer_type, pattern):
+    with pytest.raises(HFRopeConfigError, match=pattern) as caught:
+        RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_layout_override_and_constructor_arguments():
+    layer = RotaryEmbedding.from_hf_config({"model_type": "mistral4", "head_dim": 64}, layout="interleave",
+                                           max_length=16, name="q_rope")
+    assert (layer.layout, layer.max_length, layer.name) == ("interleave", 16, "q_rope")
+    clone = RotaryEmbedding.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
