@@ -261,6 +261,29 @@ def test_a_full_disk_is_one_line_and_keeps_the_earlier_run(corpus, earlier_run, 
     assert not os.path.exists(os.path.join(out, LOCK_FILE))
 
 
+def test_tensorflows_disk_full_error_at_a_checkpoint_is_one_line(corpus, run_copy, monkeypatch, capsys):
+    """The same case without a tmpfs (any user): TensorFlow's own error type and message."""
+    import tensorflow as tf
+
+    def full(self, checkpoint_number=None, **kwargs):
+        temp = os.path.join(self.directory, f"ckpt-{checkpoint_number}_temp")
+        os.makedirs(temp)
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"{{{{function_node __wrapped__SaveV2}}}} {temp}/part-00000-of-00001.data-00000-of-"
+            "00001.tempstate1; No space left on device [Op:SaveV2]")
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", full)
+    before = _snapshot(run_copy)
+    assert _train(corpus, run_copy, "--resume", "--steps", str(STEPS + 1)) == 2
+    failed = os.path.join(run_copy, "checkpoints", "ckpt-5")
+    line = _error_line(capsys.readouterr().err)
+    assert re.fullmatch(rf"keras-posenc: error: cannot write {re.escape(failed)}: No space left on device "
+                        rf"\([0-9.]+ MB free in {re.escape(os.path.dirname(failed))}\)", line), line
+    after = _snapshot(run_copy)
+    assert after == {**before, **{k: v for k, v in after.items() if k.startswith("logs")}}
+    _assert_no_temporary_files(run_copy)
+
+
 def test_a_read_only_out_fails_before_the_tokenizer_is_trained(corpus, earlier_run, tmp_path, monkeypatch,
                                                                capsys):
     out = str(tmp_path / "ro" / "run")

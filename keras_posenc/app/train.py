@@ -451,13 +451,8 @@ def _use_jit_compile(setting, strategy):
     return setting == "on"
 
 
-def _check_config(cfg):
-    """Every flag and the model config, before the run folder is touched (ValueError naming the flag).
-
-    The model config is checked by the layers themselves: a `CausalLM` of the config is constructed
-    (not built: no weights), so `d_model` not divisible by `num_heads`, a bad `dff`, length, position
-    or table setting fails here, not after the tokenizer was trained or an earlier run replaced.
-    """
+def _check_flags(cfg):
+    """Every flag, before the run folder is touched (ValueError naming the flag)."""
     check_positive_ints((name, getattr(cfg, name)) for name in (
         "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length",
         "vocab_size"))
@@ -470,6 +465,15 @@ def _check_config(cfg):
         raise ValueError(f"`eval_fraction` (--eval-fraction) must be in (0, 1), got {cfg.eval_fraction}.")
     if not cfg.lr_scale > 0.0:
         raise ValueError(f"`lr_scale` (--lr-scale) must be > 0, got {cfg.lr_scale}.")
+
+
+def _check_model_config(cfg):
+    """The model config, checked by the layers themselves before the run folder is touched.
+
+    A `CausalLM` of the config is constructed (not built: no weights), so `d_model` not divisible by
+    `num_heads`, a bad `dff`, length, position or table setting fails here, not after the tokenizer
+    was trained or an earlier run replaced.
+    """
     CausalLM(cfg.model_config(cfg.vocab_size), name="config_check")
 
 
@@ -480,7 +484,7 @@ def _warmup_steps(cfg, ckpt_dir):
         if cfg.warmup_steps >= cfg.steps:
             warnings.warn(f"--warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning rate "
                           "never leaves warmup and the run may learn little. Leave --warmup-steps out to "
-                          f"use {default_warmup_steps(cfg.steps)} (half the steps).", stacklevel=3)
+                          f"use {default_warmup_steps(cfg.steps)} (half the steps).", stacklevel=4)
         return cfg.warmup_steps
     if cfg.resume and os.path.isfile(path):  # resuming with more --steps keeps the schedule it started with
         with open(path) as f:
@@ -633,16 +637,15 @@ def train(cfg):
         keras-posenc train --corpus corpus.txt --out runs/lm --steps 200 --quiet
         python -c "import json; print(json.load(open('runs/lm/report.json'))['eval_loss'])"
     """
-    _check_config(cfg)
-    strategy = make_strategy(cfg.strategy)
+    _check_flags(cfg)
+    strategy = make_strategy(cfg.strategy)  # before any other TF op: collectives are set up at startup
+    _check_model_config(cfg)
     if cfg.batch_size % strategy.num_replicas_in_sync:
         raise ValueError(f"`batch_size` must be a multiple of the {strategy.num_replicas_in_sync} replicas, "
                          f"got batch_size={cfg.batch_size}.")
     jit_compile = _use_jit_compile(cfg.jit_compile, strategy)
     chief = strategy.extended.should_checkpoint
     data = _load_data(cfg)
-    if not chief:  # only the chief writes the run; the other workers' scratch files go elsewhere
-        os.makedirs(cfg.out, exist_ok=True)
     with run_lock(cfg.out) if chief else contextlib.nullcontext():
         return _train(cfg, strategy, chief, jit_compile, *data)
 
@@ -697,13 +700,14 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
         _write_json_atomically(os.path.join(ckpt_dir, _CONFIG_FILE), model_config)
         _write_json_atomically(os.path.join(ckpt_dir, _SCHEDULE_FILE), {"warmup_steps": warmup_steps})
 
-    # Every worker takes part in a save (it runs collectives); only the chief's copy is kept.
+    # Every worker takes part in a save (it runs collectives); only the chief's copy is kept. The
+    # other workers also keep their logs in that scratch folder: the run folder is the chief's.
     save_dir = ckpt_dir if chief else tempfile.mkdtemp(prefix="worker-ckpt-")
     manager = tf.train.CheckpointManager(checkpoint, save_dir, max_to_keep=cfg.keep_checkpoints,
                                          step_counter=optimizer.iterations)
     step_log = StepLog()
     callbacks = [step_log, _CheckpointCallback(manager, cfg.checkpoint_every, optimizer),
-                 _ScalarLog(os.path.join(cfg.out, "logs"), cfg.log_every, optimizer)]
+                 _ScalarLog(os.path.join(cfg.out if chief else save_dir, "logs"), cfg.log_every, optimizer)]
     steps_fn = _Steps(model, strategy, train_ds.element_spec, jit_compile)
     # A signal stops a multi-worker run at once: its final save would need every worker.
     stop = _StopOnSignal(active=not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
