@@ -576,7 +576,6 @@ def main(argv=None):
 
     from keras_posenc.app.run_lock import RunLockedError
     from keras_posenc.app.train import TrainingInterrupted
-    from keras_posenc.files import is_disk_full
 
     previous, warnings.showwarning = warnings.showwarning, _warning_printer(args.runtime_logs)
     try:
@@ -591,8 +590,7 @@ def main(argv=None):
         print(f"keras-posenc: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except tf.errors.OpError as err:  # a file TensorFlow reads or writes (full disk, corrupt file)
-        reason = "No space left on device: " if is_disk_full(err) else ""
-        print(f"keras-posenc: error: {reason}{type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        print(f"keras-posenc: error: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
         return 2
     finally:
         warnings.showwarning = previous
