@@ -182,11 +182,30 @@ def widest_float():
 
 
 def save_model(model, path):
-    """Saves `model` as a `.keras` file (Keras 2 needs the format named; Keras 3 infers it)."""
-    if _KERAS3:
-        model.save(path)
-    else:
-        model.save(path, save_format="keras_v3")
+    """Saves `model` as a `.keras` file, atomically (Keras 2 needs the format named; Keras 3 infers it).
+
+    The model goes to a temporary `.keras` file beside `path`, renamed onto `path` once complete
+    (`keras_posenc.files.atomic_path`): an error or an interrupt leaves an existing `path` as it was
+    and no partial file. A full disk or a read-only folder raises `files.FileWriteError` (one line:
+    the path, the reason, the free space), whatever layer of Keras or h5py meets it.
+    """
+    import errno
+
+    from keras_posenc.files import FileWriteError, atomic_path, describe_write_error, is_disk_full
+
+    try:
+        with atomic_path(path) as temp:
+            if _KERAS3:
+                model.save(temp)
+            else:
+                model.save(temp, save_format="keras_v3")
+    except FileWriteError:
+        raise
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        full = OSError(errno.ENOSPC, "No space left on device")
+        raise FileWriteError(errno.ENOSPC, describe_write_error(path, full)) from error
 
 
 def make_deterministic(seed=None):

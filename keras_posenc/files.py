@@ -69,8 +69,17 @@ def _temp_name(path):
     # The final suffix is kept: np.save, Keras and matplotlib pick the format from it.
     suffix = "".join(_suffixes(name))
     handle, temp = tempfile.mkstemp(prefix=TEMP_PREFIX + name[:40] + ".", suffix=suffix, dir=folder)
-    os.close(handle)
+    try:
+        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp's 0600 would make the final file private
+    finally:
+        os.close(handle)
     return temp
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _suffixes(name):

@@ -284,3 +284,34 @@ def test_default_flags_learn_in_300_steps_on_the_shipped_parallel_corpus(tmp_pat
     assert report["eval_loss"] < report["unigram_eval_loss"] - 0.15, (report["eval_loss"],
                                                                       report["unigram_eval_loss"])
     assert "WARNING" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    ("tf", 2, "keras-posenc: error: DataLossError: corrupt record at 12 in x.tfrecord"),
+    ("disk", 2, "keras-posenc: error: ResourceExhaustedError: x; No space left on device"),
+    ("write", 2, "keras-posenc: error: cannot write x/report.json: Read-only file system (0.0 MB free in x)"),
+    ("interrupt", 130, "keras-posenc: interrupted (SIGINT)."),
+])
+def test_failures_below_a_command_are_one_line_without_a_traceback(raised, code, line, monkeypatch, capsys):
+    import errno
+
+    import tensorflow as tf
+
+    from keras_posenc.files import FileWriteError
+
+    errors = {
+        "tf": tf.errors.DataLossError(None, None, "{{function_node __wrapped__X}} corrupt record at 12\n"
+                                                  "in x.tfrecord"),
+        "disk": tf.errors.ResourceExhaustedError(None, None, "x; No space left on device"),
+        "write": FileWriteError(errno.EROFS, "cannot write x/report.json: Read-only file system (0.0 MB free "
+                                             "in x)"),
+        "interrupt": KeyboardInterrupt(),
+    }
+
+    def fail(config):
+        raise errors[raised]
+
+    monkeypatch.setattr(train_lib, "train", fail)
+    assert cli.main(["train", "--out", "unused"]) == code
+    captured = capsys.readouterr()
+    assert captured.err == line + "\n" and "Traceback" not in captured.err

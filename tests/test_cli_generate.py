@@ -77,3 +77,16 @@ def test_an_empty_prompt_still_has_the_start_token(run, capsys):
     assert cli.main(["generate", run, "--prompt", "", "--max-new-tokens", "3", "--json"]) == 0
     ids = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ids"]
     assert 1 <= len(ids) <= 3 and np.all(np.array(ids) != data.PAD_ID)
+
+
+def test_a_truncated_model_file_is_named(run, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model.keras"
+    whole = open(f"{run}/model.keras", "rb").read()
+    model.write_bytes(whole[:len(whole) // 2])
+    shutil.copy(f"{run}/spm.model", tmp_path)
+    assert cli.main(["generate", str(tmp_path), "--prompt", PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"keras-posenc: error: cannot load a Keras model from '{model}': ")

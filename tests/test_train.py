@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -322,3 +323,26 @@ def test_a_checkpoint_of_another_pipeline_resumes_model_and_optimizer(corpus, tm
         report = train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, steps=6)))
     # start_step is the restored optimizer's step count (train checks it against the checkpoint's).
     assert report["start_step"] == 4 and report["steps"] == 6
+
+
+def test_checkpoint_write_errors_are_one_line_naming_the_checkpoint(tmp_path):
+    import tensorflow as tf
+
+    folder = str(tmp_path)
+    os.makedirs(os.path.join(folder, "ckpt-7_temp"))
+    cases = [
+        (tf.errors.ResourceExhaustedError(None, None, "{{function_node __wrapped__SaveV2}} x.tempstate1; "
+                                          "No space left on device [Op:SaveV2]"), "No space left on device"),
+        (tf.errors.PermissionDeniedError(None, None, "x; Permission denied"), "Permission denied"),
+        (tf.errors.FailedPreconditionError(None, None, "x; Read-only file system"), "Read-only file system"),
+        (tf.errors.UnknownError(None, None, "{{function_node SaveV2}} something\nelse"),
+         "UnknownError: something"),
+        (OSError(28, "No space left on device"), "No space left on device"),
+    ]
+    for error, reason in cases:
+        written = train_lib._checkpoint_write_error(folder, 7, error)
+        assert isinstance(written, OSError)
+        free = written.strerror.rsplit("(", 1)[1]
+        assert written.strerror == f"cannot write {folder}/ckpt-7: {reason} ({free}", error
+        assert re.fullmatch(rf"[0-9.]+ MB free in {re.escape(folder)}\)", free)
+    assert os.listdir(folder) == []  # the save's temporary folder is removed

@@ -1,5 +1,7 @@
 """The one place that sets up matplotlib for the package's PNG plots."""
 
+from keras_posenc.files import atomic_path
+
 
 def pyplot():
     """`matplotlib.pyplot` on the non-interactive Agg backend (imported lazily: plotting is optional)."""
@@ -12,8 +14,11 @@ def pyplot():
 
 
 def save_figure(fig, path, dpi=100):
-    """Lays out, writes and closes `fig`; returns `path`."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
+    """Lays out, writes (atomically: `files.atomic_path`) and closes `fig`; returns `path`."""
+    try:
+        fig.tight_layout()
+        with atomic_path(path) as temp:
+            fig.savefig(temp, dpi=dpi)
+    finally:
+        pyplot().close(fig)
     return path

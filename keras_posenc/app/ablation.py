@@ -70,13 +70,14 @@ from keras_posenc.app import diagnostics
 from keras_posenc.app._plotting import pyplot, save_figure
 from keras_posenc.app.train import StepLog
 from keras_posenc.backend import keras, make_deterministic
+from keras_posenc.files import write_text
 from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.validation import check_positive_ints
 
 __all__ = [
     "CANNOT_EXTRAPOLATE", "QUICK", "VARIANTS", "AblationConfig", "AblationData", "build_model",
-    "joined_windows", "markdown_table", "position_losses", "prepare_data", "run_ablation", "run_one",
-    "uniform_attention_by_distance", "variant_kwargs", "write_report",
+    "check_config", "joined_windows", "markdown_table", "position_losses", "prepare_data", "run_ablation",
+    "run_one", "uniform_attention_by_distance", "variant_kwargs", "write_report",
 ]
 
 CANNOT_EXTRAPOLATE = "cannot extrapolate"
@@ -355,6 +356,27 @@ def _encoder_config(config, vocab_size, name, *, max_length=None):
     return dict(num_layers=config.num_layers, d_model=config.d_model, num_heads=config.num_heads,
                 dff=config.dff, vocab_size=vocab_size, max_length=max_length or config.max_length,
                 dropout=config.dropout, pad_id=data.PAD_ID, **kwargs)
+
+
+def check_config(config):
+    """Checks the model of every variant of `config` with its layers' own validation (builds nothing).
+
+    `keras-posenc ablate` calls it before it touches `--out`, so a bad setting (`d_model` not
+    divisible by `num_heads`, ...) fails at once, not after the first variants have trained.
+
+    Raises:
+        ValueError: naming the setting.
+
+    Example:
+
+    >>> import dataclasses
+    >>> check_config(dataclasses.replace(QUICK, d_model=9, variants=("rope",)))
+    Traceback (most recent call last):
+    ...
+    ValueError: `d_model` must be divisible by `num_heads`, got d_model=9 and num_heads=2.
+    """
+    for name in config.variants:
+        CausalLM(_encoder_config(config, config.vocab_size, name), causal=config.causal, name="config_check")
 
 
 def build_model(config, vocab_size, name, *, max_length=None):
@@ -639,6 +661,8 @@ def markdown_table(results):
 def write_report(results, out_dir, command=None):
     """Writes ablation.json, ablation.md and the three PNGs to `out_dir`; returns their paths.
 
+    Each file is written atomically (`keras_posenc.files`): whole under its name, or not at all.
+
     Args:
         results: dict from `run_ablation`.
         out_dir: str, output folder (created if needed).
@@ -659,9 +683,7 @@ def write_report(results, out_dir, command=None):
         results = {**results, "command": command}
     paths = {name: os.path.join(out_dir, name) for name in (
         "ablation.json", "ablation.md", "loss_curves.png", "extrapolation.png", "attention_focus.png")}
-    with open(paths["ablation.json"], "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
+    write_text(paths["ablation.json"], json.dumps(results, indent=1) + "\n")
     config = results["config"]
     lines = [
         "# Position-encoding ablation",
@@ -688,8 +710,7 @@ def write_report(results, out_dir, command=None):
         f"Total time: {results['elapsed_seconds']} s.",
         "",
     ]
-    with open(paths["ablation.md"], "w") as f:
-        f.write("\n".join(lines))
+    write_text(paths["ablation.md"], "\n".join(lines))
     _plot_curves(results, paths["loss_curves.png"])
     _plot_extrapolation(results, paths["extrapolation.png"])
     _plot_attention(results, paths["attention_focus.png"])

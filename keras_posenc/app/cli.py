@@ -7,7 +7,10 @@ flags of `train` and `demo` are generated from the fields of
 `demo` and `export` share `_export_command`, which prints `export.export_and_check`.
 
 Exit status: 0 on success, 1 when `export` fails its parity or GPU check,
-2 on a usage or input error (the message goes to stderr, no traceback).
+2 on a usage or input error, a file that cannot be written (full disk,
+read-only folder) or a run folder that another run holds (the message goes
+to stderr, one line, no traceback); 128 + the signal when SIGTERM or SIGINT
+stopped training (after it saved a checkpoint).
 
 Output: the command's own lines only. TensorFlow's, XLA's and TFLite's log
 lines and the libraries' Python warnings are dropped unless a subcommand gets
@@ -146,9 +149,16 @@ def _add_demo_parser(subparsers):
 
 
 def _run_demo(args):
-    from keras_posenc.app.train import train
+    from keras_posenc.app.run_lock import run_lock
 
     config = _train_config(args, _demo_config())
+    with run_lock(config.out):  # the training, the export and the generation write one folder
+        return _demo(config)
+
+
+def _demo(config):
+    from keras_posenc.app.train import train
+
     print(f"Training a causal LM on the embedded corpus for {config.steps} steps; writing to {config.out}")
     report = train(config)
     _print_summary(report, config.out)
@@ -308,6 +318,7 @@ def _run_ablate(args):
     if args.no_causal_mask:
         overrides["causal"] = False
     config = dataclasses.replace(config, **overrides)
+    ablation.check_config(config)
     command = " ".join(["keras-posenc ablate"]
                        + (["--quick"] if args.quick else [])
                        + ([f"--corpus {args.corpus}"] if args.corpus else [])
@@ -316,10 +327,13 @@ def _run_ablate(args):
                        + ([f"--variants {' '.join(args.variants)}"] if args.variants else [])
                        + (["--no-causal-mask"] if args.no_causal_mask else [])
                        + [f"--out {args.out}"])
-    print(f"Ablation: {len(config.variants)} variants x {len(config.seeds)} seeds, {config.steps} steps "
-          f"each; writing to {args.out}")
-    results = ablation.run_ablation(args.corpus, config)
-    paths = ablation.write_report(results, args.out, command=command)
+    from keras_posenc.app.run_lock import run_lock
+
+    with run_lock(args.out):
+        print(f"Ablation: {len(config.variants)} variants x {len(config.seeds)} seeds, {config.steps} steps "
+              f"each; writing to {args.out}")
+        results = ablation.run_ablation(args.corpus, config)
+        paths = ablation.write_report(results, args.out, command=command)
     print(ablation.markdown_table(results))
     print(f"total time: {results['elapsed_seconds']} s")
     print("artifacts:")
@@ -531,9 +545,12 @@ def _warning_printer(show_library_warnings):
 def main(argv=None):
     """Runs `keras-posenc` with `argv` (default: the process arguments); returns the exit code.
 
-    User errors (`ValueError`, `OSError`, a bad flag combination) are
-    printed to stderr as `keras-posenc: error: ...` and give status 2;
-    argparse errors exit with status 2 through `SystemExit`.
+    User errors (`ValueError`, `OSError`, a bad flag combination), write
+    errors (`files.FileWriteError`, TensorFlow's file errors), a run folder
+    held by another run (`RunLockedError`) are printed to stderr as one line
+    `keras-posenc: error: ...` and give status 2; argparse errors exit with
+    status 2 through `SystemExit`. Training stopped by SIGTERM or SIGINT
+    prints one line and gives 128 + the signal.
 
     Args:
         argv: list of str, the arguments after the program name (None:
@@ -555,14 +572,38 @@ def main(argv=None):
         print(f"keras-posenc: error: `{args.command}` needs KERAS_BACKEND=tensorflow "
               f"(this process runs Keras on {backend_name()}).", file=sys.stderr)
         return 2
+    import tensorflow as tf
+
+    from keras_posenc.app.run_lock import RunLockedError
+    from keras_posenc.app.train import TrainingInterrupted
+
     previous, warnings.showwarning = warnings.showwarning, _warning_printer(args.runtime_logs)
     try:
         return _SUBCOMMANDS[args.command][1](args)
-    except (_Error, ValueError, OSError) as err:
-        print(f"keras-posenc: error: {err}", file=sys.stderr)
+    except TrainingInterrupted as err:
+        print(f"keras-posenc: {err}", file=sys.stderr)
+        return 128 + err.signum
+    except KeyboardInterrupt:
+        print("keras-posenc: interrupted (SIGINT).", file=sys.stderr)
+        return 128 + 2
+    except (_Error, ValueError, OSError, RunLockedError) as err:
+        print(f"keras-posenc: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except tf.errors.OpError as err:  # a file TensorFlow reads or writes (full disk, corrupt file)
+        print(f"keras-posenc: error: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
         return 2
     finally:
         warnings.showwarning = previous
+
+
+def _one_line(error):
+    """The message of `error` on one line (TensorFlow's start with the op's node name: dropped)."""
+    from keras_posenc.files import FileWriteError
+
+    text = error.strerror if isinstance(error, FileWriteError) else str(error)  # without "[Errno 28]"
+    if text.startswith("{{function_node"):
+        text = text.split("}}", 1)[-1]
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ References:
       come from.
 """
 
-import json
 import os
 
 import numpy as np
@@ -33,7 +32,8 @@ import tensorflow as tf
 
 from keras_posenc.app import dataset as data_lib
 from keras_posenc.app._plotting import pyplot, save_figure
-from keras_posenc.backend import keras
+from keras_posenc.app.text_generation import load_model_file
+from keras_posenc.files import write_json
 from keras_posenc.layers.encoder_layer import merge_attention_masks
 
 __all__ = [
@@ -326,7 +326,7 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
     spm_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
     if not os.path.isfile(spm_path):
         raise ValueError(f"No SentencePiece model next to the model: expected {spm_path!r}.")
-    model = keras.models.load_model(model_path, compile=False)
+    model = load_model_file(model_path)
     encoder = model.encoder
     with open(spm_path, "rb") as f:
         sp_model = f.read()
@@ -356,7 +356,6 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
         plot_attention_by_distance(per_layer, os.path.join(out, "attention_by_distance.png")),
     ]
     report_path = os.path.join(out, "inspect.json")
-    with open(report_path, "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(report_path, summary)
     artifacts.append(report_path)
     return {"summary": summary, "artifacts": artifacts}

@@ -14,7 +14,7 @@ from keras_posenc import models as _models  # noqa: F401  (registers CausalLM fo
 from keras_posenc.app import dataset as data_lib
 from keras_posenc.backend import keras
 
-__all__ = ["format_result", "generate_text", "load_run", "resolve_run"]
+__all__ = ["format_result", "generate_text", "load_model_file", "load_run", "resolve_run"]
 
 
 def resolve_run(path, spm_path=None):
@@ -40,10 +40,35 @@ def resolve_run(path, spm_path=None):
     return model_path, spm_path
 
 
+def load_model_file(path):
+    """The Keras model in the file `path`; a corrupt or foreign file is a ValueError naming it.
+
+    Keras reports a file that is not a model with its own words ("Unable to synchronously open
+    file", "File is not a zip file"), without the file's name.
+
+    Example:
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")
+    >>> _ = open(path, "wb").write(b"not a model")
+    >>> load_model_file(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: cannot load a Keras model from '.../model.keras': ...
+    """
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as error:  # Keras raises many types for a corrupt or foreign file
+        lines = str(error).strip().splitlines()
+        raise ValueError(f"cannot load a Keras model from {path!r}: {type(error).__name__}"
+                         f"{': ' + lines[0] if lines else ''} (is it a model.keras written by keras-posenc, "
+                         "whole?)") from error
+
+
 def load_run(path, spm_path=None):
     """`(CausalLM, serialized SentencePiece model)` of a run folder or `.keras` file."""
     model_path, spm_path = resolve_run(path, spm_path)
-    model = keras.models.load_model(model_path, compile=False)
+    model = load_model_file(model_path)
     if not hasattr(model, "generate"):
         raise ValueError(f"{model_path!r} holds a {type(model).__name__}, not a keras_posenc CausalLM.")
     with open(spm_path, "rb") as f:

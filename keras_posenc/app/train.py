@@ -12,7 +12,8 @@ Checkpoints: `tf.train.CheckpointManager` saves the model, the optimizer
 `tf.data` iterator of the training batches. The manager names a checkpoint
 in its state file only after all its files are written, so a crash never
 leaves a half-written checkpoint that a resume would read; it also rotates
-old ones. Only the chief (`strategy.extended.should_checkpoint`) keeps
+old ones. An unreadable newest checkpoint (a truncated file) is skipped on
+`--resume` for the one before it. Only the chief (`strategy.extended.should_checkpoint`) keeps
 them; other workers save into a scratch folder, because a save runs
 collectives. `checkpoints/config.json` holds the model config, compared on
 `--resume`. A resumed run continues at the same step, learning rate and
@@ -35,12 +36,16 @@ References:
       https://www.tensorflow.org/tutorials/distribute/custom_training.
 """
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import warnings
 
@@ -49,19 +54,25 @@ import tensorflow as tf
 
 from keras_posenc.app import dataset as data_lib
 from keras_posenc.app._plotting import pyplot, save_figure
+from keras_posenc.app.run_lock import run_lock
 from keras_posenc.backend import dropout_state, keras, make_deterministic, save_model
+from keras_posenc.files import FileWriteError, describe_write_error, is_disk_full, write_bytes, write_json
 from keras_posenc.layers.encoder import NAMED_POSITIONS, named_position
 from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.tables import TABLE_KINDS
 from keras_posenc.validation import check_choice, check_positive_ints
 
-__all__ = ["JIT_COMPILE", "STRATEGIES", "StepLog", "TrainConfig", "default_warmup_steps", "list_checkpoints",
-           "make_strategy", "train"]
+__all__ = ["JIT_COMPILE", "REPLACED_BY_A_FRESH_RUN", "STRATEGIES", "StepLog", "TrainConfig",
+           "TrainingInterrupted", "default_warmup_steps", "list_checkpoints", "make_strategy", "train"]
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 JIT_COMPILE = ("auto", "on", "off")
 _CONFIG_FILE = "config.json"
 _SCHEDULE_FILE = "schedule.json"
+# What a fresh run (no --resume) writes into `out`, so what it replaces of an earlier run there. It
+# removes them only once the new model is built, just before its first step; anything else in `out`
+# (an export, inspect/, the user's files) is kept.
+REPLACED_BY_A_FRESH_RUN = ("checkpoints", "logs", "model.keras", "spm.model", "report.json", "loss.png")
 
 
 def _option(default, group, help, *, flag=None, choices=None, type=None, const=None):
@@ -256,14 +267,7 @@ def list_checkpoints(directory):
 
 
 def _write_json_atomically(path, content):
-    handle, temp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(content, f, indent=1, sort_keys=True)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+    write_json(path, content, indent=1, sort_keys=True)
 
 
 def _check_checkpoint_config(directory, expected):
@@ -292,7 +296,10 @@ class _CheckpointCallback(keras.callbacks.Callback):
     def _write(self):
         step = int(self.optimizer.iterations.numpy())
         if step != self.last_written:
-            self.manager.save(checkpoint_number=step)
+            try:
+                self.manager.save(checkpoint_number=step)
+            except (tf.errors.OpError, OSError) as error:
+                raise _checkpoint_write_error(self.manager.directory, step, error) from error
             self.last_written = step
 
     def on_train_batch_end(self, batch, logs=None):
@@ -301,6 +308,30 @@ class _CheckpointCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._write()
+
+
+def _checkpoint_write_error(directory, step, error):
+    """`FileWriteError` for a failed checkpoint save: the checkpoint's path, the reason, the free space.
+
+    TensorFlow reports a full disk as `ResourceExhaustedError` ("...; No space left on device") and
+    other file-system failures as other `tf.errors`; the message becomes one line. The save's
+    temporary folder (`ckpt-N_temp`) is removed: the manager never named it, and it holds space.
+    """
+    prefix = os.path.join(directory, f"ckpt-{step}")
+    shutil.rmtree(prefix + "_temp", ignore_errors=True)
+    text = str(error)
+    if is_disk_full(error):
+        code, reason = errno.ENOSPC, "No space left on device"
+    elif isinstance(error, OSError) and error.strerror:
+        code, reason = error.errno, error.strerror
+    elif isinstance(error, tf.errors.PermissionDeniedError) or "Permission denied" in text:
+        code, reason = errno.EACCES, "Permission denied"
+    elif "Read-only file system" in text:
+        code, reason = errno.EROFS, "Read-only file system"
+    else:
+        code = errno.EIO
+        reason = f"{type(error).__name__}: " + (text.split("}}")[-1].strip().splitlines() or [""])[0]
+    return FileWriteError(code, describe_write_error(prefix, OSError(code, reason)))
 
 
 class _ScalarLog(keras.callbacks.Callback):
@@ -420,12 +451,30 @@ def _use_jit_compile(setting, strategy):
     return setting == "on"
 
 
-def _check_config(cfg):
+def _check_flags(cfg):
+    """Every flag, before the run folder is touched (ValueError naming the flag)."""
     check_positive_ints((name, getattr(cfg, name)) for name in (
-        "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length"))
+        "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "max_length",
+        "vocab_size"))
     if cfg.warmup_steps is not None:
         check_positive_ints([("warmup_steps", cfg.warmup_steps)])
     check_choice("format", cfg.corpus_format, data_lib.FORMATS)
+    check_choice("strategy", cfg.strategy, STRATEGIES)
+    check_choice("jit_compile", cfg.jit_compile, JIT_COMPILE)
+    if not 0.0 < cfg.eval_fraction < 1.0:
+        raise ValueError(f"`eval_fraction` (--eval-fraction) must be in (0, 1), got {cfg.eval_fraction}.")
+    if not cfg.lr_scale > 0.0:
+        raise ValueError(f"`lr_scale` (--lr-scale) must be > 0, got {cfg.lr_scale}.")
+
+
+def _check_model_config(cfg):
+    """The model config, checked by the layers themselves before the run folder is touched.
+
+    A `CausalLM` of the config is constructed (not built: no weights), so `d_model` not divisible by
+    `num_heads`, a bad `dff`, length, position or table setting fails here, not after the tokenizer
+    was trained or an earlier run replaced.
+    """
+    CausalLM(cfg.model_config(cfg.vocab_size), name="config_check")
 
 
 def _warmup_steps(cfg, ckpt_dir):
@@ -435,7 +484,7 @@ def _warmup_steps(cfg, ckpt_dir):
         if cfg.warmup_steps >= cfg.steps:
             warnings.warn(f"--warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning rate "
                           "never leaves warmup and the run may learn little. Leave --warmup-steps out to "
-                          f"use {default_warmup_steps(cfg.steps)} (half the steps).", stacklevel=3)
+                          f"use {default_warmup_steps(cfg.steps)} (half the steps).", stacklevel=4)
         return cfg.warmup_steps
     if cfg.resume and os.path.isfile(path):  # resuming with more --steps keeps the schedule it started with
         with open(path) as f:
@@ -443,22 +492,98 @@ def _warmup_steps(cfg, ckpt_dir):
     return default_warmup_steps(cfg.steps)
 
 
-def _prepare_data(cfg, resuming):
+def _load_data(cfg):
+    """`(corpus path, training examples, held-out examples)`; reads only, so it runs before the lock."""
     corpus = cfg.corpus or data_lib.default_corpus_path()
     corpus_format = "text" if cfg.corpus is None else cfg.corpus_format
     examples = data_lib.load_corpus(corpus, corpus_format, skip_bad_lines=cfg.skip_bad_lines)
     train_examples, eval_examples = data_lib.split_corpus(examples, cfg.eval_fraction, seed=cfg.seed)
+    return corpus, train_examples, eval_examples
+
+
+def _tokenizer(cfg, train_examples):
+    """`(serialized SentencePiece model, whether it is new)`: the run's own on resume, else trained now.
+
+    Trained in memory: `spm.model` is written only when training starts (`_start_fresh`).
+    """
     spm_path = os.path.join(cfg.out, "spm.model")
-    if resuming and os.path.isfile(spm_path):
+    if cfg.resume and os.path.isfile(spm_path):
         with open(spm_path, "rb") as f:
-            sp_model = f.read()
-    else:
-        sp_model = data_lib.train_sentencepiece(data_lib.corpus_texts(train_examples), cfg.vocab_size)
-        handle, temp = tempfile.mkstemp(prefix=".spm-", dir=cfg.out)
-        with os.fdopen(handle, "wb") as f:
-            f.write(sp_model)
-        os.replace(temp, spm_path)
-    return corpus, train_examples, eval_examples, sp_model
+            return f.read(), False
+    return data_lib.train_sentencepiece(data_lib.corpus_texts(train_examples), cfg.vocab_size), True
+
+
+def _start_fresh(out):
+    """Removes what a fresh run replaces of an earlier run in `out` (`REPLACED_BY_A_FRESH_RUN`).
+
+    Prints one line naming what was there, so nothing goes without a word. Called once the new
+    model is built and checked, just before the run writes its own files.
+    """
+    found = [name for name in REPLACED_BY_A_FRESH_RUN if os.path.lexists(os.path.join(out, name))]
+    if not found:
+        return
+    steps = ", ".join(str(step) for step, _ in list_checkpoints(_checkpoint_dir(out)))
+    shown = [name + "/" if os.path.isdir(os.path.join(out, name)) else name for name in found]
+    shown = [f"{name} (steps {steps})" if name == "checkpoints/" and steps else name for name in shown]
+    print(f"Replacing the earlier run in {out} (a fresh run; --resume would continue it): "
+          f"{', '.join(shown)}.")
+    for name in found:
+        path = os.path.join(out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM or SIGINT stopped training; the last step's checkpoint was saved first.
+
+    Attributes:
+        signum: int, the signal.
+        step: int, the optimizer step of the saved checkpoint.
+        checkpoint: str, its prefix (what `tf.train.Checkpoint.restore` takes).
+    """
+
+    def __init__(self, signum, step, checkpoint):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}: saved the checkpoint "
+                         f"{checkpoint}; continue with --resume.")
+
+
+class _StopOnSignal:
+    """While active, SIGTERM and SIGINT ask the training loop to stop after its current step.
+
+    The loop then saves a checkpoint and `train` raises `TrainingInterrupted`. A second signal of
+    either kind acts at once (the previous handlers are put back and the signal raised again).
+    Signal handlers exist only in the main thread; elsewhere this does nothing.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, active=True):
+        self.active = active and threading.current_thread() is threading.main_thread()
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        if self.active:
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+
+    def _restore(self):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            self._restore()
+            signal.raise_signal(signum)
+            return
+        self.received = signum
 
 
 def train(cfg):
@@ -471,6 +596,15 @@ def train(cfg):
     `report.json`, `loss.png`, `logs/` and `checkpoints/` to `cfg.out`
     (workers other than the chief write no artifacts). Runs are
     deterministic for a given seed.
+
+    Nothing of an earlier run is lost: the flags, the model config and the
+    corpus are checked before `cfg.out` is touched; the chief holds the
+    folder's lock (`run_lock`) for the whole run; a fresh run replaces
+    `REPLACED_BY_A_FRESH_RUN` of an earlier run only once its model is built
+    (one printed line says what); every file is written atomically. A resume
+    whose newest checkpoint is unreadable continues from the newest readable
+    one, with a warning. SIGTERM or SIGINT during training ends the step,
+    saves a checkpoint and raises `TrainingInterrupted`.
 
     Args:
         cfg: a `TrainConfig`.
@@ -488,9 +622,13 @@ def train(cfg):
         and (on the chief) `loss_plot`.
 
     Raises:
-        ValueError: a bad setting, `resume` without a checkpoint, or a
-            checkpoint trained with a different model config.
+        ValueError: a bad setting, `resume` without a (readable) checkpoint,
+            or a checkpoint trained with a different model config.
         CorpusError: a missing, empty or malformed corpus.
+        RunLockedError: another run holds `cfg.out`.
+        FileWriteError: a file cannot be written (full disk, read-only
+            folder): the message names the path and the free space.
+        TrainingInterrupted: SIGTERM or SIGINT, after the checkpoint was saved.
 
     Example: see `tests/test_train.py` (a 90-step run that beats the
     unigram baseline, bit-identical reruns, resume after a killed process).
@@ -499,30 +637,32 @@ def train(cfg):
         keras-posenc train --corpus corpus.txt --out runs/lm --steps 200 --quiet
         python -c "import json; print(json.load(open('runs/lm/report.json'))['eval_loss'])"
     """
-    _check_config(cfg)
-    strategy = make_strategy(cfg.strategy)
+    _check_flags(cfg)
+    strategy = make_strategy(cfg.strategy)  # before any other TF op: collectives are set up at startup
+    _check_model_config(cfg)
     if cfg.batch_size % strategy.num_replicas_in_sync:
         raise ValueError(f"`batch_size` must be a multiple of the {strategy.num_replicas_in_sync} replicas, "
                          f"got batch_size={cfg.batch_size}.")
+    jit_compile = _use_jit_compile(cfg.jit_compile, strategy)
     chief = strategy.extended.should_checkpoint
+    data = _load_data(cfg)
+    with run_lock(cfg.out) if chief else contextlib.nullcontext():
+        return _train(cfg, strategy, chief, jit_compile, *data)
+
+
+def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examples):
+    """`train` once the flags, the model config and the corpus are checked and `cfg.out` is locked."""
     make_deterministic(cfg.seed)
-    os.makedirs(cfg.out, exist_ok=True)
     ckpt_dir = _checkpoint_dir(cfg.out)
     checkpoints = list_checkpoints(ckpt_dir)
     if cfg.resume and not checkpoints:
         raise ValueError(f"--resume was given but {ckpt_dir} holds no complete checkpoint to resume from.")
-    if not cfg.resume and os.path.isdir(ckpt_dir) and chief:
-        shutil.rmtree(ckpt_dir)  # a fresh run must never resume a stale checkpoint by accident
-    corpus, train_examples, eval_examples, sp_model = _prepare_data(cfg, cfg.resume)
+    sp_model, new_tokenizer = _tokenizer(cfg, train_examples)
     vocab_size = data_lib.sentencepiece_vocab_size(sp_model)
     model_config = cfg.model_config(vocab_size)
     if cfg.resume:
         _check_checkpoint_config(ckpt_dir, model_config)
     warmup_steps = _warmup_steps(cfg, ckpt_dir)
-    if chief and not cfg.resume:
-        os.makedirs(ckpt_dir, exist_ok=True)
-        _write_json_atomically(os.path.join(ckpt_dir, _CONFIG_FILE), model_config)
-        _write_json_atomically(os.path.join(ckpt_dir, _SCHEDULE_FILE), {"warmup_steps": warmup_steps})
 
     dataset_kwargs = {"max_length": cfg.max_length, "add_bos": cfg.add_bos, "add_eos": cfg.add_eos}
     train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True,
@@ -536,34 +676,49 @@ def train(cfg):
         model.compile(optimizer=optimizer)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                          dropout_rng=dropout_state(model), data=batches)
+
+    def new_checkpoint():  # a fresh iterator: a failed restore may have left the old one half-set
+        batches = iter(train_ds)
+        with strategy.scope():
+            return batches, tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                                dropout_rng=dropout_state(model), data=batches)
+
     start_step = 0
     if cfg.resume:
-        step, path = checkpoints[-1]
-        if not _restore(checkpoint, path, model, optimizer):
-            batches = iter(train_ds)  # the failed restore may have left the old iterator half-set
-            with strategy.scope():
-                checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                                 dropout_rng=dropout_state(model), data=batches)
+        path, batches, checkpoint = _restore_newest_readable(checkpoints, ckpt_dir, (batches, checkpoint),
+                                                             new_checkpoint, model, optimizer)
         start_step = int(optimizer.iterations.numpy())
-        if start_step != step:
-            raise ValueError(f"Checkpoint {path} holds optimizer step {start_step}, not {step}.")
         if cfg.verbose:
             print(f"Resuming from {path} at step {start_step}.")
+    # Training really starts: only now does a fresh run replace an earlier one in cfg.out.
+    if chief and not cfg.resume:
+        _start_fresh(cfg.out)
+    if chief and new_tokenizer:
+        write_bytes(os.path.join(cfg.out, "spm.model"), sp_model)
+    if chief and not cfg.resume:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        _write_json_atomically(os.path.join(ckpt_dir, _CONFIG_FILE), model_config)
+        _write_json_atomically(os.path.join(ckpt_dir, _SCHEDULE_FILE), {"warmup_steps": warmup_steps})
 
-    # Every worker takes part in a save (it runs collectives); only the chief's copy is kept.
+    # Every worker takes part in a save (it runs collectives); only the chief's copy is kept. The
+    # other workers also keep their logs in that scratch folder: the run folder is the chief's.
     save_dir = ckpt_dir if chief else tempfile.mkdtemp(prefix="worker-ckpt-")
     manager = tf.train.CheckpointManager(checkpoint, save_dir, max_to_keep=cfg.keep_checkpoints,
                                          step_counter=optimizer.iterations)
     step_log = StepLog()
     callbacks = [step_log, _CheckpointCallback(manager, cfg.checkpoint_every, optimizer),
-                 _ScalarLog(os.path.join(cfg.out, "logs"), cfg.log_every, optimizer)]
-    jit_compile = _use_jit_compile(cfg.jit_compile, strategy)
+                 _ScalarLog(os.path.join(cfg.out if chief else save_dir, "logs"), cfg.log_every, optimizer)]
     steps_fn = _Steps(model, strategy, train_ds.element_spec, jit_compile)
+    # A signal stops a multi-worker run at once: its final save would need every worker.
+    stop = _StopOnSignal(active=not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
     try:
-        _fit(steps_fn, batches, cfg.steps - start_step, callbacks, cfg.verbose)
+        with stop:
+            _fit(steps_fn, batches, cfg.steps - start_step, callbacks, cfg.verbose, stop=stop)
     finally:
         if not chief:
             shutil.rmtree(save_dir, ignore_errors=True)
+    if stop.received is not None:
+        raise TrainingInterrupted(stop.received, int(optimizer.iterations.numpy()), manager.latest_checkpoint)
 
     # Short last batches are filled with padding rows: every eval batch has one of the bucket shapes.
     eval_ds = data_lib.lm_dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
@@ -610,8 +765,7 @@ def train(cfg):
     if chief:
         report["loss_plot"] = _plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
                                            eval_loss=eval_loss, unigram_loss=unigram_loss)
-        with open(os.path.join(cfg.out, "report.json"), "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(os.path.join(cfg.out, "report.json"), report)
     return report
 
 
@@ -657,6 +811,46 @@ class _Steps:
         return self._sum_over_replicas(list(sums))
 
 
+def _restore_newest_readable(checkpoints, directory, first, new_checkpoint, model, optimizer):
+    """Restores the newest readable checkpoint of `checkpoints`; returns `(prefix, batches, checkpoint)`.
+
+    A checkpoint whose files are truncated or corrupt (TensorFlow raises `IndexError: Read less
+    bytes than requested` or a `tf.errors.OpError`) is skipped for the one before it, with a
+    warning that names both. `first` is the `(batches, checkpoint)` to try first; every later try
+    gets a fresh pair from `new_checkpoint()`.
+
+    Raises:
+        ValueError: no checkpoint in `directory` is readable, or one holds another optimizer step
+            than its name says.
+    """
+    skipped = []
+    batches, checkpoint = first
+    for step, path in reversed(checkpoints):
+        if skipped:
+            batches, checkpoint = new_checkpoint()
+        try:
+            if not _restore(checkpoint, path, model, optimizer):
+                batches, checkpoint = new_checkpoint()
+        except (IndexError, tf.errors.OpError) as error:
+            skipped.append(f"{os.path.basename(path)} ({_first_line(error)})")
+            continue
+        restored = int(optimizer.iterations.numpy())
+        if restored != step:
+            raise ValueError(f"Checkpoint {path} holds optimizer step {restored}, not {step}.")
+        if skipped:
+            warnings.warn(f"the newest checkpoint {checkpoints[-1][1]} is unreadable: {'; '.join(skipped)}; "
+                          f"resuming from the previous readable one, {path} (step {step}).", stacklevel=4)
+        return path, batches, checkpoint
+    raise ValueError(f"Cannot resume from {directory}: none of its {len(checkpoints)} checkpoints is "
+                     f"readable ({'; '.join(skipped)}). Start a fresh run (without --resume) or use another "
+                     "--out.")
+
+
+def _first_line(error):
+    text = str(error).split("}}")[-1].strip()  # TensorFlow prefixes the op's node name
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _restore(checkpoint, path, model, optimizer):
     """Restores `path`; a checkpoint whose input-pipeline state no longer fits the pipeline keeps the rest.
 
@@ -686,8 +880,11 @@ def _restore(checkpoint, path, model, optimizer):
         return False
 
 
-def _fit(steps_fn, batches, steps, callbacks, verbose):
+def _fit(steps_fn, batches, steps, callbacks, verbose, stop=None):
     """Runs `steps` training steps on the global batches of the iterator `batches`.
+
+    With a `_StopOnSignal` `stop`, a signal ends the loop after the current step; the callbacks'
+    `on_train_end` still runs (the checkpoint callback saves that step).
 
     Keras `fit` would make its own iterator, which cannot be checkpointed
     under a distribution strategy. Here every replica takes its slice of the
@@ -707,6 +904,8 @@ def _fit(steps_fn, batches, steps, callbacks, verbose):
             callback.on_train_batch_end(batch, logs)
         if progress:
             progress.update(batch + 1, [("loss", logs["loss"])])
+        if stop is not None and stop.received is not None:
+            break
     for callback in callbacks:
         callback.on_train_end(logs)
 
