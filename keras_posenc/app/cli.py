@@ -416,9 +416,8 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
     from keras_posenc import export
 
     model = export.load_model(model_path)
-    if target == "cpu" and embedding == "host":
-        raise _Error("--embedding host is for the gpu, gl and tensorrt targets; cpu GATHERs its lookups "
-                     "in the file.")
+    if embedding == "host" and not export.target_of(target).host_embedding:
+        raise _Error(_host_embedding_refusal(target, lambda t: t.host_embedding))
     if token_ids is not None:
         ids = np.load(token_ids)
         if ids.ndim != 2 or ids.shape[1] != sequence_length:
@@ -438,6 +437,14 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
     for line in failures:
         print(line)
     return 1 if failures else 0
+
+
+def _host_embedding_refusal(target, allows):
+    from keras_posenc.export import TARGETS
+
+    names = [t.name for t in TARGETS.values() if allows(t)]
+    return (f"--embedding host is for the {', '.join(names[:-1])} and {names[-1]} targets; {target} "
+            "GATHERs its lookups in the file.")
 
 
 def _run_export(args):
@@ -465,8 +472,8 @@ def _export_generator(args):
     prompt_length = args.prompt_length or max(1, args.cache_length // 2)
     model = export.load_model(args.model)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    if args.embedding == "host" and args.target not in ("gpu", "gl"):
-        raise _Error(f"--embedding host is for the gpu and gl targets; {args.target} GATHERs its lookups.")
+    if args.embedding == "host" and not export.target_of(args.target).generation_host_embedding:
+        raise _Error(_host_embedding_refusal(args.target, lambda t: t.generation_host_embedding))
     result = generator.export_generator(model, args.out, prompt_length=prompt_length,
                                         cache_length=args.cache_length, target=args.target,
                                         embedding=args.embedding)

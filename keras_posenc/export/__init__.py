@@ -20,7 +20,6 @@ from keras_posenc.export.conversion import (
                                             HOST_EMBEDDINGS,
                                             ONNX_OPSET,
                                             QUANTIZE_MODES,
-                                            TARGETS,
                                             ModelSpec,
                                             default_embedding,
                                             host_embedding_table,
@@ -31,7 +30,6 @@ from keras_posenc.export.conversion import (
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.export.flatbuffer import TfliteFile, op_counts, operators
 from keras_posenc.export.parity import (
-                                            TARGET_BACKENDS,
                                             check_onnx_parity,
                                             check_parity,
                                             cost_summary,
@@ -46,6 +44,7 @@ from keras_posenc.export.parity import (
                                             weight_bytes,
 )
 from keras_posenc.export.pipeline import EXPORT_TOLERANCE, ExportResult, export_and_check
+from keras_posenc.export.targets import TARGETS, Target, target_of
 from keras_posenc.export.verdicts import (
                                             BACKENDS,
                                             GL_SHADER_OPS,
@@ -58,9 +57,9 @@ from keras_posenc.export.verdicts import (
 __all__ = [
     "BACKENDS", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "TfliteFile", "export_and_check",
     "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
-    "QUANTIZE_MODES", "TARGETS", "TARGET_BACKENDS", "ModelSpec", "analyzer_report", "check_onnx_parity",
+    "QUANTIZE_MODES", "TARGETS", "Target", "ModelSpec", "analyzer_report", "check_onnx_parity",
     "check_parity", "cost_summary", "default_embedding", "export_report", "format_cost", "format_report",
     "gpu_incompatible_ops", "graph_cost", "host_embedding_table", "interpreter_class", "load_model",
     "onnx_cost", "op_counts", "operators", "run_interpreter", "run_onnx", "runtime_metadata",
-    "sample_token_batch", "to_onnx", "to_tflite", "verdict_line", "weight_bytes",
+    "sample_token_batch", "target_of", "to_onnx", "to_tflite", "verdict_line", "weight_bytes",
 ]

@@ -39,26 +39,27 @@ import tensorflow as tf
 
 from keras_posenc import special_ids
 from keras_posenc.export import conversion, gl_generate
-from keras_posenc.export.conversion import FORMULATIONS, ONNX_OPSET, ModelSpec, frozen_function, rebuild
+from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
 from keras_posenc.export.cost import graph_cost, onnx_cost
-from keras_posenc.export.emitters import emit, exporting
+from keras_posenc.export.formulation import ExportContext
+from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.targets import TARGETS, target_of
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 from keras_posenc.validation import check_positive_int
 
-__all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
+__all__ = ["OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
            "export_generator", "generator_metadata", "greedy_generate", "onnx_paths", "past",
            "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
 
-GENERATOR_TARGETS = ("cpu", "gpu", "gl", "tensorrt")
-
-
 def _check(model, prompt_length, cache_length, target):
+    """The `Target` of a prefill/decode export, or a ValueError naming the argument."""
     if not hasattr(model, "generate") or not hasattr(model, "encoder"):
         raise ValueError("A prefill/decode export needs a keras_posenc CausalLM, "
                          f"got {type(model).__name__}.")
-    if target not in GENERATOR_TARGETS:
-        raise ValueError(f"A prefill/decode export supports target in {GENERATOR_TARGETS}, "
+    if not isinstance(target, str) or target not in TARGETS:
+        raise ValueError(f"A prefill/decode export supports target in {tuple(TARGETS)}, "
                          f"got target={target!r}.")
+    target = target_of(target)
     if not model.causal:
         raise ValueError("A prefill/decode export needs a causal model; this CausalLM has causal=False.")
     if model.num_languages:
@@ -66,9 +67,10 @@ def _check(model, prompt_length, cache_length, target):
                          "export it with `keras-posenc export` (fixed window) instead.")
     if prompt_length > cache_length:
         raise ValueError(f"`prompt_length`={prompt_length} exceeds `cache_length`={cache_length}.")
-    if target in ("gpu", "gl") and cache_length > gl_generate.MAX_CACHE_LENGTH:
-        raise ValueError(f"target={target!r} takes `cache_length` up to {gl_generate.MAX_CACHE_LENGTH} (the "
+    if target.max_cache_length is not None and cache_length > target.max_cache_length:
+        raise ValueError(f"target={target.name!r} takes `cache_length` up to {target.max_cache_length} (the "
                          f"GPU compares positions as float16 integers), got cache_length={cache_length}.")
+    return target
 
 
 def cache_bytes(model, cache_length):
@@ -82,7 +84,7 @@ class _Generator:
 
     def __init__(self, clone, prompt_length, cache_length, target):
         self.clone = clone
-        self.target = target
+        self.context = ExportContext(target, FORMULATIONS)
         encoder = clone.encoder
         self.layers = encoder.num_layers
         self.cache_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
@@ -99,9 +101,9 @@ class _Generator:
     def _step(self, token_ids, positions, index, keys, values):
         """`Encoder.cached_step` with the token embedding of the target's formulation."""
         encoder = self.clone.encoder
-        with exporting(self.target, FORMULATIONS):
+        with self.context.tracing() as context:
             in_attention = encoder.position in ATTENTION_POSITIONS
-            x = emit(encoder.embedding, token_ids, position_ids=None if in_attention else positions,
+            x = context.emit(encoder.embedding, token_ids, position_ids=None if in_attention else positions,
                      training=False)
             new_keys, new_values = [], []
             for layer, key_cache, value_cache in zip(encoder.encoder_layers, keys, values):
@@ -139,7 +141,7 @@ class _ShaderGenerator(_Generator):
     def __init__(self, clone, prompt_length, cache_length, target, embedding):
         super().__init__(clone, prompt_length, cache_length, target)
         self.cache_length = cache_length
-        self.dtype = tf.float32 if target == "gl" else tf.int32
+        self.dtype = tf.as_dtype(target.input_dtype)
         self.host = embedding == "host"
         self.width = clone.encoder.d_model
 
@@ -200,21 +202,23 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     >>> ids == model.generate([3, 4, 5], 6).ids[0].tolist()
     True
     """
-    _check(model, prompt_length, cache_length, target)
-    if target == "tensorrt":
-        raise ValueError("target='tensorrt' exports ONNX: use to_onnx_generator(model, ...).")
+    target = _check(model, prompt_length, cache_length, target)
+    if target.file_format != "tflite":
+        raise ValueError(f"target={target.name!r} exports {target.file_format.upper()}: use "
+                         "to_onnx_generator(model, ...).")
     embedding = _embedding(model, target, embedding)
-    spec = ModelSpec.of(model, cache_length, 1)
-    if target == "cpu":
-        module = _Generator(rebuild(model, spec, target).layer, prompt_length, cache_length, target)
-    else:  # a float32 clone whose weights the shader graphs read (RoPE frozen at the cache length)
-        module = _ShaderGenerator(rebuild(model, spec, "cpu").layer, prompt_length, cache_length, target,
-                                  embedding)
+    # A float32 clone (RoPE frozen at the cache length): the shader graphs read its weights, the
+    # others run `Encoder.cached_step` with the target's token lookup.
+    clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
+    if target.shader_generation:
+        module = _ShaderGenerator(clone, prompt_length, cache_length, target, embedding)
+    else:
+        module = _Generator(clone, prompt_length, cache_length, target)
     # Two signatures convert through a SavedModel (the concrete-function path takes one). The
     # functions are frozen first, so the SavedModel holds no Keras object and no variable.
     signatures = {"prefill": _frozen_signature(module.prefill_function(), module.output_names),
                   "decode": _frozen_signature(module.decode_function(), module.output_names)}
-    if target == "gl":  # one file per signature, see the module docstring
+    if target.file_per_signature:  # see the module docstring
         return tuple(_convert({key: signature}) for key, signature in signatures.items())
     return _convert(signatures)
 
@@ -232,12 +236,13 @@ def _convert(signatures):
 
 
 def _embedding(model, target, embedding):
+    target = target_of(target)
     if embedding is None:
         return conversion.default_embedding(model, target)
     if embedding not in conversion.EMBEDDINGS:
         raise ValueError(f"`embedding` must be one of {conversion.EMBEDDINGS}, got embedding={embedding!r}.")
-    if embedding == "host" and target not in ("gpu", "gl"):
-        raise ValueError(f"`embedding='host'` is for the gpu and gl targets, got target={target!r}.")
+    if embedding == "host" and not target.generation_host_embedding:
+        raise ValueError(f"`embedding='host'` is for the gpu and gl targets, got target={target.name!r}.")
     return embedding
 
 
@@ -250,11 +255,11 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
         `(prefill, decode)`: serialized ONNX `ModelProto`s.
     """
     check_positive_int("opset", opset, minimum=ONNX_OPSET)
-    _check(model, prompt_length, cache_length, "tensorrt")
+    target = _check(model, prompt_length, cache_length, "tensorrt")
     import tf2onnx
 
-    clone = rebuild(model, ModelSpec.of(model, cache_length, 1), "tensorrt")
-    module = _Generator(clone.layer, prompt_length, cache_length, "tensorrt")
+    clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
+    module = _Generator(clone, prompt_length, cache_length, target)
     protos = []
     for function in (module.prefill_function(), module.decode_function()):
         frozen = _frozen_signature(function, module.output_names)
@@ -451,31 +456,32 @@ def export_generator(model, out, *, prompt_length, cache_length, target="cpu", e
     """
     import json
 
+    target = _check(model, prompt_length, cache_length, target)
     table = None
-    if target == "tensorrt":
+    if target.file_format == "onnx":
         protos = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length)
         session = OnnxSession(*protos)
         files = dict(zip(onnx_paths(out), protos))
     else:
         embedding = _embedding(model, target, embedding)
         flat = to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
-                                   target=target, embedding=embedding)
+                                   target=target.name, embedding=embedding)
         table = conversion.host_embedding_table(model) if embedding == "host" else None
         session = TfliteSession(flat, table=table)
-        files = dict(zip(tflite_paths(out), flat)) if target == "gl" else {out: flat}
+        files = dict(zip(tflite_paths(out), flat)) if target.file_per_signature else {out: flat}
     vocab = model.encoder.vocab_size
     prompt = list(check_prompt or [min(i, vocab - 1) for i in (5, 6, 7)])[:prompt_length]
     tokens = max(1, min(check_tokens, cache_length - len(prompt) + 1, model.encoder.max_length - len(prompt)))
     same, parity = check_generator_parity(model, session, prompt, tokens)
     metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
-                                  target=target)
+                                  target=target.name)
     metadata["embedding"] = "graph" if table is None else "host"
     if table is not None:
         metadata["embedding_table"] = os.path.basename(out) + ".embeddings.npy"
         files[out + ".embeddings.npy"] = None
-    if target == "tensorrt":
+    if target.file_format == "onnx":
         costs = [onnx_cost(proto) for proto in protos]
-    elif target == "gl":
+    elif target.file_per_signature:
         costs = [graph_cost(content, signature=key) for content, key in zip(flat, ("prefill", "decode"))]
     else:
         costs = [graph_cost(flat, signature=key) for key in ("prefill", "decode")]

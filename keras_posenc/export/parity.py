@@ -13,16 +13,12 @@ from keras_posenc.export.conversion import (
 )
 from keras_posenc.export.cost import graph_cost
 from keras_posenc.export.flatbuffer import check_flatbuffer, decoded, input_names, op_counts
+from keras_posenc.export.targets import target_of
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
 __all__ = ["check_onnx_parity", "check_parity", "cost_summary", "export_report", "format_cost",
            "format_report", "interpreter_class", "parity", "report_of", "run_interpreter", "run_onnx",
            "runtime_metadata", "sample_batch", "sample_token_batch", "spec_metadata", "weight_bytes"]
-
-# The backends whose verdict `export` prints for each target (the target's own first).
-TARGET_BACKENDS = {"gpu": ("webgpu", "opencl", "gl"), "gl": ("gl", "webgpu"), "cpu": ("gl", "webgpu"),
-                   "tensorrt": ()}
-
 
 def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
                  ignore_padding=True):
@@ -333,9 +329,9 @@ def spec_metadata(spec, *, quantize=None, target="gpu", embedding="graph", embed
         "pad_id": spec.pad_id,
         "num_languages": min(languages) if languages else None,
         "inputs": [s.name for s in spec.signature()] + ([HOST_EMBEDDINGS] if embedding == "host" else []),
-        "input_dtype": "float32" if target == "gl" else "int32",
+        "input_dtype": target_of(target).input_dtype,
         "quantize": quantize,
-        "target": target,
+        "target": target_of(target).name,
         "embedding": embedding,
         **({"embedding_table": embedding_table} if embedding == "host" else {}),
     }
@@ -378,11 +374,11 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
 def report_of(spec, tflite, parities, *, target="gpu"):
     """The `export_report` dict of a decoded file (`TfliteFile`) and its `parity` pair."""
     ops = op_counts(tflite)
-    backends = TARGET_BACKENDS[target]
+    backends = target_of(target).backends
     weights = weight_bytes(spec.model)
     return {
         "cost": cost_summary(graph_cost(tflite), weights_in_file(spec.model, tflite, weights)),
-        "target": target,
+        "target": target_of(target).name,
         "ops": ops,
         "verdicts": {backend: gpu_incompatible_ops(tflite, backend) for backend in backends},
         "verdict_lines": [verdict_line(tflite, backend) for backend in backends],

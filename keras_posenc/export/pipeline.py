@@ -18,7 +18,6 @@ from keras_posenc.export.conversion import (
 from keras_posenc.export.cost import onnx_cost
 from keras_posenc.export.flatbuffer import TfliteFile
 from keras_posenc.export.parity import (
-    TARGET_BACKENDS,
     cost_summary,
     format_cost,
     format_report,
@@ -28,6 +27,7 @@ from keras_posenc.export.parity import (
     spec_metadata,
     weight_bytes,
 )
+from keras_posenc.export.targets import target_of
 from keras_posenc.export.verdicts import BACKENDS
 from keras_posenc.validation import check_choice
 
@@ -74,7 +74,7 @@ class ExportResult:
         if tolerance is not None and not self.parity <= tolerance:
             failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
         verdicts = self.report["verdicts"]
-        backend = TARGET_BACKENDS[self.target][0] if verdicts else None
+        backend = target_of(self.target).backends[0] if verdicts else None
         if require_gpu and backend and verdicts[backend]:
             failed.append(f"FAILED: --require-gpu and {BACKENDS[backend]} does not run "
                           + ", ".join(verdicts[backend]))
@@ -136,9 +136,10 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
     >>> result.parity < 1e-5, result.failures(), result.metadata["inputs"], "GATHER" in result.report["ops"]
     (True, [], ['token_ids'], True)
     """
+    target = target_of(target)
     spec = ModelSpec.of(model, sequence_length, batch_size)
     token_ids, language_ids = _parity_batch(spec, token_ids, language_ids)
-    if target == "tensorrt":
+    if target.file_format == "onnx":
         embedding = embedding or "graph"
         exported = convert_onnx(spec, embedding=embedding)
         parities = parity(spec, exported, token_ids, language_ids, runtime="onnx")
@@ -160,7 +161,7 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
                      "(export/jetson/run_tflite.py and run_tensorrt.py do)")
     metadata = dict(spec_metadata(spec, quantize=quantize, target=target, embedding=embedding),
                     cost=report["cost"])
-    return ExportResult(exported, target, quantize, embedding, report, lines, metadata, host_table)
+    return ExportResult(exported, target.name, quantize, embedding, report, lines, metadata, host_table)
 
 
 def _parity_batch(spec, token_ids, language_ids):
