@@ -16,7 +16,7 @@ class Frozen:
 
     def __init__(self, layer):
         with tf.init_scope():  # eager, also while a graph is being traced
-            self.table = np.asarray(layer.position_table(layer.max_length), np.float32)
+            self.table = np.asarray(layer.table_prefix(layer.max_length), np.float32)
             self.scales = (np.asarray(layer.language_scale.numpy(), np.float32)
                            if layer.num_languages is not None else None)
 
