@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from keras_posenc import models as _models  # noqa: F401  (registers Encoder and CausalLM for load_model)
 from keras_posenc.backend import is_functional, keras, model_input_names
+from keras_posenc.export import contract
 from keras_posenc.export.formulation import ExportContext, formulate
 from keras_posenc.export.formulations import FORMULATIONS
 from keras_posenc.export.targets import TARGETS, target_of
@@ -44,6 +45,7 @@ from keras_posenc.validation import check_choice, check_positive_int
 
 __all__ = ["EMBEDDINGS", "HOST_EMBEDDINGS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec",
            "convert_onnx", "convert_tflite", "default_embedding", "host_embedding_table", "load_model",
+           "longest_sequence",
            "rebuild", "to_onnx", "to_tflite"]
 
 QUANTIZE_MODES = (None, "float16", "dynamic_int8")
@@ -270,11 +272,11 @@ def load_model(path):
 
 
 
-ROLES = ("token_ids", "language_ids", "position_ids", "segment_ids")
+ROLES = tuple(contract.TENSORS[role] for role in ("token_ids", "language_ids", "position_ids", "segment_ids"))
 
 
 # The input of a file exported with `embedding="host"`: the looked-up token rows [batch, T, d_model].
-HOST_EMBEDDINGS = "embeddings"
+HOST_EMBEDDINGS = contract.TENSORS["embeddings"]
 
 
 def role_of(name):
@@ -345,10 +347,7 @@ class ModelSpec:
             raise ValueError(f"Model '{model.name}' contains no keras_posenc position layer "
                              "(TokenAndPositionEmbedding, SinusoidalPositionEmbedding, ...): "
                              "nothing to export with this tool.")
-        # The shortest table decides: Keras refuses a longer row in any of them (RoPE cos/sin included).
-        shortest = min([layer.max_length for layer in positions] + [
-            layer.max_length for layer in layers
-            if isinstance(layer, RotaryEmbedding) and layer.max_length is not None])
+        shortest = longest_sequence(model)
         if sequence_length > shortest:
             raise ValueError(
                 f"`sequence_length`={sequence_length} exceeds the model's max_length={shortest}.")
@@ -402,6 +401,18 @@ class ModelSpec:
             raise ValueError(f"Model '{self.model.name}' takes {list(self.roles)}: pass "
                              + ", ".join(f"`{role}`" for role in missing) + ".")
         return [np.asarray(arrays[role]).astype(np.int32) for role in self.roles]
+
+
+def longest_sequence(model):
+    """The longest sequence `model` takes: the shortest of its position tables (RoPE cos/sin included).
+
+    Keras refuses a longer row in any of them. None without a keras_posenc position layer.
+    """
+    layers = _all_layers(model)
+    lengths = [layer.max_length for layer in layers if isinstance(layer, PositionEmbeddingBase)]
+    lengths += [layer.max_length for layer in layers
+                if isinstance(layer, RotaryEmbedding) and layer.max_length is not None]
+    return min(lengths) if lengths else None
 
 
 def frozen_function(function):

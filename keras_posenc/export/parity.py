@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc.export import contract
 from keras_posenc.export.conversion import (
     HOST_EMBEDDINGS,
     ROLES,
@@ -312,8 +313,9 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
     >>> runtime_metadata(model, 6)  # doctest: +NORMALIZE_WHITESPACE
-    {'sequence_length': 6, 'batch_size': 1, 'vocab_size': 50, 'pad_id': 0, 'num_languages': None,
-     'inputs': ['token_ids'], 'input_dtype': 'int32', 'quantize': None, 'target': 'gpu', 'embedding': 'graph'}
+    {'kind': 'window', 'sequence_length': 6, 'batch_size': 1, 'vocab_size': 50, 'pad_id': 0,
+     'num_languages': None, 'inputs': ['token_ids'], 'input_dtype': 'int32', 'quantize': None,
+     'target': 'gpu', 'accelerators': ['gpu', 'cpu'], 'embedding': 'graph'}
     """
     return spec_metadata(ModelSpec.of(model, sequence_length, batch_size), quantize=quantize, target=target,
                          embedding=embedding, embedding_table=embedding_table)
@@ -323,6 +325,7 @@ def spec_metadata(spec, *, quantize=None, target="gpu", embedding="graph", embed
     """`runtime_metadata` for a `ModelSpec` (its sequence length and batch size)."""
     languages = [layer.num_languages for layer in spec.position_layers if layer.num_languages]
     return {
+        "kind": contract.KINDS["window"],
         "sequence_length": spec.sequence_length,
         "batch_size": spec.batch_size,
         "vocab_size": spec.vocab_size,
@@ -332,6 +335,7 @@ def spec_metadata(spec, *, quantize=None, target="gpu", embedding="graph", embed
         "input_dtype": target_of(target).input_dtype,
         "quantize": quantize,
         "target": target_of(target).name,
+        "accelerators": list(target_of(target).runs_on),
         "embedding": embedding,
         **({"embedding_table": embedding_table} if embedding == "host" else {}),
     }
