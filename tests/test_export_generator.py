@@ -301,3 +301,33 @@ def test_a_failed_write_leaves_no_file_under_a_final_name(tmp_path, monkeypatch)
     # No temporary file is left beside the files that were complete.
     assert sorted(os.listdir(tmp_path)) == ["model.tflite", "model.tflite.contract.json"]
     assert open(out, "rb").read() == result.exported
+
+
+@kit_once
+def test_the_kit_checks_each_file_before_the_runtime_sees_it(kit_files, tmp_path):
+    import shutil
+
+    _, _, path, _ = kit_files
+    copy = str(tmp_path / "gen.tflite")
+    for suffix in ("", ".json", ".contract.json"):
+        shutil.copy(path + suffix, copy + suffix)
+    content = open(copy, "rb").read()
+
+    def one_line(done, *needles):
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert all(needle in lines[0] for needle in needles), lines[0]
+
+    argv = ["--prompt-ids", "2,5,6", "--max-new-tokens", "3", "--runtime", "interpreter"]
+    one_line(_run_kit(copy, "--accelerator", "gpu", *argv), "--target cpu", "--target gpu")
+    with open(copy, "wb") as f:
+        f.write(content[:1000])
+    one_line(_run_kit(copy, *argv), "truncated or replaced")
+    with open(copy, "wb") as f:
+        f.write(b"PK\x03\x04" + content[4:])  # a zip header where the flatbuffer's offset was
+    one_line(_run_kit(copy, *argv), "sha256")
+    with open(copy, "wb") as f:
+        f.write(content)
+    done = _run_kit(copy, *argv, "--json")
+    assert done.returncode == 0, done.stderr
+    assert list(json.loads(done.stdout)) == ["ids", "text", "ttft_ms", "decode_tokens_per_s"]
