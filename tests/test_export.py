@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import emitters
+from keras_posenc.export import constants, shader_ops
 from keras_posenc.layers import SinusoidalPositionEmbedding, TokenAndPositionEmbedding
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.layers.sinusoidal_position_embedding import tables
@@ -138,13 +138,13 @@ def test_every_branch_on_every_target(branch, target):
 def test_parity_catches_a_table_shifted_by_one_row(branch, target, monkeypatch):
     # The mutation of the issue: the exported table shifted by one row. The parity must see it.
     model = branch_model(branch)
-    original = emitters.Frozen.__init__
+    original = constants.Frozen.__init__
 
     def shifted(self, layer):
         original(self, layer)
         self.table = np.roll(self.table, 1, axis=0)
 
-    monkeypatch.setattr(emitters.Frozen, "__init__", shifted)
+    monkeypatch.setattr(constants.Frozen, "__init__", shifted)
     flat = export.to_tflite(model, sequence_length=LENGTH, target=target)
     assert export.check_parity(model, flat, BATCH, **BRANCHES[branch][1]) > 1e-2
 
@@ -497,7 +497,7 @@ def test_export_command_runs_each_analysis_once(tmp_path, monkeypatch, capsys):
     from tensorflow.lite.tools import flatbuffer_utils
 
     from keras_posenc.app import cli
-    from keras_posenc.export import conversion, parity, pipeline, verdicts
+    from keras_posenc.export import conversion, flatbuffer, parity, pipeline
     from keras_posenc.models import CausalLM
 
     keras.utils.set_random_seed(8)
@@ -521,7 +521,7 @@ def test_export_command_runs_each_analysis_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(parity, "interpreter_class", counted("interpreter", parity.interpreter_class))
     monkeypatch.setattr(flatbuffer_utils, "convert_bytearray_to_object",
                         counted("decode", flatbuffer_utils.convert_bytearray_to_object))
-    monkeypatch.setattr(verdicts, "analyzer_report", counted("analyzer", verdicts.analyzer_report))
+    monkeypatch.setattr(flatbuffer, "analyzer_report", counted("analyzer", flatbuffer.analyzer_report))
     out = str(tmp_path / "model.tflite")
     assert cli.main(["export", str(tmp_path / "model.keras"), "--out", out, "--sequence-length", "12"]) == 0
     assert "Parity vs Keras: max abs diff" in capsys.readouterr().out
@@ -544,14 +544,14 @@ def test_token_ids_above_2048_are_split_into_exact_digits():
 def test_token_one_hot_digits_equal_the_one_hot_row():
     ids = np.array([[0, 1, 70, 71, 2048, 2049, 4999, 5040]], np.float32)
     for dtype in (tf.int32, tf.float32):
-        rows = export.gl.token_one_hot(tf.constant(ids, dtype), 5041).numpy()[0]
+        rows = shader_ops.token_one_hot(tf.constant(ids, dtype), 5041).numpy()[0]
         expected = np.eye(rows.shape[-1], dtype=np.float32)[ids[0].astype(int)]
         np.testing.assert_array_equal(rows, expected)
 
 
 def test_masked_scores_are_finite_in_float16():
-    assert np.isfinite(np.float16(export.gl._MASKED))
-    assert np.exp(np.float32(export.gl._MASKED) + 50.0) == 0.0  # a masked key gets exactly 0 weight
+    assert np.isfinite(np.float16(shader_ops.MASKED))
+    assert np.exp(np.float32(shader_ops.MASKED) + 50.0) == 0.0  # a masked key gets exactly 0 weight
 
 
 @pytest.mark.parametrize("target", ["gpu", "gl"])

@@ -215,3 +215,119 @@ def test_the_kit_text_output_and_its_errors(kit_files):
                     "--runtime", "interpreter")
     assert done.returncode != 0 and "prefill takes at most 8" in done.stderr
 
+
+
+# The one pipeline and printer: `export --generate` as `export` --------------------------------
+def _saved(model, path):
+    model.save(path) if is_keras3() else model.save(path, save_format="keras_v3")
+    return path
+
+
+def test_window_and_generation_exports_give_one_result_type_with_failures(tmp_path):
+    model = _model()
+    window = export.export_and_check(model, sequence_length=8, target="cpu")
+    generation = export.export_generation(model, prompt_length=4, cache_length=12, target="gl")
+    assert type(window) is type(generation) is export.ExportResult
+    assert window.failures() == [] and generation.failures() == []
+    assert generation.report["same_tokens"]
+    assert generation.report["tokens_checked"] == 10  # 12 slots - 3 prompt + 1
+    assert len(generation.models) == 2  # gl: one file per signature
+    paths = generation.save(str(tmp_path / "gen.tflite"))
+    assert [os.path.basename(p) for p in paths] == [
+        "gen.prefill.tflite", "gen.decode.tflite", "gen.tflite.embeddings.npy", "gen.tflite.json",
+        "gen.tflite.contract.json"]
+    meta = json.loads(open(tmp_path / "gen.tflite.json").read())
+    assert meta["signature_files"] == {"prefill": "gen.prefill.tflite", "decode": "gen.decode.tflite"}
+    assert sorted(meta["files"]) == sorted(os.path.basename(p) for p in paths[:3])
+    assert meta["files"]["gen.prefill.tflite"]["bytes"] == len(generation.models[0])
+    # A check that fails is named by failures(), as for a window export.
+    generation.report["same_tokens"] = False
+    generation.report["parity"] = 0.5
+    assert generation.failures() == [
+        "FAILED: the file does not generate what the model generates (greedy tokens differ from "
+        "CausalLM.generate).", "FAILED: parity 0.5 exceeds the tolerance 0.0001."]
+    assert generation.failures(tolerance=1.0) == generation.failures()[:1]
+
+
+def test_the_export_command_prints_generation_with_the_window_printer(tmp_path, capsys):
+    from keras_posenc.app import cli
+
+    path = _saved(_model(), str(tmp_path / "model.keras"))
+    out = str(tmp_path / "gen.tflite")
+    argv = ["export", path, "--out", out, "--generate", "--cache-length", "12", "--target", "cpu"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"Wrote {out}, {out}.json, {out}.contract.json (")
+    assert "target cpu: prefill [1, 6], decode [1, 1], cache 12 slots" in printed[0]
+    assert printed[2].startswith("Greedy parity over 10 tokens: same tokens as CausalLM.generate")
+    window = str(tmp_path / "window.tflite")
+    assert cli.main(["export", path, "--out", window, "--sequence-length", "8", "--target", "cpu"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"Wrote {window}, {window}.json, {window}.contract.json (")
+    assert "target cpu, quantize=none, batch 1 x length 8" in printed[0]
+
+
+def test_a_cache_longer_than_the_model_names_the_cache_length_flag(tmp_path, capsys):
+    from keras_posenc.app import cli
+
+    path = _saved(_model(max_length=32), str(tmp_path / "model.keras"))
+    out = str(tmp_path / "gen.tflite")
+    assert cli.main(["export", path, "--out", out, "--generate", "--cache-length", "64"]) == 2
+    error = capsys.readouterr().err
+    assert "--cache-length 64 exceeds the model's max_length=32" in error and "sequence_length" not in error
+    assert not os.path.exists(out) and not os.path.exists(out + ".json")
+    with pytest.raises(ValueError, match=r"`cache_length`=64 exceeds the model's max_length=32"):
+        generator.to_tflite_generator(_model(max_length=32), prompt_length=8, cache_length=64)
+
+
+def test_a_failed_write_leaves_no_file_under_a_final_name(tmp_path, monkeypatch):
+    from keras_posenc import files
+
+    result = export.export_and_check(_model(), sequence_length=8, target="cpu")
+    out = str(tmp_path / "model.tflite")
+    written = []
+    real = files.write_json
+
+    def full_disk(path, content, **kwargs):
+        if path.endswith(".json") and not path.endswith(".contract.json"):
+            raise files.FileWriteError(28, f"Could not write {path}: no space left")
+        written.append(path)
+        return real(path, content, **kwargs)
+
+    monkeypatch.setattr(files, "write_json", full_disk)
+    with pytest.raises(files.FileWriteError, match="model.tflite.json"):
+        result.save(out)
+    assert not os.path.exists(out + ".json")
+    # No temporary file is left beside the files that were complete.
+    assert sorted(os.listdir(tmp_path)) == ["model.tflite", "model.tflite.contract.json"]
+    assert open(out, "rb").read() == result.exported
+
+
+@kit_once
+def test_the_kit_checks_each_file_before_the_runtime_sees_it(kit_files, tmp_path):
+    import shutil
+
+    _, _, path, _ = kit_files
+    copy = str(tmp_path / "gen.tflite")
+    for suffix in ("", ".json", ".contract.json"):
+        shutil.copy(path + suffix, copy + suffix)
+    content = open(copy, "rb").read()
+
+    def one_line(done, *needles):
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert all(needle in lines[0] for needle in needles), lines[0]
+
+    argv = ["--prompt-ids", "2,5,6", "--max-new-tokens", "3", "--runtime", "interpreter"]
+    one_line(_run_kit(copy, "--accelerator", "gpu", *argv), "--target cpu", "--target gpu")
+    with open(copy, "wb") as f:
+        f.write(content[:1000])
+    one_line(_run_kit(copy, *argv), "truncated or replaced")
+    with open(copy, "wb") as f:
+        f.write(b"PK\x03\x04" + content[4:])  # a zip header where the flatbuffer's offset was
+    one_line(_run_kit(copy, *argv), "sha256")
+    with open(copy, "wb") as f:
+        f.write(content)
+    done = _run_kit(copy, *argv, "--json")
+    assert done.returncode == 0, done.stderr
+    assert list(json.loads(done.stdout)) == ["ids", "text", "ttft_ms", "decode_tokens_per_s"]

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from keras_posenc import EncoderLayer, export
 from keras_posenc.backend import keras
-from keras_posenc.export.gl import rotation_constants
+from keras_posenc.export import formulation, formulations, gl
+from keras_posenc.export.shader_ops import rotation_constants
 from keras_posenc.layers import RotaryEmbedding
 from keras_posenc.models import CausalLM
 
@@ -101,7 +102,8 @@ def test_length_dependent_scalings_export_the_tables_of_the_sequence_length(scal
 def test_gl_rejects_explicit_position_ids_with_rope():
     model = _model("rope")
     with pytest.raises(ValueError, match="explicit position_ids are not supported"):
-        export.gl._encoder(model.encoder, tf.zeros([1, LENGTH]), position_ids=tf.range(LENGTH)[None])
+        context = formulation.ExportContext(export.target_of("gl"), formulations.FORMULATIONS)
+        gl.encoder(context, model.encoder, tf.zeros([1, LENGTH]), position_ids=tf.range(LENGTH)[None])
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

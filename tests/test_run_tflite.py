@@ -27,10 +27,7 @@ def exported(tmp_path_factory):
     model = keras.Model(ids, TokenAndPositionEmbedding(30, 8, max_length=16)(ids))
     folder = tmp_path_factory.mktemp("kit")
     path = str(folder / "model.tflite")
-    with open(path, "wb") as f:
-        f.write(export.to_tflite(model, sequence_length=6))
-    with open(path + ".json", "w") as f:
-        json.dump(export.runtime_metadata(model, 6), f)
+    export.export_and_check(model, sequence_length=6).save(path)
     token_ids = np.array([[5, 6, 7, 8, 0, 0]], np.int32)
     np.save(folder / "ids.npy", token_ids)
     return path, str(folder / "ids.npy"), model(token_ids).numpy()
@@ -97,19 +94,100 @@ def test_host_embedding_file_reads_its_table_beside_it(tmp_path):
     ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
     model = keras.Model(ids, TokenAndPositionEmbedding(3000, 8, max_length=16)(ids))
     path = str(tmp_path / "host.tflite")
-    with open(path, "wb") as f:
-        f.write(export.to_tflite(model, sequence_length=6, embedding="host"))
-    metadata = export.runtime_metadata(model, 6, embedding="host",
-                                       embedding_table="host.tflite.embeddings.npy")
-    with open(path + ".json", "w") as f:
-        json.dump(metadata, f)
+    export.export_and_check(model, sequence_length=6, embedding="host").save(path)
     token_ids = np.array([[2999, 2049, 7, 8, 0, 0]], np.int32)
     np.save(tmp_path / "ids.npy", token_ids)
+    os.rename(path + ".embeddings.npy", tmp_path / "table.npy")
     missing = run(path, "--token-ids", str(tmp_path / "ids.npy"), "--iterations", "1")
     assert missing.returncode != 0 and "copy host.tflite.embeddings.npy" in missing.stderr
-    np.save(path + ".embeddings.npy", export.host_embedding_table(model))
+    os.rename(tmp_path / "table.npy", path + ".embeddings.npy")
     result = run(path, "--token-ids", str(tmp_path / "ids.npy"), "--iterations", "2", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     expected = model(token_ids).numpy().astype(np.float64)
     assert summary["checksum"] == pytest.approx(float(expected.sum()), abs=1e-4)
+
+
+# The kit checks what it opens (the FILE.json record, the contract) ---------------------------
+def _copy_export(exported, folder):
+    import shutil
+
+    path = exported[0]
+    for suffix in ("", ".json", ".contract.json", ".embeddings.npy"):
+        shutil.copy(path + suffix, folder / ("model.tflite" + suffix))
+    return str(folder / "model.tflite")
+
+
+def _one_line_error(result, *needles):
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert all(needle in lines[0] for needle in needles), lines[0]
+
+
+def test_the_export_records_size_and_sha256_and_writes_the_contract(exported):
+    import hashlib
+
+    path = exported[0]
+    with open(path + ".json") as f:
+        metadata = json.load(f)
+    # The gpu default for a model with a token table: host embeddings, the table beside the file.
+    names = ["model.tflite", "model.tflite.embeddings.npy"]
+    assert sorted(metadata["files"]) == names
+    for name, suffix in zip(names, ("", ".embeddings.npy")):
+        content = open(path + suffix, "rb").read()
+        digest = hashlib.sha256(content).hexdigest()
+        assert metadata["files"][name] == {"bytes": len(content), "sha256": digest}
+    with open(path + ".contract.json") as f:
+        contract = json.load(f)
+    assert contract == export.contract.document()
+    assert contract["tensors"]["token_ids"] == "token_ids" and contract["keys"]["vocab_size"] in metadata
+
+
+def test_a_truncated_or_replaced_file_is_one_line_and_no_crash(exported, tmp_path):
+    path = _copy_export(exported, tmp_path)
+    content = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(content[:len(content) // 2])
+    _one_line_error(run(path, "--iterations", "1"), "model.tflite", "truncated or replaced")
+    with open(path, "wb") as f:  # same size, another file
+        f.write(content[:-1] + bytes([content[-1] ^ 1]))
+    _one_line_error(run(path, "--iterations", "1"), "sha256", "differs")
+    with open(path, "wb") as f:  # same size, not a flatbuffer at all
+        f.write(b"\x00" * len(content))
+    _one_line_error(run(path, "--iterations", "1"), "not a TFLite file", "TFL3")
+
+
+def test_a_file_without_its_contract_is_refused_with_what_to_do(exported, tmp_path):
+    path = _copy_export(exported, tmp_path)
+    os.remove(path + ".contract.json")
+    _one_line_error(run(path, "--iterations", "1"), "model.tflite.contract.json", "export the model again")
+
+
+def test_a_cpu_file_on_the_gpu_is_refused_naming_the_gpu_target(tmp_path):
+    ids = keras.Input(shape=(None,), dtype="int32")
+    model = keras.Model(ids, TokenAndPositionEmbedding(30, 8, max_length=16)(ids))
+    path = str(tmp_path / "cpu.tflite")
+    export.export_and_check(model, sequence_length=6, target="cpu").save(path)
+    _one_line_error(run(path, "--accelerator", "gpu", "--iterations", "1"), "--target cpu", "--target gpu")
+    assert run(path, "--iterations", "1").returncode == 0  # the CPU it was made for
+
+
+def test_json_output_is_json_only_whatever_the_runtime_prints(exported):
+    path, ids_path, _ = exported
+    result = run(path, "--token-ids", ids_path, "--iterations", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    json.loads(result.stdout)  # the whole of stdout: one object, no runtime line before it
+    assert result.stdout.count("\n") == 1
+
+
+def test_native_prints_on_fd_1_go_to_stderr_under_json():
+    # What LiteRT's C++ does ("INFO: Failed to load OpenCL library ..." written to file descriptor 1).
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from kit_contract import stdout_to_stderr\n"
+            "with stdout_to_stderr(True):\n    os.write(1, b'INFO: native\\n'); print('python line')\n"
+            "print('{\"ok\": 1}')")
+    done = subprocess.run([sys.executable, "-c", code, os.path.dirname(RUNNER)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": 1}
+    assert "INFO: native" in done.stderr and "python line" in done.stderr

@@ -11,8 +11,9 @@ over the right-padded prompt, then one `decode(token_id, position, cache)` per n
 `STEM.tflite` (one interpreter and delegate each); a file exported with `--embedding host` (the
 gpu/gl default) takes the rows `table[ids]` from `FILE.embeddings.npy` instead of token ids.
 The prompt is `<s>` + its SentencePiece pieces; generation stops at `</s>` or after
-`--max-new-tokens`. Ids, lengths and special tokens come from `FILE.json`, written beside the
-file by `keras-posenc export --generate`.
+`--max-new-tokens`. Ids, lengths and special tokens come from `FILE.json`, tensor names and keys
+from `FILE.contract.json`, both written beside the file by `keras-posenc export --generate`; every
+model file is checked (size, sha256, the TFLite identifier) before a runtime opens it.
 
 Prints the text, the time to first token, the decode tokens/s and a checksum of the generated
 ids; with `--json` one object `{"ids", "text", "ttft_ms", "decode_tokens_per_s"}`, as
@@ -31,18 +32,22 @@ import sys
 import time
 
 import numpy as np
+from kit_contract import fail, open_export, stdout_to_stderr
 from kit_runtime import compiled_model, open_runtime
 from kit_runtime import interpreter as open_interpreter
 
+EXPORT = None  # the `kit_contract.Export` of the model being run (its tensor names), set by `main`
 
-def typed(feeds, dtypes, table):
+
+def typed(feeds, dtypes, table, tensors=None):
     """The feeds of one call in the file's input dtypes (float32 for a `--target gl` file); a file
     that takes `embeddings` (exported with the gpu/gl default `--embedding host`) gets the rows
     `table[ids]` of the token ids instead."""
+    tensors = tensors or EXPORT.tensors
     arrays = {}
     for name, dtype in dtypes.items():
-        if name == "embeddings":
-            ids = feeds["token_ids"] if "token_ids" in feeds else feeds["token_id"]
+        if name == tensors.embeddings:
+            ids = feeds[tensors.token_ids] if tensors.token_ids in feeds else feeds[tensors.token_id]
             arrays[name] = table[ids]
         else:
             arrays[name] = np.asarray(feeds[name]).astype(dtype)
@@ -50,11 +55,8 @@ def typed(feeds, dtypes, table):
 
 
 def signature_files(path):
-    """`{signature: file}`: the one file of both signatures, or the `STEM.prefill.tflite` /
-    `STEM.decode.tflite` pair of a `--target gl` export (given as `STEM.tflite`)."""
-    if os.path.isfile(path) or not path.endswith(".tflite"):
-        return {"prefill": path, "decode": path}
-    return {key: f"{path[:-len('.tflite')]}.{key}.tflite" for key in ("prefill", "decode")}
+    """`{signature: file}` of the model at `path`, as its FILE.json names them."""
+    return (EXPORT if EXPORT is not None and EXPORT.model == path else open_export(path)).signature_files()
 
 
 class InterpreterSession:
@@ -126,11 +128,10 @@ class OnnxSession:
             import onnxruntime
         except ImportError:
             raise SystemExit("An .onnx pair needs onnxruntime (onnxruntime-gpu on a Jetson).") from None
-        stem = path[:-len(".onnx")]
         wanted = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
         providers = [p for p in wanted if p in onnxruntime.get_available_providers()]
-        self.sessions = {key: onnxruntime.InferenceSession(f"{stem}.{key}.onnx", providers=providers)
-                         for key in ("prefill", "decode")}
+        self.sessions = {key: onnxruntime.InferenceSession(file, providers=providers)
+                         for key, file in signature_files(path).items()}
         self.name = f"onnxruntime ({providers[0]})"
         self.fully_accelerated = None
 
@@ -165,6 +166,8 @@ def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_cou
     """
     prompt_length, cache_length = meta["prompt_length"], meta["cache_length"]
     pad_id, stop_id = meta["pad_id"], meta.get("eos_id")
+    tensors = meta.tensors
+    prefill, decode = meta.signatures
     n = len(prompt_ids)
     if n > prompt_length:
         raise SystemExit(f"The prompt has {n} tokens; this file's prefill takes at most {prompt_length} "
@@ -176,8 +179,8 @@ def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_cou
     tokens = np.full([1, prompt_length], pad_id, np.int32)
     tokens[0, :n] = prompt_ids
     start = clock()
-    cache = session.run("prefill", {"token_ids": tokens})
-    logits = np.array(cache.pop("logits")[0, n - 1], np.float64)
+    cache = session.run(prefill, {tensors.token_ids: tokens})
+    logits = np.array(cache.pop(tensors.logits)[0, n - 1], np.float64)
     if chosen is not None:
         chosen.append(np.array(logits, np.float32))
     logits[pad_id] = -np.inf
@@ -185,11 +188,12 @@ def generate(session, meta, prompt_ids, max_new_tokens, rng, clock=time.perf_cou
     ttft = clock() - start
     start, steps = clock(), 0
     while len(ids) < max_new_tokens and ids[-1] != stop_id:
-        feeds = {"token_id": np.array([[ids[-1]]], np.int32),
-                 "position": np.array([n + len(ids) - 1], np.int32),
-                 **{name.replace("present_", "past_"): value for name, value in cache.items()}}
-        cache = session.run("decode", feeds)
-        logits = np.array(cache.pop("logits")[0], np.float64)
+        feeds = {tensors.token_id: np.array([[ids[-1]]], np.int32),
+                 tensors.position: np.array([n + len(ids) - 1], np.int32),
+                 **{tensors.past_prefix + name[len(tensors.present_prefix):]: value
+                    for name, value in cache.items()}}
+        cache = session.run(decode, feeds)
+        logits = np.array(cache.pop(tensors.logits)[0], np.float64)
         if chosen is not None:
             chosen.append(np.array(logits, np.float32))
         logits[pad_id] = -np.inf
@@ -246,26 +250,21 @@ def parse_args(argv):
             args.prompt_ids = [int(i) for i in args.prompt_ids.split(",")]
         except ValueError:
             parser.error(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}")
-    model_files = sorted(set(signature_files(args.model).values())) if not args.model.endswith(".onnx") else [
-        args.model[:-len(".onnx")] + f".{key}.onnx" for key in ("prefill", "decode")]
-    for path in (*model_files, args.spm, _metadata_path(args.model)):
-        if path is not None and not os.path.isfile(path):
-            parser.error(f"file not found: {path}")
+    if args.spm is not None and not os.path.isfile(args.spm):
+        parser.error(f"file not found: {args.spm}")
     return args
 
 
-def _metadata_path(model):
-    return model + ".json"
-
-
-def embedding_table(model, meta):
+def embedding_table(meta):
     """The token table of a file that takes looked-up `embeddings` (FILE.embeddings.npy), else None."""
-    if meta.get("embedding") != "host":
+    name = meta.get("embedding_table")
+    if not name:
         return None
-    path = os.path.join(os.path.dirname(os.path.abspath(model)), meta["embedding_table"])
+    path = meta.path(name)
     if not os.path.isfile(path):
-        raise SystemExit(f"{model} takes looked-up `embeddings` (exported with --embedding host): copy "
-                         f"{meta['embedding_table']} from `keras-posenc export` beside it.")
+        fail(f"{meta.model} takes looked-up `embeddings` (exported with --embedding host): copy {name} from "
+             "`keras-posenc export` beside it.")
+    meta.verify(path)
     return np.load(path)
 
 
@@ -276,12 +275,15 @@ def make_session(args):
 
 
 def main(argv=None):
+    global EXPORT
     args = parse_args(argv)
-    with open(_metadata_path(args.model)) as f:
-        meta = json.load(f)
-    if "cache_length" not in meta:
-        raise SystemExit(f"{args.model} is not a prefill/decode file: export it with "
-                         "`keras-posenc export MODEL --generate`.")
+    meta = EXPORT = open_export(args.model)
+    if not meta.is_kind("prefill_decode"):
+        fail(f"{args.model} is not a prefill/decode file: export it with "
+             "`keras-posenc export MODEL --generate`.")
+    meta.check_accelerator(args.accelerator)
+    for path in sorted(set(meta.signature_files().values())):
+        meta.verify(path, tflite=not args.model.endswith(".onnx"))
     processor = None
     if args.spm:
         import sentencepiece as spm
@@ -295,12 +297,14 @@ def main(argv=None):
             raise SystemExit(f"--prompt-ids: {bad[0]} is outside the vocabulary [0, {meta['vocab_size']}).")
     else:
         prompt_ids = [meta["bos_id"]] + list(processor.EncodeAsIds(args.prompt))
-    session = make_session(args)
-    session.table = embedding_table(args.model, meta)
+    table = embedding_table(meta)
     chosen = []
-    ids, ttft, decode_seconds, steps = generate(
-        session, meta, prompt_ids, args.max_new_tokens, np.random.default_rng(args.seed), chosen=chosen,
-        sampler=args.sampler, temperature=args.temperature, k=args.k, p=args.p)
+    with stdout_to_stderr(args.json):  # native runtimes print on fd 1: keep it for the JSON object
+        session = make_session(args)
+        session.table = table
+        ids, ttft, decode_seconds, steps = generate(
+            session, meta, prompt_ids, args.max_new_tokens, np.random.default_rng(args.seed), chosen=chosen,
+            sampler=args.sampler, temperature=args.temperature, k=args.k, p=args.p)
     if args.logits:
         np.save(args.logits, np.stack(chosen))
     special = set(meta["special_ids"]) - {meta["unk_id"]}

@@ -6,7 +6,9 @@ an x86 GPU machine), numpy and either cuda-python (`from cuda import cudart`) or
 device buffers. Prints p50/p90/p99 latency and the same output checksum as
 `run_tflite.py`/`keras-posenc export` print for the same token ids (same `--seed`, same vocab
 from `MODEL.onnx.json`). A file exported with `--embedding host` also takes `embeddings`, the rows
-`table[token_ids]`, looked up here from `MODEL.onnx.embeddings.npy` (as run_tflite.py does).
+`table[token_ids]`, looked up here from `MODEL.onnx.embeddings.npy` (as run_tflite.py does). The
+`.onnx` file is checked against its FILE.json record (size, sha256) before TensorRT parses it; an
+engine reads the contract and FILE.json of the `.onnx` it was built from (`MODEL.onnx.*`).
 
 Usage:
     python3 run_tensorrt.py model.onnx [--fp16] [--save model.engine] [--iterations 200] [--json]
@@ -14,11 +16,11 @@ Usage:
 """
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
+from kit_contract import fail, open_export, stdout_to_stderr
 from kit_report import print_summary, summarize, time_runs
 from run_tflite import embedding_rows
 
@@ -115,8 +117,12 @@ def main(argv=None):
     except ImportError:
         raise SystemExit("No TensorRT Python API: it ships with JetPack (python3-libnvinfer), or "
                          "pip install tensorrt on an x86 GPU machine.") from None
+    onnx_path = args.model if args.model.endswith(".onnx") else os.path.splitext(args.model)[0] + ".onnx"
+    export = open_export(onnx_path)  # an engine: the contract of the .onnx it was built from
     if args.model.endswith(".onnx"):
-        engine_bytes = build_engine(trt, args.model, args.fp16)
+        export.verify(args.model)
+        with stdout_to_stderr(args.json):
+            engine_bytes = build_engine(trt, args.model, args.fp16)
         if args.save:
             with open(args.save, "wb") as f:
                 f.write(engine_bytes)
@@ -126,29 +132,27 @@ def main(argv=None):
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(engine_bytes)
     context = engine.create_execution_context()
     device = Device()
-    metadata_path = (args.model + ".json" if args.model.endswith(".onnx")
-                     else os.path.splitext(args.model)[0] + ".onnx.json")
-    metadata = json.load(open(metadata_path)) if os.path.isfile(metadata_path) else {}
+    languages, rows = export.tensors.language_ids, export.tensors.embeddings
     rng = np.random.default_rng(args.seed)
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     inputs = [name for name in names if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT]
-    token_name = next(name for name in inputs if "language_ids" not in name and "embeddings" not in name)
+    token_name = next(name for name in inputs if languages not in name and rows not in name)
     if args.token_ids:
         ids = np.load(args.token_ids)
     else:
-        vocab = args.vocab_size or metadata.get("vocab_size")
+        vocab = args.vocab_size or export.get("vocab_size")
         if not vocab:
-            raise SystemExit("Pass --vocab-size or --token-ids, or keep MODEL.onnx.json beside the model.")
+            fail("Pass --vocab-size or --token-ids.")
         ids = rng.integers(1, vocab, size=tuple(engine.get_tensor_shape(token_name)))
     host, pointers, output = {}, {}, None
     for name in names:
         shape = tuple(engine.get_tensor_shape(name))
         dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
         if name in inputs:
-            if "language_ids" in name:
+            if languages in name:
                 values = np.zeros(shape)
-            elif "embeddings" in name:  # --embedding host: table[ids] from MODEL.onnx.embeddings.npy
-                values = embedding_rows(np.asarray(ids), args, metadata)
+            elif rows in name:  # --embedding host: table[ids] from MODEL.onnx.embeddings.npy
+                values = embedding_rows(np.asarray(ids), export)
             else:
                 values = ids
             host[name] = np.ascontiguousarray(values.astype(dtype))

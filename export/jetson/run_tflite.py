@@ -11,11 +11,14 @@ Two runtimes, the first one installed:
 
 TensorFlow's `tf.lite.Interpreter` is the CPU fallback on development machines.
 
-Token ids come from `--token-ids FILE.npy` (int, `[batch, length]` of the model), else random
-ids drawn with `--seed` from `[1, vocab_size)`, the vocab size read from `MODEL.tflite.json`
-(written by `keras-posenc export`) or given with `--vocab-size`. Language ids, when the model has
-that input, are 0 unless `--language-ids FILE.npy` is given. Inputs are fed in the model's input
-dtype (float32 for a `--target gl` export, int32 otherwise). A file exported with `--embedding host`
+Every file is checked before a runtime opens it: its size and sha256 against `MODEL.tflite.json`
+and the TFLite identifier; the tensor names and FILE.json keys come from
+`MODEL.tflite.contract.json` (both written by `keras-posenc export`: copy every file it writes).
+Token ids come from `--token-ids FILE.npy` (int, `[batch, length]` of the model), else random ids
+drawn with `--seed` from `[1, vocab_size)`, the vocab size read from FILE.json or given with
+`--vocab-size`. Language ids, when the model has that input, are 0 unless `--language-ids FILE.npy`
+is given. Inputs are fed in the model's input dtype (float32 for a `--target gl` export, int32
+otherwise). A file exported with `--embedding host`
 also takes `embeddings`, the rows `table[token_ids]`, which this runner looks up from
 `MODEL.tflite.embeddings.npy` (written beside the file by `keras-posenc export`).
 
@@ -25,11 +28,11 @@ Usage:
 """
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
+from kit_contract import fail, open_export, stdout_to_stderr
 from kit_report import print_summary, summarize, time_runs
 from kit_runtime import compiled_model, interpreter, open_runtime
 
@@ -110,54 +113,52 @@ def parse_args(argv):
     return args
 
 
-def read_metadata(model_path):
-    path = model_path + ".json"
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
-
-
-def token_ids(shape, args, metadata):
+def token_ids(shape, args, export):
     """The token ids: --token-ids, else random ids from [1, vocab) drawn with --seed."""
     if args.token_ids:
         return np.load(args.token_ids)
-    vocab = args.vocab_size or metadata.get("vocab_size")
+    vocab = args.vocab_size or export.get("vocab_size")
     if not vocab:
-        raise SystemExit(f"No vocab size for random token ids: pass --vocab-size or --token-ids, or "
-                         f"keep {args.model}.json from `keras-posenc export` beside the model.")
+        fail("No vocab size for random token ids: pass --vocab-size or --token-ids.")
     return np.random.default_rng(args.seed).integers(1, vocab, size=shape)
 
 
-def embedding_rows(ids, args, metadata):
-    """`table[ids]` for a file exported with `--embedding host`, the table from FILE.embeddings.npy."""
-    name = metadata.get("embedding_table") or os.path.basename(args.model) + ".embeddings.npy"
-    path = os.path.join(os.path.dirname(os.path.abspath(args.model)), name)
+def embedding_table(export):
+    """The token table of a file exported with `--embedding host` (FILE.embeddings.npy, checked)."""
+    name = export["embedding_table"]
+    path = export.path(name)
     if not os.path.isfile(path):
-        raise SystemExit(f"{args.model} takes looked-up `embeddings` (exported with --embedding host): copy "
-                         f"{name} from `keras-posenc export` beside it.")
-    table = np.load(path)
+        fail(f"{export.model} takes looked-up `embeddings` (exported with --embedding host): copy "
+             f"{name} from `keras-posenc export` beside it.")
+    export.verify(path)
+    return np.load(path)
+
+
+def embedding_rows(ids, export):
+    """`table[ids]` for a file exported with `--embedding host`, the table from FILE.embeddings.npy."""
+    table = embedding_table(export)
     if ids.min() < 0 or ids.max() >= len(table):
-        raise SystemExit(f"Token ids must lie in [0, {len(table)}), got ids from {ids.min()} to {ids.max()}.")
+        fail(f"Token ids must lie in [0, {len(table)}), got ids from {ids.min()} to {ids.max()}.")
     return table[ids]
 
 
-def make_inputs(inputs, args, metadata):
-    """One array per model input, matched by name (token_ids / language_ids / embeddings), in its dtype."""
+def make_inputs(inputs, args, export):
+    """One array per model input, matched by name (token ids / language ids / embeddings), in its dtype."""
+    languages, rows = export.tensors.language_ids, export.tensors.embeddings
     token_shape = next((tuple(int(n) for n in detail["shape"]) for detail in inputs
-                        if "language_ids" not in detail["name"] and "embeddings" not in detail["name"]), None)
-    ids = token_ids(token_shape, args, metadata) if token_shape else None
+                        if languages not in detail["name"] and rows not in detail["name"]), None)
+    ids = token_ids(token_shape, args, export) if token_shape else None
     arrays = []
     for detail in inputs:
         shape = tuple(int(n) for n in detail["shape"])
-        if "language_ids" in detail["name"]:
+        if languages in detail["name"]:
             values = np.load(args.language_ids) if args.language_ids else np.zeros(shape)
-        elif "embeddings" in detail["name"]:
-            values = embedding_rows(np.asarray(ids), args, metadata)
+        elif rows in detail["name"]:
+            values = embedding_rows(np.asarray(ids), export)
         else:
             values = ids
         if tuple(values.shape) != shape:
-            raise SystemExit(f"Input '{detail['name']}' needs shape {shape}, got {tuple(values.shape)}.")
+            fail(f"Input '{detail['name']}' needs shape {shape}, got {tuple(values.shape)}.")
         arrays.append(values.astype(detail["dtype"]))
     return arrays
 
@@ -168,13 +169,18 @@ def make_runner(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        runner = make_runner(args)
-    except RuntimeError as error:  # LiteRT: e.g. "Some ops are not accelerated" on a GPU-only compile
-        raise SystemExit(f"{args.accelerator.upper()} compilation failed: {error}") from None
-    runner.set_inputs(make_inputs(runner.inputs, args, read_metadata(args.model)))
-    times = time_runs(runner.invoke, args.iterations, args.warmup)
-    summary = summarize(times, runner.output(), runtime=runner.name, accelerator=args.accelerator,
+    export = open_export(args.model)
+    export.check_accelerator(args.accelerator)
+    export.verify(args.model, tflite=True)
+    with stdout_to_stderr(args.json):  # native runtimes print on fd 1: keep it for the JSON line
+        try:
+            runner = make_runner(args)
+        except RuntimeError as error:  # LiteRT: e.g. "Some ops are not accelerated" on a GPU-only compile
+            fail(f"{args.accelerator.upper()} compilation failed: {error}")
+        runner.set_inputs(make_inputs(runner.inputs, args, export))
+        times = time_runs(runner.invoke, args.iterations, args.warmup)
+        output = runner.output()
+    summary = summarize(times, output, runtime=runner.name, accelerator=args.accelerator,
                         delegate=args.delegate, fully_accelerated=runner.fully_accelerated)
     where = args.delegate or ("LiteRT GPU accelerator" if args.accelerator == "gpu" else "CPU (XNNPACK)")
     header = f"runtime: {runner.name}  on: {where}  fully accelerated: {runner.fully_accelerated}"

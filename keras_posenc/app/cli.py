@@ -423,16 +423,15 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
 
     `token_ids`: optional path of an int `.npy` `[n, sequence_length]` for the parity; default
     corpus sentences tokenized with `spm.model` beside the model, else a synthetic padded batch.
-    Writes `out`, `out.json` and, with `embedding="host"`, `out.embeddings.npy`.
+    Writes `out`, `out.json`, the contract and, with `embedding="host"`, `out.embeddings.npy`.
     """
     import numpy as np
 
     from keras_posenc import export
 
     model = export.load_model(model_path)
-    if target == "cpu" and embedding == "host":
-        raise _Error("--embedding host is for the gpu, gl and tensorrt targets; cpu GATHERs its lookups "
-                     "in the file.")
+    if embedding == "host" and not export.target_of(target).host_embedding:
+        raise _Error(_host_embedding_refusal(target, lambda t: t.host_embedding))
     if token_ids is not None:
         ids = np.load(token_ids)
         if ids.ndim != 2 or ids.shape[1] != sequence_length:
@@ -442,16 +441,27 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
     result = export.export_and_check(model, sequence_length=sequence_length, target=target,
                                      batch_size=batch_size, quantize=quantize, embedding=embedding,
                                      token_ids=ids)
-    result.save(out)
-    print(f"Wrote {out} ({len(result.exported)} bytes, target {target}, quantize={quantize or 'none'}, "
-          f"batch {batch_size} x length {sequence_length}) and {out}.json")
-    for line in result.lines:
-        print(line.replace("FILE.embeddings.npy", os.path.basename(out) + ".embeddings.npy")
-              .replace("--onnx=FILE", f"--onnx={out}"))
+    return _save_and_print(result, out, tolerance=tolerance, require_gpu=require_gpu)
+
+
+def _save_and_print(result, out, *, tolerance=None, require_gpu=False):
+    """The one printer of `export` (window and --generate): files, report, failed checks; the exit status."""
+    paths = result.save(out)
+    print(result.headline(paths))
+    for line in result.report_lines(out):
+        print(line)
     failures = result.failures(tolerance=tolerance, require_gpu=require_gpu)
     for line in failures:
         print(line)
     return 1 if failures else 0
+
+
+def _host_embedding_refusal(target, allows):
+    from keras_posenc.export import TARGETS
+
+    names = [t.name for t in TARGETS.values() if allows(t)]
+    return (f"--embedding host is for the {', '.join(names[:-1])} and {names[-1]} targets; {target} "
+            "GATHERs its lookups in the file.")
 
 
 def _run_export(args):
@@ -466,7 +476,6 @@ def _run_export(args):
 
 def _export_generator(args):
     from keras_posenc import export
-    from keras_posenc.export import generator
 
     if args.cache_length is None:
         raise _Error("--generate needs --cache-length C (prompt + generated tokens).")
@@ -478,26 +487,15 @@ def _export_generator(args):
                      f"{', '.join(ignored) or '--batch-size'}.")
     prompt_length = args.prompt_length or max(1, args.cache_length // 2)
     model = export.load_model(args.model)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    if args.embedding == "host" and args.target not in ("gpu", "gl"):
-        raise _Error(f"--embedding host is for the gpu and gl targets; {args.target} GATHERs its lookups.")
-    result = generator.export_generator(model, args.out, prompt_length=prompt_length,
-                                        cache_length=args.cache_length, target=args.target,
-                                        embedding=args.embedding)
-    meta = result["metadata"]
-    print(f"Wrote {' and '.join(result['files'])} ({result['bytes']} bytes, target {args.target}: prefill "
-          f"[1, {prompt_length}], decode [1, 1], cache {meta['cache_length']} slots = {meta['cache_bytes']} "
-          f"bytes) and {args.out}.json")
-    print(f"Multiply-adds: prefill of {prompt_length} tokens {meta['prefill_multiply_adds']:,}, one decode "
-          f"step {meta['decode_multiply_adds']:,}")
-    print(f"Greedy parity over {result['tokens_checked']} tokens: "
-          f"{'same tokens' if result['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
-          f"max abs logit diff {result['parity']:.3g}")
-    tolerance = args.tolerance if args.tolerance is not None else export.EXPORT_TOLERANCE[None]
-    if not result["same_tokens"] or not result["parity"] <= tolerance:
-        print(f"FAILED: the file does not generate what the model generates (tolerance {tolerance:g}).")
-        return 1
-    return 0
+    longest = export.longest_sequence(model)
+    if longest is not None and args.cache_length > longest:
+        raise _Error(f"--cache-length {args.cache_length} exceeds the model's max_length={longest} (the "
+                     "cache holds the prompt and every generated token).")
+    if args.embedding == "host" and not export.target_of(args.target).generation_host_embedding:
+        raise _Error(_host_embedding_refusal(args.target, lambda t: t.generation_host_embedding))
+    result = export.export_generation(model, prompt_length=prompt_length, cache_length=args.cache_length,
+                                      target=args.target, embedding=args.embedding)
+    return _save_and_print(result, args.out, tolerance=args.tolerance)
 
 
 _SUBCOMMANDS = {

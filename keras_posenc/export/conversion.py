@@ -33,7 +33,10 @@ import tensorflow as tf
 
 from keras_posenc import models as _models  # noqa: F401  (registers Encoder and CausalLM for load_model)
 from keras_posenc.backend import is_functional, keras, model_input_names
-from keras_posenc.export import emitters, gl, gpu
+from keras_posenc.export import contract
+from keras_posenc.export.formulation import ExportContext, formulate
+from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.targets import TARGETS, target_of
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
@@ -42,12 +45,10 @@ from keras_posenc.validation import check_choice, check_positive_int
 
 __all__ = ["EMBEDDINGS", "HOST_EMBEDDINGS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec",
            "convert_onnx", "convert_tflite", "default_embedding", "host_embedding_table", "load_model",
+           "longest_sequence",
            "rebuild", "to_onnx", "to_tflite"]
 
 QUANTIZE_MODES = (None, "float16", "dynamic_int8")
-TARGETS = emitters.TARGETS
-# The formulations of every target, from the modules that define them (in order: later wins).
-FORMULATIONS = emitters.Formulations.collect(emitters, gl, gpu)
 EMBEDDINGS = ("graph", "host")
 ONNX_OPSET = 17
 
@@ -59,12 +60,10 @@ def default_embedding(model, target):
     GPU, `T * vocab * d_model` multiply-adds (2.1 G at T = 512, vocab 8000, d_model 512: a
     sixth of the whole encoder's); `embedding="host"` moves `T * d_model` floats instead of T
     ids to the GPU (1 MiB at that size) and costs the GPU nothing. The `cpu` and `tensorrt`
-    targets GATHER, which costs `T * d_model` copies: "graph".
+    targets GATHER, which costs `T * d_model` copies: "graph" (`Target.default_embedding`).
     """
-    if target not in ("gpu", "gl"):
-        return "graph"
-    has_table = any(isinstance(layer, TokenAndPositionEmbedding) for layer in _all_layers(model))
-    return "host" if has_table else "graph"
+    return target_of(target).default_embedding(
+        any(isinstance(layer, TokenAndPositionEmbedding) for layer in _all_layers(model)))
 
 
 def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding="graph"):
@@ -140,26 +139,25 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
 
 def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph"):
     """`to_tflite` for a `ModelSpec` (its model, sequence length and batch size)."""
-    model, batch_size = spec.model, spec.batch_size
-    check_choice("target", target, TARGETS)
-    if target == "tensorrt":
-        raise ValueError("target='tensorrt' exports ONNX: use to_onnx(model, sequence_length=...).")
+    model = spec.model
+    target = target_of(target)
+    if target.file_format != "tflite":
+        raise ValueError(f"target={target.name!r} exports {target.file_format.upper()}: use "
+                         "to_onnx(model, sequence_length=...).")
     if quantize not in QUANTIZE_MODES:
         raise ValueError(f"`quantize` must be one of {QUANTIZE_MODES}, got quantize={quantize!r}.")
-    if target == "gl" and batch_size != 1:
-        raise ValueError(f"target='gl' exports batch 1 only (the GL delegate takes the first axis of "
-                         f"every tensor for the batch), got batch_size={batch_size}.")
+    check_batch_size(spec.batch_size, target)
     check_choice("embedding", embedding, EMBEDDINGS)
     if embedding == "host":
-        if target not in ("gpu", "gl"):
+        if not target.host_embedding:
             raise ValueError(f"`embedding='host'` is for the gpu and gl targets (their lookup is a one-hot "
-                             f"product) and tensorrt (to_onnx); target={target!r} GATHERs: use "
+                             f"product) and tensorrt (to_onnx); target={target.name!r} GATHERs: use "
                              "embedding='graph'.")
         host_embedding_table(model)  # ValueError without a token table
-    clone = rebuild(model, spec, target)
-    dtype = tf.float32 if target == "gl" else tf.int32
-    signature = spec.signature(dtype)
-    call = traced(spec.caller(clone), target, host_embeddings=embedding == "host")
+    context = ExportContext(target, FORMULATIONS)
+    clone = rebuild(model, spec, context)
+    signature = spec.signature(target.input_dtype)
+    call = traced(spec.caller(clone), context, host_embeddings=embedding == "host")
     if embedding == "host":
         signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
@@ -168,7 +166,7 @@ def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph"):
     # clone's variables (about 1 GB less peak memory at d_model 512, 6 layers, T = 512).
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if target == "gpu":  # keep BATCH_MATMUL (the converter unrolls it into per-head FULLY_CONNECTED)
+    if target.keep_batch_matmul:  # the converter would unroll it into per-head FULLY_CONNECTED
         if hasattr(converter, "unfold_batchmatmul"):
             converter.unfold_batchmatmul = False
         else:  # TF 2.12: the same switch, private
@@ -224,9 +222,10 @@ def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph"):
                           "(without its protobuf pin: --no-deps), tf2onnx==1.17.0 on TF 2.16+; or run "
                           "`make test-edge`, which installs it under .edge-cache/onnx-site "
                           "(onnx-site-py312 for .venv-keras3).") from error
-    clone = rebuild(spec.model, spec, "tensorrt")
-    signature = spec.signature(tf.int32)
-    call = traced(spec.caller(clone), "tensorrt", host_embeddings=embedding == "host")
+    context = ExportContext(target_of("tensorrt"), FORMULATIONS)
+    clone = rebuild(spec.model, spec, context)
+    signature = spec.signature(context.target.input_dtype)
+    call = traced(spec.caller(clone), context, host_embeddings=embedding == "host")
     if embedding == "host":
         signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
@@ -273,11 +272,11 @@ def load_model(path):
 
 
 
-ROLES = ("token_ids", "language_ids", "position_ids", "segment_ids")
+ROLES = tuple(contract.TENSORS[role] for role in ("token_ids", "language_ids", "position_ids", "segment_ids"))
 
 
 # The input of a file exported with `embedding="host"`: the looked-up token rows [batch, T, d_model].
-HOST_EMBEDDINGS = "embeddings"
+HOST_EMBEDDINGS = contract.TENSORS["embeddings"]
 
 
 def role_of(name):
@@ -313,8 +312,11 @@ class ModelSpec:
     and, with `num_languages`, `language_ids=`.
     """
 
-    def __init__(self, model, sequence_length, batch_size, position_layers, roles, ranks):
+    def __init__(self, model, sequence_length, batch_size, position_layers, roles, ranks, pad_id=None,
+                 vocab_size=None):
         self.model = model
+        self.pad_id = pad_id
+        self.vocab_size = vocab_size
         self.sequence_length = sequence_length
         self.batch_size = batch_size
         self.position_layers = position_layers
@@ -345,10 +347,7 @@ class ModelSpec:
             raise ValueError(f"Model '{model.name}' contains no keras_posenc position layer "
                              "(TokenAndPositionEmbedding, SinusoidalPositionEmbedding, ...): "
                              "nothing to export with this tool.")
-        # The shortest table decides: Keras refuses a longer row in any of them (RoPE cos/sin included).
-        shortest = min([layer.max_length for layer in positions] + [
-            layer.max_length for layer in layers
-            if isinstance(layer, RotaryEmbedding) and layer.max_length is not None])
+        shortest = longest_sequence(model)
         if sequence_length > shortest:
             raise ValueError(
                 f"`sequence_length`={sequence_length} exceeds the model's max_length={shortest}.")
@@ -371,11 +370,10 @@ class ModelSpec:
         elif needs_languages:
             roles.append("language_ids")
             ranks.append(2)  # subclassed models get per-token language ids, the general case
-        spec = cls(model, sequence_length, batch_size, positions, roles, ranks)
         embeddings = [layer for layer in layers if isinstance(layer, TokenAndPositionEmbedding)]
-        spec.pad_id = embeddings[0].pad_id if embeddings else None
-        spec.vocab_size = embeddings[0].vocab_size if embeddings else None
-        return spec
+        return cls(model, sequence_length, batch_size, positions, roles, ranks,
+                   pad_id=embeddings[0].pad_id if embeddings else None,
+                   vocab_size=embeddings[0].vocab_size if embeddings else None)
 
     def signature(self, dtype=tf.int32):
         """Input specs in the model's input order; float32 for the gl target."""
@@ -403,6 +401,18 @@ class ModelSpec:
             raise ValueError(f"Model '{self.model.name}' takes {list(self.roles)}: pass "
                              + ", ".join(f"`{role}`" for role in missing) + ".")
         return [np.asarray(arrays[role]).astype(np.int32) for role in self.roles]
+
+
+def longest_sequence(model):
+    """The longest sequence `model` takes: the shortest of its position tables (RoPE cos/sin included).
+
+    Keras refuses a longer row in any of them. None without a keras_posenc position layer.
+    """
+    layers = _all_layers(model)
+    lengths = [layer.max_length for layer in layers if isinstance(layer, PositionEmbeddingBase)]
+    lengths += [layer.max_length for layer in layers
+                if isinstance(layer, RotaryEmbedding) and layer.max_length is not None]
+    return min(lengths) if lengths else None
 
 
 def frozen_function(function):
@@ -447,15 +457,23 @@ def _float32_config(config):
     return config
 
 
-def rebuild(model, spec, target):
-    """Same architecture and weights, fixed input shapes, float32 compute, `target` formulations.
+def check_batch_size(batch_size, target):
+    """ValueError when `target` runs a smaller batch than `batch_size`."""
+    if target.max_batch is not None and batch_size > target.max_batch:
+        raise ValueError(f"target={target.name!r} exports batch {target.max_batch} only (the GL delegate "
+                         f"takes the first axis of every tensor for the batch), got batch_size={batch_size}.")
 
-    The float32 clone of each layer is built from its config; a functional model is cloned with
-    its formulated layers wrapped (`emitters.formulate`), any other model is built by one call
-    of its own and then wrapped. The formulations read the weights when traced inside
-    `exporting` (after `set_weights`): the trained values, frozen as constants.
+
+def rebuild(model, spec, context=None):
+    """Same architecture and weights, fixed input shapes, float32 compute, the formulations of `context`.
+
+    The float32 clone of each layer is built from its config; with an `ExportContext`, a
+    functional model is cloned with its formulated layers wrapped (`formulation.formulate`), any
+    other model is built by one call of its own and then wrapped; without one, the plain clone
+    (int32 inputs). The formulations read the weights when traced inside `context.tracing()`
+    (after `set_weights`): the trained values, frozen as constants.
     """
-    dtype = tf.float32 if target == "gl" else tf.int32
+    dtype = context.target.input_dtype if context is not None else tf.int32
 
     def clone_layer(layer):
         return type(layer).from_config(_float32_config(layer.get_config()))
@@ -466,8 +484,7 @@ def rebuild(model, spec, target):
                       for s in spec.signature(dtype)]
             if not isinstance(model.input, (list, tuple)):
                 inputs = inputs[0]  # Keras 3 wants the structure of model.input
-            clone = emitters.formulate(model, target, FORMULATIONS, input_tensors=inputs,
-                                       clone_layer=clone_layer)
+            clone = formulate(model, context, input_tensors=inputs, clone_layer=clone_layer)
         else:
             clone = clone_layer(model)
             spec.caller(clone)(*[tf.zeros(s.shape, s.dtype) for s in spec.signature(tf.int32)])
@@ -480,16 +497,16 @@ def rebuild(model, spec, target):
     for layer in _all_layers(clone):
         if isinstance(layer, RotaryEmbedding):
             layer.freeze(spec.sequence_length)  # "dynamic"/"longrope": the tables of length T
-    if not spec.functional:
-        clone = emitters.formulate(clone, target, FORMULATIONS)
+    if not spec.functional and context is not None:
+        clone = formulate(clone, context)
     return clone
 
 
-def traced(call, target, host_embeddings=False):
-    """`call` run inside the export context of `target` (with `host_embeddings`: rows as last input)."""
+def traced(call, context, host_embeddings=False):
+    """`call` run inside one trace of `context` (with `host_embeddings`: the rows as the last input)."""
     def run(*inputs):
         rows = inputs[-1] if host_embeddings else None
-        with emitters.exporting(target, FORMULATIONS, host_embeddings=rows):
+        with context.tracing(host_rows=rows):
             return call(*(inputs[:-1] if host_embeddings else inputs))
 
     return run

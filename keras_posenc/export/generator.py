@@ -31,44 +31,55 @@ take the looked-up rows `embeddings` (`[1, P, d_model]`, `[1, 1, d_model]`) inst
 the runner reads `table[ids]` from `FILE.embeddings.npy`.
 """
 
-import os
 import tempfile
 
 import numpy as np
 import tensorflow as tf
 
 from keras_posenc import special_ids
-from keras_posenc.export import conversion, gl_generate
-from keras_posenc.export.conversion import FORMULATIONS, ONNX_OPSET, ModelSpec, frozen_function, rebuild
+from keras_posenc.export import contract, conversion, gl_generate
+from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
 from keras_posenc.export.cost import graph_cost, onnx_cost
-from keras_posenc.export.emitters import emit, exporting
+from keras_posenc.export.formulation import ExportContext
+from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.result import ExportResult
+from keras_posenc.export.targets import TARGETS, target_of
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 from keras_posenc.validation import check_positive_int
 
-__all__ = ["GENERATOR_TARGETS", "OnnxSession", "TfliteSession", "cache_bytes", "check_generator_parity",
-           "export_generator", "generator_metadata", "greedy_generate", "onnx_paths", "past",
-           "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
+TOKEN_IDS, TOKEN_ID, POSITION, LOGITS = (contract.TENSORS[name]
+                                         for name in ("token_ids", "token_id", "position", "logits"))
+PREFILL, DECODE = contract.SIGNATURES
 
-GENERATOR_TARGETS = ("cpu", "gpu", "gl", "tensorrt")
+__all__ = ["OnnxSession", "TfliteSession", "cache_bytes", "check_generation", "check_generator_parity",
+           "export_generation", "export_generator", "generator_metadata", "greedy_generate", "onnx_paths",
+           "past", "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
 
 
 def _check(model, prompt_length, cache_length, target):
+    """The `Target` of a prefill/decode export, or a ValueError naming the argument."""
     if not hasattr(model, "generate") or not hasattr(model, "encoder"):
         raise ValueError("A prefill/decode export needs a keras_posenc CausalLM, "
                          f"got {type(model).__name__}.")
-    if target not in GENERATOR_TARGETS:
-        raise ValueError(f"A prefill/decode export supports target in {GENERATOR_TARGETS}, "
+    if not isinstance(target, str) or target not in TARGETS:
+        raise ValueError(f"A prefill/decode export supports target in {tuple(TARGETS)}, "
                          f"got target={target!r}.")
+    target = target_of(target)
     if not model.causal:
         raise ValueError("A prefill/decode export needs a causal model; this CausalLM has causal=False.")
     if model.num_languages:
         raise ValueError("A prefill/decode export of a model with num_languages is not supported: "
                          "export it with `keras-posenc export` (fixed window) instead.")
+    longest = conversion.longest_sequence(model)
+    if longest is not None and cache_length > longest:
+        raise ValueError(f"`cache_length`={cache_length} exceeds the model's max_length={longest}: the cache "
+                         "holds the prompt and every generated token.")
     if prompt_length > cache_length:
         raise ValueError(f"`prompt_length`={prompt_length} exceeds `cache_length`={cache_length}.")
-    if target in ("gpu", "gl") and cache_length > gl_generate.MAX_CACHE_LENGTH:
-        raise ValueError(f"target={target!r} takes `cache_length` up to {gl_generate.MAX_CACHE_LENGTH} (the "
+    if target.max_cache_length is not None and cache_length > target.max_cache_length:
+        raise ValueError(f"target={target.name!r} takes `cache_length` up to {target.max_cache_length} (the "
                          f"GPU compares positions as float16 integers), got cache_length={cache_length}.")
+    return target
 
 
 def cache_bytes(model, cache_length):
@@ -82,26 +93,29 @@ class _Generator:
 
     def __init__(self, clone, prompt_length, cache_length, target):
         self.clone = clone
-        self.target = target
+        self.context = ExportContext(target, FORMULATIONS)
         encoder = clone.encoder
         self.layers = encoder.num_layers
         self.cache_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
         self.prompt_length = prompt_length
-        self.cache_names = [f"past_{kind}_{i}" for i in range(self.layers) for kind in ("key", "value")]
-        self.output_names = ["logits"] + [name.replace("past_", "present_") for name in self.cache_names]
+        self.cache_names = [contract.past_name(kind, i)
+                            for i in range(self.layers) for kind in ("key", "value")]
+        self.output_names = [LOGITS] + [contract.present_name(kind, i) for i in range(self.layers)
+                                        for kind in ("key", "value")]
 
     def _outputs(self, logits, keys, values):
-        outputs = {"logits": logits}
+        outputs = {LOGITS: logits}
         for i in range(self.layers):
-            outputs[f"present_key_{i}"], outputs[f"present_value_{i}"] = keys[i], values[i]
+            outputs[contract.present_name("key", i)] = keys[i]
+            outputs[contract.present_name("value", i)] = values[i]
         return outputs
 
     def _step(self, token_ids, positions, index, keys, values):
         """`Encoder.cached_step` with the token embedding of the target's formulation."""
         encoder = self.clone.encoder
-        with exporting(self.target, FORMULATIONS):
+        with self.context.tracing() as context:
             in_attention = encoder.position in ATTENTION_POSITIONS
-            x = emit(encoder.embedding, token_ids, position_ids=None if in_attention else positions,
+            x = context.emit(encoder.embedding, token_ids, position_ids=None if in_attention else positions,
                      training=False)
             new_keys, new_values = [], []
             for layer, key_cache, value_cache in zip(encoder.encoder_layers, keys, values):
@@ -119,7 +133,7 @@ class _Generator:
             return self._outputs(logits, keys, values)
 
         return tf.function(prefill, input_signature=[tf.TensorSpec([1, self.prompt_length], tf.int32,
-                                                                    name="token_ids")])
+                                                                    name=TOKEN_IDS)])
 
     def decode_function(self):
         def decode(token_id, position, *cache):
@@ -127,8 +141,8 @@ class _Generator:
                                               list(cache[1::2]))
             return self._outputs(logits[:, 0], keys, values)
 
-        signature = [tf.TensorSpec([1, 1], tf.int32, name="token_id"),
-                     tf.TensorSpec([1], tf.int32, name="position")]
+        signature = [tf.TensorSpec([1, 1], tf.int32, name=TOKEN_ID),
+                     tf.TensorSpec([1], tf.int32, name=POSITION)]
         signature += [tf.TensorSpec(self.cache_spec, tf.float32, name=name) for name in self.cache_names]
         return tf.function(decode, input_signature=signature)
 
@@ -139,7 +153,7 @@ class _ShaderGenerator(_Generator):
     def __init__(self, clone, prompt_length, cache_length, target, embedding):
         super().__init__(clone, prompt_length, cache_length, target)
         self.cache_length = cache_length
-        self.dtype = tf.float32 if target == "gl" else tf.int32
+        self.dtype = tf.as_dtype(target.input_dtype)
         self.host = embedding == "host"
         self.width = clone.encoder.d_model
 
@@ -154,7 +168,7 @@ class _ShaderGenerator(_Generator):
             logits, keys, values = gl_generate.prefill_graph(self.clone, token_ids, self.cache_length, rows)
             return self._outputs(logits, keys, values)
 
-        return tf.function(prefill, input_signature=[self._ids(self.prompt_length, "token_ids")])
+        return tf.function(prefill, input_signature=[self._ids(self.prompt_length, TOKEN_IDS)])
 
     def decode_function(self):
         def decode(ids, position, *cache):
@@ -163,7 +177,7 @@ class _ShaderGenerator(_Generator):
                                                             list(cache[1::2]), rows)
             return self._outputs(logits, keys, values)
 
-        signature = [self._ids(1, "token_id"), tf.TensorSpec([1], self.dtype, name="position")]
+        signature = [self._ids(1, TOKEN_ID), tf.TensorSpec([1], self.dtype, name=POSITION)]
         signature += [tf.TensorSpec(self.cache_spec, tf.float32, name=name) for name in self.cache_names]
         return tf.function(decode, input_signature=signature)
 
@@ -200,21 +214,24 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     >>> ids == model.generate([3, 4, 5], 6).ids[0].tolist()
     True
     """
-    _check(model, prompt_length, cache_length, target)
-    if target == "tensorrt":
-        raise ValueError("target='tensorrt' exports ONNX: use to_onnx_generator(model, ...).")
+    target = _check(model, prompt_length, cache_length, target)
+    if target.file_format != "tflite":
+        raise ValueError(f"target={target.name!r} exports {target.file_format.upper()}: use "
+                         "to_onnx_generator(model, ...).")
     embedding = _embedding(model, target, embedding)
-    spec = ModelSpec.of(model, cache_length, 1)
-    if target == "cpu":
-        module = _Generator(rebuild(model, spec, target).layer, prompt_length, cache_length, target)
-    else:  # a float32 clone whose weights the shader graphs read (RoPE frozen at the cache length)
-        module = _ShaderGenerator(rebuild(model, spec, "cpu").layer, prompt_length, cache_length, target,
-                                  embedding)
+    # A float32 clone (RoPE frozen at the cache length): the shader graphs read its weights, the
+    # others run `Encoder.cached_step` with the target's token lookup.
+    clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
+    if target.shader_generation:
+        module = _ShaderGenerator(clone, prompt_length, cache_length, target, embedding)
+    else:
+        module = _Generator(clone, prompt_length, cache_length, target)
     # Two signatures convert through a SavedModel (the concrete-function path takes one). The
     # functions are frozen first, so the SavedModel holds no Keras object and no variable.
-    signatures = {"prefill": _frozen_signature(module.prefill_function(), module.output_names),
-                  "decode": _frozen_signature(module.decode_function(), module.output_names)}
-    if target == "gl":  # one file per signature, see the module docstring
+    functions = (module.prefill_function(), module.decode_function())
+    signatures = {key: _frozen_signature(function, module.output_names)
+                  for key, function in zip(contract.SIGNATURES, functions)}
+    if target.file_per_signature:  # see the module docstring
         return tuple(_convert({key: signature}) for key, signature in signatures.items())
     return _convert(signatures)
 
@@ -232,12 +249,13 @@ def _convert(signatures):
 
 
 def _embedding(model, target, embedding):
+    target = target_of(target)
     if embedding is None:
         return conversion.default_embedding(model, target)
     if embedding not in conversion.EMBEDDINGS:
         raise ValueError(f"`embedding` must be one of {conversion.EMBEDDINGS}, got embedding={embedding!r}.")
-    if embedding == "host" and target not in ("gpu", "gl"):
-        raise ValueError(f"`embedding='host'` is for the gpu and gl targets, got target={target!r}.")
+    if embedding == "host" and not target.generation_host_embedding:
+        raise ValueError(f"`embedding='host'` is for the gpu and gl targets, got target={target.name!r}.")
     return embedding
 
 
@@ -250,11 +268,11 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
         `(prefill, decode)`: serialized ONNX `ModelProto`s.
     """
     check_positive_int("opset", opset, minimum=ONNX_OPSET)
-    _check(model, prompt_length, cache_length, "tensorrt")
+    target = _check(model, prompt_length, cache_length, "tensorrt")
     import tf2onnx
 
-    clone = rebuild(model, ModelSpec.of(model, cache_length, 1), "tensorrt")
-    module = _Generator(clone.layer, prompt_length, cache_length, "tensorrt")
+    clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
+    module = _Generator(clone, prompt_length, cache_length, target)
     protos = []
     for function in (module.prefill_function(), module.decode_function()):
         frozen = _frozen_signature(function, module.output_names)
@@ -287,12 +305,12 @@ class TfliteSession:
         opened = {content: (interpreter or tf.lite.Interpreter)(model_content=content)
                   for content in dict.fromkeys(files)}
         self.runners = {key: opened[content].get_signature_runner(key)
-                        for key, content in zip(("prefill", "decode"), files)}
+                        for key, content in zip(contract.SIGNATURES, files)}
         self.details = {key: runner.get_input_details() for key, runner in self.runners.items()}
-        prefill = self.details["prefill"]
+        prefill = self.details[PREFILL]
         self.prompt_length = int(prefill[next(iter(prefill))]["shape"][1])
-        self.cache_length = int(self.details["decode"]["past_key_0"]["shape"][1])
-        self.vocab_size = int(self.runners["decode"].get_output_details()["logits"]["shape"][-1])
+        self.cache_length = int(self.details[DECODE][contract.past_name("key", 0)]["shape"][1])
+        self.vocab_size = int(self.runners[DECODE].get_output_details()[LOGITS]["shape"][-1])
         if conversion.HOST_EMBEDDINGS in prefill and table is None:
             raise ValueError("This file takes looked-up `embeddings`: pass `table` "
                              "(conversion.host_embedding_table(model)).")
@@ -307,7 +325,7 @@ def typed_feeds(details, feeds, table=None):
     typed = {}
     for name, detail in details.items():
         if name == conversion.HOST_EMBEDDINGS:
-            ids = feeds["token_ids"] if "token_ids" in feeds else feeds["token_id"]
+            ids = feeds[TOKEN_IDS] if TOKEN_IDS in feeds else feeds[TOKEN_ID]
             typed[name] = np.asarray(table, np.float32)[np.asarray(ids)]
         else:
             typed[name] = np.asarray(feeds[name]).astype(detail["dtype"])
@@ -321,12 +339,12 @@ class OnnxSession:
         import onnxruntime
 
         self.sessions = {key: onnxruntime.InferenceSession(proto, providers=["CPUExecutionProvider"])
-                         for key, proto in (("prefill", prefill), ("decode", decode))}
+                         for key, proto in zip(contract.SIGNATURES, (prefill, decode))}
         shapes = {key: {i.name: i.shape for i in session.get_inputs()}
                   for key, session in self.sessions.items()}
-        self.prompt_length = int(shapes["prefill"]["token_ids"][1])
-        self.cache_length = int(shapes["decode"]["past_key_0"][1])
-        logits = next(o for o in self.sessions["decode"].get_outputs() if o.name == "logits")
+        self.prompt_length = int(shapes[PREFILL][TOKEN_IDS][1])
+        self.cache_length = int(shapes[DECODE][contract.past_name("key", 0)][1])
+        logits = next(o for o in self.sessions[DECODE].get_outputs() if o.name == LOGITS)
         self.vocab_size = int(logits.shape[-1])
 
     def run(self, signature, feeds):
@@ -365,8 +383,8 @@ def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=No
                          f"cache slots; the file has cache_length={session.cache_length}.")
     tokens = np.full([1, session.prompt_length], pad_id, np.int32)
     tokens[0, :n] = prompt_ids
-    outputs = session.run("prefill", {"token_ids": tokens})
-    logits = outputs["logits"][0, n - 1]
+    outputs = session.run(PREFILL, {TOKEN_IDS: tokens})
+    logits = outputs[LOGITS][0, n - 1]
     ids, chosen = [], []
     for step in range(max_new_tokens):
         masked = np.array(logits, np.float64)
@@ -375,15 +393,15 @@ def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=No
         ids.append(int(np.argmax(masked)))
         if ids[-1] == stop_id or step == max_new_tokens - 1:
             break
-        feeds = {"token_id": np.array([[ids[-1]]], np.int32), "position": np.array([n + step], np.int32)}
-        outputs = session.run("decode", {**feeds, **past(outputs)})
-        logits = outputs["logits"][0]
+        feeds = {TOKEN_ID: np.array([[ids[-1]]], np.int32), POSITION: np.array([n + step], np.int32)}
+        outputs = session.run(DECODE, {**feeds, **past(outputs)})
+        logits = outputs[LOGITS][0]
     return ids, np.stack(chosen)
 
 
 def past(outputs):
     """A call's `present_*` cache outputs renamed as the next decode step's `past_*` inputs."""
-    return {name.replace("present_", "past_"): value for name, value in outputs.items() if name != "logits"}
+    return {contract.present_to_past(name): value for name, value in outputs.items() if name != LOGITS}
 
 
 def check_generator_parity(model, session, prompt_ids, max_new_tokens):
@@ -409,7 +427,8 @@ def check_generator_parity(model, session, prompt_ids, max_new_tokens):
 def generator_metadata(model, *, prompt_length, cache_length, target):
     """What the device kit (`run_generate.py`) reads from `FILE.json`: lengths, special ids, cache size."""
     encoder = model.encoder
-    return {"kind": "prefill_decode", "target": target, "prompt_length": prompt_length,
+    return {"kind": contract.KINDS["prefill_decode"], "target": target,
+            "accelerators": list(target_of(target).runs_on), "prompt_length": prompt_length,
             "cache_length": cache_length, "vocab_size": encoder.vocab_size, "num_layers": encoder.num_layers,
             "pad_id": encoder.pad_id, "bos_id": special_ids.BOS_ID, "eos_id": special_ids.EOS_ID,
             "unk_id": special_ids.UNK_ID, "special_ids": list(range(special_ids.NUM_RESERVED_IDS)),
@@ -418,76 +437,97 @@ def generator_metadata(model, *, prompt_length, cache_length, target):
 
 def tflite_paths(out):
     """The two files of a `gl` export to `out`: `STEM.prefill.tflite` and `STEM.decode.tflite`."""
-    stem = out[:-len(".tflite")] if out.endswith(".tflite") else out
-    return stem + ".prefill.tflite", stem + ".decode.tflite"
+    return tuple(contract.model_paths(out, ".tflite", per_signature=True))
 
 
 def onnx_paths(out):
     """The two files of a `tensorrt` export to `out`: `STEM.prefill.onnx` and `STEM.decode.onnx`."""
-    stem = out[:-len(".onnx")] if out.endswith(".onnx") else out
-    return stem + ".prefill.onnx", stem + ".decode.onnx"
+    return tuple(contract.model_paths(out, ".onnx", per_signature=True))
 
 
-def export_generator(model, out, *, prompt_length, cache_length, target="cpu", embedding=None,
-                     check_prompt=None, check_tokens=16):
-    """Writes the prefill/decode export to `out` with `out.json`, and checks it against `model.generate`.
+def check_generation(model, *, prompt_length, cache_length, target="cpu", embedding=None, check_prompt=None,
+                     check_tokens=16):
+    """The prefill/decode export of `model`, checked against `model.generate` (`pipeline.export_generation`).
 
-    `cpu` and `gpu` write one `.tflite` with two signatures, `gl` the two one-signature files of
-    `tflite_paths(out)` (`gpu`/`gl` with `embedding="host"` also `out.embeddings.npy`, the table
-    the runner reads); `tensorrt` writes the two ONNX files of `onnx_paths(out)`, checked on
-    onnxruntime.
+    Returns:
+        dict: `models` (the file contents: one, or one per signature), `metadata`, `host_table`
+        (or None), `same_tokens` (bool), `parity` (max abs logit difference), `tokens_checked`.
+    """
+    target = _check(model, prompt_length, cache_length, target)
+    table = None
+    if target.file_format == "onnx":
+        models = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length)
+        session = OnnxSession(*models)
+        costs = [onnx_cost(proto) for proto in models]
+    else:
+        embedding = _embedding(model, target, embedding)
+        flat = to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
+                                   target=target.name, embedding=embedding)
+        table = conversion.host_embedding_table(model) if embedding == "host" else None
+        session = TfliteSession(flat, table=table)
+        if target.file_per_signature:
+            models = flat
+            costs = [graph_cost(content, signature=key) for content, key in zip(flat, contract.SIGNATURES)]
+        else:
+            models = (flat,)
+            costs = [graph_cost(flat, signature=key) for key in contract.SIGNATURES]
+    vocab = model.encoder.vocab_size
+    prompt = list(check_prompt or [min(i, vocab - 1) for i in (5, 6, 7)])[:prompt_length]
+    tokens = max(1, min(check_tokens, cache_length - len(prompt) + 1, model.encoder.max_length - len(prompt)))
+    same, parity = check_generator_parity(model, session, prompt, tokens)
+    metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
+                                  target=target.name)
+    metadata["embedding"] = "graph" if table is None else "host"
+    metadata["input_dtype"] = target.input_dtype
+    metadata["prefill_multiply_adds"], metadata["decode_multiply_adds"] = (c["multiply_adds"] for c in costs)
+    return {"models": tuple(models), "metadata": metadata, "host_table": table, "same_tokens": same,
+            "parity": parity, "tokens_checked": tokens}
+
+
+def export_generation(model, *, prompt_length, cache_length, target="cpu", embedding=None, check_prompt=None,
+                      check_tokens=16):
+    """Exports a `CausalLM` as prefill + decode and checks the file against `model.generate`.
+
+    `cpu` and `gpu` give one `.tflite` with two signatures, `gl` one file per signature, and
+    `tensorrt` the two ONNX models (checked on onnxruntime); `gpu`/`gl` with `embedding="host"`
+    also the table the runner reads (`host_table`).
 
     Args:
         model: a built `CausalLM`.
-        out: str, the `.tflite` (or `.onnx` stem) path.
         prompt_length, cache_length, target, embedding: as in `to_tflite_generator`.
         check_prompt: optional list of int, the prompt of the check (default: ids 5, 6, 7 clipped
             to the vocabulary).
         check_tokens: int, the tokens generated by the check (fewer if the cache is shorter).
 
     Returns:
-        dict: `files`, `bytes`, `metadata`, `same_tokens` (bool), `parity` (max abs logit
-        difference), `tokens_checked`.
+        An `ExportResult`: `report` has `same_tokens`, `parity` (max abs logit difference) and
+        `tokens_checked`; `metadata` what `export/jetson/run_generate.py` reads.
     """
-    import json
+    checked = check_generation(model, prompt_length=prompt_length, cache_length=cache_length, target=target,
+                               embedding=embedding, check_prompt=check_prompt, check_tokens=check_tokens)
+    metadata = checked["metadata"]
+    report = {"same_tokens": checked["same_tokens"], "parity": checked["parity"],
+              "tokens_checked": checked["tokens_checked"], "verdicts": {}}
+    lines = [f"Multiply-adds: prefill of {prompt_length} tokens {metadata['prefill_multiply_adds']:,}, one "
+             f"decode step {metadata['decode_multiply_adds']:,}",
+             f"Greedy parity over {report['tokens_checked']} tokens: "
+             f"{'same tokens' if report['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
+             f"max abs logit diff {report['parity']:.3g}"]
+    description = (f"target {metadata['target']}: prefill [1, {prompt_length}], decode [1, 1], cache "
+                   f"{metadata['cache_length']} slots = {metadata['cache_bytes']} bytes")
+    return ExportResult(metadata["target"], None, metadata["embedding"], tuple(checked["models"]), report,
+                        lines, metadata, description, checked["host_table"])
 
-    table = None
-    if target == "tensorrt":
-        protos = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length)
-        session = OnnxSession(*protos)
-        files = dict(zip(onnx_paths(out), protos))
-    else:
-        embedding = _embedding(model, target, embedding)
-        flat = to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
-                                   target=target, embedding=embedding)
-        table = conversion.host_embedding_table(model) if embedding == "host" else None
-        session = TfliteSession(flat, table=table)
-        files = dict(zip(tflite_paths(out), flat)) if target == "gl" else {out: flat}
-    vocab = model.encoder.vocab_size
-    prompt = list(check_prompt or [min(i, vocab - 1) for i in (5, 6, 7)])[:prompt_length]
-    tokens = max(1, min(check_tokens, cache_length - len(prompt) + 1, model.encoder.max_length - len(prompt)))
-    same, parity = check_generator_parity(model, session, prompt, tokens)
-    metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
-                                  target=target)
-    metadata["embedding"] = "graph" if table is None else "host"
-    if table is not None:
-        metadata["embedding_table"] = os.path.basename(out) + ".embeddings.npy"
-        files[out + ".embeddings.npy"] = None
-    if target == "tensorrt":
-        costs = [onnx_cost(proto) for proto in protos]
-    elif target == "gl":
-        costs = [graph_cost(content, signature=key) for content, key in zip(flat, ("prefill", "decode"))]
-    else:
-        costs = [graph_cost(flat, signature=key) for key in ("prefill", "decode")]
-    metadata["prefill_multiply_adds"], metadata["decode_multiply_adds"] = (c["multiply_adds"] for c in costs)
-    for path, content in files.items():
-        if content is None:
-            np.save(path, table)
-            continue
-        with open(path, "wb") as f:
-            f.write(content)
-    with open(out + ".json", "w") as f:
-        json.dump(metadata, f, indent=1)
-    return {"files": list(files), "bytes": sum(len(c) for c in files.values() if c is not None),
-            "metadata": metadata,
-            "same_tokens": same, "parity": parity, "tokens_checked": tokens}
+
+def export_generator(model, out, **options):
+    """`export_generation(model, **options).save(out)`, as a dict (the form earlier releases returned).
+
+    Returns:
+        dict: `files` (the model files written), `bytes`, `metadata`, `same_tokens` (bool),
+        `parity` (max abs logit difference), `tokens_checked`, and `result` (the `ExportResult`).
+    """
+    result = export_generation(model, **options)
+    result.save(out)
+    return {"files": result.model_paths(out), "bytes": sum(len(content) for content in result.models),
+            "metadata": result.metadata, "same_tokens": result.report["same_tokens"], "parity": result.parity,
+            "tokens_checked": result.report["tokens_checked"], "result": result}

@@ -1,11 +1,11 @@
 """Prefill and decode of a `CausalLM` in the `gl` formulation: the `gpu`/`gl` generation targets.
 
 The graphs of `keras_posenc.export.generator` for the GPU runtimes, built from the shader-only
-ops of `keras_posenc.export.gl` (1x1 CONV_2D with constant weights, CONCATENATION, RESHAPE, PAD,
+ops of `keras_posenc.export.shader_ops` (1x1 CONV_2D with constant weights, CONCATENATION, RESHAPE, PAD,
 MUL, ADD, SUB, ABS, RELU, MINIMUM, POW, SOFTMAX over channels, AVERAGE_POOL_2D; `gpu` adds one
 CAST per int32 input, and with `embedding="graph"` and ids above 2048 the FLOOR_DIV digit split
-of `gl.token_one_hot`): no GATHER, no broadcasting MUL, constants finite in float16. The
-attention weights are read through `gl.attention_projections` only.
+of `shader_ops.token_one_hot`): no GATHER, no broadcasting MUL, constants finite in float16. The
+attention weights are read through `shader_ops.attention_projections` only.
 
 - The position `p` of the decoded token (its slot: prompts are right-padded, so slot and
   position agree) arrives as a float. Table lookups by offset (position tables, RoPE cos/sin)
@@ -23,7 +23,7 @@ attention weights are read through `gl.attention_projections` only.
 
 Token ids: with `embedding="host"` the file takes the rows `table[ids]` as a float input
 `embeddings` (`[1, P, d_model]`, `[1, 1, d_model]`), which the runner looks up; with "graph" a
-one-hot product (two digits above 2048, `gl.token_one_hot`).
+one-hot product (two digits above 2048, `shader_ops.token_one_hot`).
 
 Positions are compared and looked up as floats, exact up to 2048 in float16: the cache length
 is at most 2048 on these targets.
@@ -34,13 +34,12 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export import gl
+from keras_posenc.export import shader_ops as ops
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 
 __all__ = ["MAX_CACHE_LENGTH", "decode_graph", "prefill_graph"]
 
-MAX_CACHE_LENGTH = 2048  # float16's last exact integer: positions and slots are floats on the GPU
-_MASKED = -1e4
+MAX_CACHE_LENGTH = ops.FLOAT16_INTEGERS  # positions and slots are floats on the GPU
 
 
 def _embedded(model, token_ids, positions, rows):
@@ -52,23 +51,19 @@ def _embedded(model, token_ids, positions, rows):
         table = layer.token_embedding.embeddings
         if layer.scale_embeddings:
             table = table * math.sqrt(layer.d_model)
-        one_hot = gl.token_one_hot(token_ids, layer.vocab_size)
+        one_hot = ops.token_one_hot(token_ids, layer.vocab_size)
         if one_hot.shape[-1] > layer.vocab_size:  # digit rows past the vocab select nothing
             table = tf.concat([table, tf.zeros([one_hot.shape[-1] - layer.vocab_size, layer.d_model])], 0)
-        rows = gl.linear(one_hot, table)
+        rows = ops.linear(one_hot, table)
     x = tf.reshape(rows, [1, length, layer.d_model])
     if encoder.position in ATTENTION_POSITIONS:
         return x
-    return gl._position_rows(layer.position_embedding, x, None, positions)
-
-
-def _rotate(x, cos, sin, turn):
-    return x * cos + gl.linear(x, turn) * sin
+    return ops.position_rows(layer.position_embedding, x, None, positions)
 
 
 def _rotation(layer, cache_length, heads):
     """RoPE over all heads at once: cos, sin `[C, heads * head_dim]` and the block-diagonal turn."""
-    rotation = gl.rotation_constants(layer.attention, cache_length)
+    rotation = ops.rotation_constants(layer.attention, cache_length)
     if rotation is None:
         return None
     cos, sin, turn = rotation
@@ -81,50 +76,50 @@ def _decode_attention(layer, x, position, slot_row, key_cache, value_cache):
     `x` `[1, 1, D]`; `position` `[1, 1, 1]` float; `slot_row` `[1, 1, C]` its one-hot row; the
     caches `[1, C, heads, head_dim]`.
     """
-    weights = gl.attention_projections(layer.attention, x.shape[-1])
+    weights = ops.attention_projections(layer.attention, x.shape[-1])
     heads, head_dim, output = weights.heads, weights.head_dim, weights.output
     projections = (weights.query, weights.key, weights.value)
     width = heads * head_dim
     cache_length = key_cache.shape[1]
-    query, key, value = (gl.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
+    query, key, value = (ops.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
                          for kernel, bias in projections)
     rotation = _rotation(layer, cache_length, heads)
     if rotation is not None:
-        cos, sin = gl.linear(slot_row, rotation[0]), gl.linear(slot_row, rotation[1])  # [1, 1, width]
-        query, key = _rotate(query, cos, sin, rotation[2]), _rotate(key, cos, sin, rotation[2])
+        cos, sin = ops.linear(slot_row, rotation[0]), ops.linear(slot_row, rotation[1])  # [1, 1, width]
+        query, key = ops.rotate(query, cos, sin, rotation[2]), ops.rotate(key, cos, sin, rotation[2])
     # The one-hot blend: slot `position` takes the new key and value, every other keeps its own.
-    write = tf.reshape(gl.linear(tf.reshape(slot_row, [1, cache_length, 1]), np.ones([1, width], np.float32)),
-                       [1, cache_length, width])
+    write = tf.reshape(ops.linear(tf.reshape(slot_row, [1, cache_length, 1]),
+                                  np.ones([1, width], np.float32)), [1, cache_length, width])
     keep = 1.0 - write
     keys = (tf.reshape(key_cache, [1, cache_length, width]) * keep
-            + gl._broadcast_rows(key, cache_length, 1) * write)
+            + ops.broadcast_rows(key, cache_length, 1) * write)
     values = (tf.reshape(value_cache, [1, cache_length, width]) * keep
-              + gl._broadcast_rows(value, cache_length, 1) * write)
+              + ops.broadcast_rows(value, cache_length, 1) * write)
     # Slots 0 .. position: keep = min(relu(position - slot + 1), 1), exact for integer floats.
     slots = np.arange(cache_length, dtype=np.float32)
-    spread = gl.linear(position, np.ones([1, cache_length], np.float32))  # [1, 1, C]: position per slot
+    spread = ops.linear(position, np.ones([1, cache_length], np.float32))  # [1, 1, C]: position per slot
     allowed = tf.minimum(tf.nn.relu(spread - (slots - 1.0)), 1.0)
-    bias = tf.reshape(allowed * -_MASKED + _MASKED, [1, 1, 1, cache_length])
+    bias = tf.reshape(allowed * -ops.MASKED + ops.MASKED, [1, 1, 1, cache_length])
     distance = tf.reshape(spread - slots, [1, 1, 1, cache_length]) if layer.slopes is not None else None
-    products = gl._broadcast_rows(query, cache_length, 1) * keys  # [1, C, width]
+    products = ops.broadcast_rows(query, cache_length, 1) * keys  # [1, C, width]
     scale = 1.0 / math.sqrt(float(head_dim))
     spread_weights = None
     for head in range(heads):
         column = np.zeros([width, 1], np.float32)
         column[head * head_dim:(head + 1) * head_dim] = scale
-        scores = tf.reshape(gl.linear(products, column), [1, 1, 1, cache_length]) + bias
+        scores = tf.reshape(ops.linear(products, column), [1, 1, 1, cache_length]) + bias
         if distance is not None:
             scores = scores + distance * float(-layer.slopes[head])
         weights = tf.reshape(tf.nn.softmax(scores, axis=-1), [1, cache_length, 1])
         block = np.zeros([1, width], np.float32)
         block[0, head * head_dim:(head + 1) * head_dim] = 1.0
-        spread_head = gl.linear(weights, block)  # the head's weights over its features, 0 elsewhere
+        spread_head = ops.linear(weights, block)  # the head's weights over its features, 0 elsewhere
         spread_weights = spread_head if spread_weights is None else spread_weights + spread_head
     weighted = tf.reshape(spread_weights * values, [1, cache_length, 1, width])
     summed = tf.nn.avg_pool2d(weighted, ksize=[cache_length, 1], strides=[1, 1], padding="VALID") * float(
         cache_length)
     kernel, bias_out = output
-    attended = gl.linear(tf.reshape(summed, [1, 1, width]), tf.reshape(kernel, [width, -1]), bias_out)
+    attended = ops.linear(tf.reshape(summed, [1, 1, width]), tf.reshape(kernel, [width, -1]), bias_out)
     shape = [1, cache_length, heads, head_dim]
     return attended, tf.reshape(keys, shape), tf.reshape(values, shape)
 
@@ -132,40 +127,26 @@ def _decode_attention(layer, x, position, slot_row, key_cache, value_cache):
 def _prefill_attention(layer, x, cache_length):
     """Causal attention over the `P` prompt slots; the keys and values padded to `C` slots."""
     length = x.shape[1]
-    weights = gl.attention_projections(layer.attention, x.shape[-1])
+    weights = ops.attention_projections(layer.attention, x.shape[-1])
     heads, head_dim, output = weights.heads, weights.head_dim, weights.output
     projections = (weights.query, weights.key, weights.value)
     width = heads * head_dim
-    query, key, value = (gl.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
+    query, key, value = (ops.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
                          for kernel, bias in projections)
     rotation = _rotation(layer, length, heads)
     if rotation is not None:
-        query, key = (_rotate(t, rotation[0][None], rotation[1][None], rotation[2]) for t in (query, key))
+        query, key = (ops.rotate(t, rotation[0][None], rotation[1][None], rotation[2]) for t in (query, key))
     causal = np.tril(np.ones([length, length], bool))
-    bias = gl._pair_constant(np.where(causal, 0.0, _MASKED))
-    alibi = gl.alibi_constants(layer.attention, length)
-    scale = 1.0 / math.sqrt(float(head_dim))
+    bias = ops.pair_constant(np.where(causal, 0.0, ops.MASKED))
+    alibi = ops.alibi_constants(layer.attention, length)
     outputs = []
     for head in range(heads):
-        q, k, v = (tf.reshape(gl.linear(t, _columns(width, head, head_dim)), [1, length, head_dim])
+        q, k, v = (tf.reshape(ops.linear(t, _columns(width, head, head_dim)), [1, length, head_dim])
                    for t in (query, key, value))
-        queries = gl._broadcast_rows(tf.reshape(q, [1, length, 1, head_dim]), length, axis=2)
-        keys = gl._broadcast_rows(tf.reshape(k, [1, 1, length, head_dim]), length, axis=1)
-        summed = tf.constant(np.full([1, 1, head_dim, 1], scale, np.float32))
-        scores = tf.nn.conv2d(queries * keys, summed, strides=1, padding="VALID")
-        scores = tf.reshape(scores, [1, length, 1, length]) + bias
-        if alibi is not None:
-            scores = scores + tf.constant(alibi[head].reshape(1, length, 1, length))
-        weights = tf.nn.softmax(scores, axis=-1)
-        spread = tf.constant(np.ones([1, 1, 1, head_dim], np.float32))
-        weights = tf.nn.conv2d(tf.reshape(weights, [1, length, length, 1]), spread, strides=1,
-                               padding="VALID")
-        values = gl._broadcast_rows(tf.reshape(v, [1, 1, length, head_dim]), length, axis=1)
-        mean = tf.nn.avg_pool2d(weights * values, ksize=[1, length], strides=[1, 1], padding="VALID")
-        outputs.append(mean * float(length))
+        outputs.append(ops.head_attention(q, k, v, bias, None if alibi is None else alibi[head]))
     merged = tf.reshape(tf.concat(outputs, axis=-1), [1, length, width])
     kernel, bias_out = output
-    attended = gl.linear(merged, tf.reshape(kernel, [width, -1]), bias_out)
+    attended = ops.linear(merged, tf.reshape(kernel, [width, -1]), bias_out)
     # 4-D: the GPU delegates read the first axis of a 3-D tensor as the batch, which PAD refuses.
     padding = [[0, 0], [0, cache_length - length], [0, 0], [0, 0]]
     return (attended, tf.pad(tf.reshape(key, [1, length, heads, head_dim]), padding),
@@ -183,24 +164,24 @@ def _block(layer, x, attend):
     """One encoder layer around `attend(x) -> (output, key_cache, value_cache)`."""
     residual = x
     if layer.norm_first:
-        x = gl.layer_norm(x, layer.attention_norm)
+        x = ops.layer_norm(x, layer.attention_norm)
     attended, keys, values = attend(x)
     x = residual + attended
     if not layer.norm_first:
-        x = gl.layer_norm(x, layer.attention_norm)
+        x = ops.layer_norm(x, layer.attention_norm)
     residual = x
     if layer.norm_first:
-        x = gl.layer_norm(x, layer.ffn_norm)
-    x = residual + gl._dense(layer.ffn_output, gl._dense(layer.ffn_hidden, x))
+        x = ops.layer_norm(x, layer.ffn_norm)
+    x = residual + ops.dense(layer.ffn_output, ops.dense(layer.ffn_hidden, x))
     if not layer.norm_first:
-        x = gl.layer_norm(x, layer.ffn_norm)
+        x = ops.layer_norm(x, layer.ffn_norm)
     return x, keys, values
 
 
 def _logits(model, x):
     if model.encoder.final_norm is not None:
-        x = gl.layer_norm(x, model.encoder.final_norm)
-    return gl._dense(model.head, x)
+        x = ops.layer_norm(x, model.encoder.final_norm)
+    return ops.dense(model.head, x)
 
 
 def _as_float(tensor):
@@ -217,7 +198,7 @@ def prefill_graph(model, token_ids, cache_length, rows=None):
         rows: optional `[1, P, d_model]` float, the looked-up token rows (`embedding="host"`).
     """
     length = token_ids.shape[1]
-    ids = token_ids if token_ids.dtype.is_integer and model.encoder.vocab_size > gl._FLOAT16_INTEGERS \
+    ids = token_ids if token_ids.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS \
         else _as_float(token_ids)
     x = _embedded(model, ids, tf.constant(np.arange(length, dtype=np.float32)[None]), rows)
     keys, values = [], []
@@ -240,9 +221,9 @@ def decode_graph(model, token_id, position, key_caches, value_caches, rows=None)
     """
     cache_length = key_caches[0].shape[1]
     position = tf.reshape(_as_float(position), [1, 1, 1])
-    ids = token_id if token_id.dtype.is_integer and model.encoder.vocab_size > gl._FLOAT16_INTEGERS \
+    ids = token_id if token_id.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS \
         else _as_float(token_id)
-    slot_row = gl.one_hot(position, cache_length)  # [1, 1, C]
+    slot_row = ops.one_hot(position, cache_length)  # [1, 1, C]
     x = _embedded(model, ids, tf.reshape(position, [1, 1]), rows)
     keys, values = [], []
     for layer, key_cache, value_cache in zip(model.encoder.encoder_layers, key_caches, value_caches):

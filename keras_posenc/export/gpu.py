@@ -1,4 +1,4 @@
-"""The `gpu` target's attention, LayerNorm and masks: ops the LiteRT GPU accelerator runs and GL does not.
+"""The `gpu` formulations of the encoder: ops the LiteRT GPU accelerator runs and GL does not.
 
 The LiteRT GPU accelerator (WebGPU, and the OpenCL delegate, which share the GPU delegate's
 parser) runs BATCH_MATMUL, TRANSPOSE, MEAN and ADD/MUL/SUB that broadcast, at batch 1 and above
@@ -21,23 +21,23 @@ the 1 / sqrt(head_dim) of the scores is folded into the query projection.
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.emitters import emits, static_structure
-from keras_posenc.export.gl import (
-    _LAYER_NORM_SCALE,
-    _MASKED,
-    _dense,
-    _embed,
-    _not,
+from keras_posenc.export.constants import static_structure
+from keras_posenc.export.shader_ops import (
+    LAYER_NORM_SCALE,
+    MASKED,
     alibi_constants,
     attention_projections,
+    complement,
+    dense,
+    embed,
     encoder_structure,
     linear,
+    rotate,
     rotation_constants,
 )
-from keras_posenc.layers.encoder import Encoder
-from keras_posenc.layers.encoder_layer import EncoderLayer, residual_block
+from keras_posenc.layers.encoder_layer import residual_block
 
-__all__ = ["layer_norm"]
+__all__ = ["encoder", "encoder_layer", "layer_norm"]
 
 
 def layer_norm(x, norm):
@@ -46,9 +46,9 @@ def layer_norm(x, norm):
     The centered values are scaled by 1/8 before squaring (float16 squares overflow above 255),
     and `c * (v + eps)^-1/2 = (c / 8) * (v / 64 + eps / 64)^-1/2` exactly.
     """
-    centered = (x - tf.reduce_mean(x, axis=-1, keepdims=True)) * _LAYER_NORM_SCALE
+    centered = (x - tf.reduce_mean(x, axis=-1, keepdims=True)) * LAYER_NORM_SCALE
     variance = tf.reduce_mean(centered * centered, axis=-1, keepdims=True)
-    y = centered * tf.math.rsqrt(variance + norm.epsilon * _LAYER_NORM_SCALE ** 2)
+    y = centered * tf.math.rsqrt(variance + norm.epsilon * LAYER_NORM_SCALE ** 2)
     if norm.scale:
         y = y * norm.gamma
     if norm.center:
@@ -76,8 +76,7 @@ def _attention(layer, x, bias):
     rotation = rotation_constants(layer.attention, length)  # RoPE: constants of positions 0..T-1
     if rotation is not None:
         cos, sin, turn = tf.constant(rotation[0]), tf.constant(rotation[1]), rotation[2]
-        q = q * cos + linear(q, turn) * sin
-        k = k * cos + linear(k, turn) * sin
+        q, k = rotate(q, cos, sin, turn), rotate(k, cos, sin, turn)
     scores = tf.matmul(q, k, transpose_b=True) + bias  # [B, heads, T, T]
     alibi = alibi_constants(layer.attention, length)
     if alibi is not None:
@@ -92,7 +91,7 @@ def _encoder_layer_rows(layer, x, bias):
         return lambda h: layer_norm(h, which)
 
     x = residual_block(x, lambda h: _attention(layer, h, bias), norm(layer.attention_norm), layer.norm_first)
-    return residual_block(x, lambda h: _dense(layer.ffn_output, _dense(layer.ffn_hidden, h)),
+    return residual_block(x, lambda h: dense(layer.ffn_output, dense(layer.ffn_hidden, h)),
                           norm(layer.ffn_norm), layer.norm_first)
 
 
@@ -107,12 +106,11 @@ def _key_bias(real, allowed, segment_ids=None):
     if segment_ids is not None:  # ids compared as floats: exact below 2048, also in float16
         segments = tf.cast(segment_ids, tf.float32)
         queries, keys = tf.reshape(segments, [-1, 1, length, 1]), tf.reshape(segments, [-1, 1, 1, length])
-        keep = keep * _not(tf.abs(queries - keys))
-    return keep * -_MASKED + _MASKED
+        keep = keep * complement(tf.abs(queries - keys))
+    return keep * -MASKED + MASKED
 
 
-@emits(("gpu",), EncoderLayer)
-def _encoder_layer(layer, x, mask=None, attention_mask=None, use_causal_mask=False, training=None):
+def encoder_layer(context, layer, x, mask=None, attention_mask=None, use_causal_mask=False, training=None):
     """`attention_mask` here is the additive bias `[B, 1, T, T]` that the gpu Encoder builds."""
     length = x.shape[1]
     if attention_mask is None or attention_mask.shape.rank != 4:
@@ -124,15 +122,15 @@ def _encoder_layer(layer, x, mask=None, attention_mask=None, use_causal_mask=Fal
     return _encoder_layer_rows(layer, x, bias)
 
 
-@emits(("gpu",), Encoder)
-def _encoder(layer, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
-             use_causal_mask=False, training=None):
+def encoder(context, layer, token_ids, position_ids=None, language_ids=None, segment_ids=None,
+            attention_mask=None, use_causal_mask=False, training=None):
     allowed, runtime_segments = encoder_structure(layer, token_ids, position_ids, segment_ids, attention_mask,
                                                   use_causal_mask)
-    x, real = _embed(layer.embedding, token_ids, position_ids, language_ids, segment_ids)
+    x, real = embed(layer.embedding, token_ids, position_ids, language_ids, segment_ids,
+                    rows=context.host_rows, frozen=context.frozen)
     bias = _key_bias(real, allowed, segment_ids if runtime_segments else None)
-    for encoder_layer in layer.encoder_layers:
-        x = _encoder_layer_rows(encoder_layer, x, bias)
+    for block in layer.encoder_layers:
+        x = _encoder_layer_rows(block, x, bias)
     if layer.final_norm is not None:
         x = layer_norm(x, layer.final_norm)
     return x

@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc.export import contract
 from keras_posenc.export.conversion import (
     HOST_EMBEDDINGS,
     ROLES,
@@ -13,16 +14,12 @@ from keras_posenc.export.conversion import (
 )
 from keras_posenc.export.cost import graph_cost
 from keras_posenc.export.flatbuffer import check_flatbuffer, decoded, input_names, op_counts
+from keras_posenc.export.targets import target_of
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
 __all__ = ["check_onnx_parity", "check_parity", "cost_summary", "export_report", "format_cost",
            "format_report", "interpreter_class", "parity", "report_of", "run_interpreter", "run_onnx",
            "runtime_metadata", "sample_batch", "sample_token_batch", "spec_metadata", "weight_bytes"]
-
-# The backends whose verdict `export` prints for each target (the target's own first).
-TARGET_BACKENDS = {"gpu": ("webgpu", "opencl", "gl"), "gl": ("gl", "webgpu"), "cpu": ("gl", "webgpu"),
-                   "tensorrt": ()}
-
 
 def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
                  ignore_padding=True):
@@ -316,8 +313,9 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
     >>> ids = keras.Input(shape=(None,), dtype="int32")
     >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
     >>> runtime_metadata(model, 6)  # doctest: +NORMALIZE_WHITESPACE
-    {'sequence_length': 6, 'batch_size': 1, 'vocab_size': 50, 'pad_id': 0, 'num_languages': None,
-     'inputs': ['token_ids'], 'input_dtype': 'int32', 'quantize': None, 'target': 'gpu', 'embedding': 'graph'}
+    {'kind': 'window', 'sequence_length': 6, 'batch_size': 1, 'vocab_size': 50, 'pad_id': 0,
+     'num_languages': None, 'inputs': ['token_ids'], 'input_dtype': 'int32', 'quantize': None,
+     'target': 'gpu', 'accelerators': ['gpu', 'cpu'], 'embedding': 'graph'}
     """
     return spec_metadata(ModelSpec.of(model, sequence_length, batch_size), quantize=quantize, target=target,
                          embedding=embedding, embedding_table=embedding_table)
@@ -327,15 +325,17 @@ def spec_metadata(spec, *, quantize=None, target="gpu", embedding="graph", embed
     """`runtime_metadata` for a `ModelSpec` (its sequence length and batch size)."""
     languages = [layer.num_languages for layer in spec.position_layers if layer.num_languages]
     return {
+        "kind": contract.KINDS["window"],
         "sequence_length": spec.sequence_length,
         "batch_size": spec.batch_size,
         "vocab_size": spec.vocab_size,
         "pad_id": spec.pad_id,
         "num_languages": min(languages) if languages else None,
         "inputs": [s.name for s in spec.signature()] + ([HOST_EMBEDDINGS] if embedding == "host" else []),
-        "input_dtype": "float32" if target == "gl" else "int32",
+        "input_dtype": target_of(target).input_dtype,
         "quantize": quantize,
-        "target": target,
+        "target": target_of(target).name,
+        "accelerators": list(target_of(target).runs_on),
         "embedding": embedding,
         **({"embedding_table": embedding_table} if embedding == "host" else {}),
     }
@@ -378,11 +378,11 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
 def report_of(spec, tflite, parities, *, target="gpu"):
     """The `export_report` dict of a decoded file (`TfliteFile`) and its `parity` pair."""
     ops = op_counts(tflite)
-    backends = TARGET_BACKENDS[target]
+    backends = target_of(target).backends
     weights = weight_bytes(spec.model)
     return {
         "cost": cost_summary(graph_cost(tflite), weights_in_file(spec.model, tflite, weights)),
-        "target": target,
+        "target": target_of(target).name,
         "ops": ops,
         "verdicts": {backend: gpu_incompatible_ops(tflite, backend) for backend in backends},
         "verdict_lines": [verdict_line(tflite, backend) for backend in backends],

@@ -1,11 +1,16 @@
-"""One export pass: conversion, report, parity and runtime metadata, each once (`export_and_check`)."""
+"""One export pass, window or prefill/decode: convert, check, cost, metadata, each once; one `ExportResult`.
 
-import dataclasses
-import json
-import os
+`export_and_check` (a fixed window) and `export_generation` (prefill + decode with the key/value
+cache) run the same steps: inspect the model (`ModelSpec`), rebuild and formulate it for the
+target and convert (`conversion`, `generator`), check the file against Keras (`parity`,
+`generator.check_generator_parity`), cost it (`cost`), and gather the runtime metadata; both
+return an `ExportResult` (`result`), whose `failures()` is the pass/fail rule and whose
+`save(out)` writes the files.
+"""
 
 import numpy as np
 
+from keras_posenc.export import generator
 from keras_posenc.export.conversion import (
     EMBEDDINGS,
     ONNX_OPSET,
@@ -18,7 +23,6 @@ from keras_posenc.export.conversion import (
 from keras_posenc.export.cost import onnx_cost
 from keras_posenc.export.flatbuffer import TfliteFile
 from keras_posenc.export.parity import (
-    TARGET_BACKENDS,
     cost_summary,
     format_cost,
     format_report,
@@ -28,76 +32,14 @@ from keras_posenc.export.parity import (
     spec_metadata,
     weight_bytes,
 )
-from keras_posenc.export.verdicts import BACKENDS
+from keras_posenc.export.result import EXPORT_TOLERANCE, ExportResult
+from keras_posenc.export.targets import target_of
 from keras_posenc.validation import check_choice
 
-__all__ = ["EXPORT_TOLERANCE", "ExportResult", "export_and_check"]
+__all__ = ["EXPORT_TOLERANCE", "ExportResult", "export_and_check", "export_generation"]
 
-# The largest parity error accepted per `quantize` mode (int8 weights: reported, not checked).
-EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "dynamic_int8": None}
-
-
-@dataclasses.dataclass
-class ExportResult:
-    """What one `export_and_check` produced and measured.
-
-    Attributes:
-        exported: bytes, the `.tflite` flatbuffer (or the ONNX model for
-            target "tensorrt").
-        target, quantize, embedding: the export options ("graph" or "host").
-        report: the `export_report` dict (ONNX: `parity`, `parity_all`,
-            `cost`, empty `verdicts`).
-        lines: the report as printable lines.
-        metadata: the runtime metadata (`runtime_metadata`, with `cost`).
-        host_table: float32 `[vocab, d_model]` for `embedding="host"`, else
-            None.
-    """
-
-    exported: bytes
-    target: str
-    quantize: object
-    embedding: str
-    report: dict
-    lines: list
-    metadata: dict
-    host_table: object = None
-
-    @property
-    def parity(self):
-        return self.report["parity"]
-
-    def failures(self, *, tolerance=None, require_gpu=False):
-        """Lines naming each failed check: parity over `tolerance` (default `EXPORT_TOLERANCE`), and
-        with `require_gpu` ops that the target's GPU backend does not run; `[]` when all hold."""
-        failed = []
-        tolerance = tolerance if tolerance is not None else EXPORT_TOLERANCE[self.quantize]
-        if tolerance is not None and not self.parity <= tolerance:
-            failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
-        verdicts = self.report["verdicts"]
-        backend = TARGET_BACKENDS[self.target][0] if verdicts else None
-        if require_gpu and backend and verdicts[backend]:
-            failed.append(f"FAILED: --require-gpu and {BACKENDS[backend]} does not run "
-                          + ", ".join(verdicts[backend]))
-        return failed
-
-    def save(self, out):
-        """Writes `out`, `out.json` (the metadata) and, for `embedding="host"`, `out.embeddings.npy`.
-
-        Returns:
-            The paths written.
-        """
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        paths = [out, out + ".json"]
-        metadata = dict(self.metadata)
-        if self.host_table is not None:
-            paths.append(out + ".embeddings.npy")
-            np.save(paths[-1], self.host_table)
-            metadata["embedding_table"] = os.path.basename(paths[-1])
-        with open(out, "wb") as f:
-            f.write(self.exported)
-        with open(paths[1], "w") as f:
-            json.dump(metadata, f, indent=1)
-        return paths
+# The prefill/decode export: the same steps, in `generator` (conversion of two signatures).
+export_generation = generator.export_generation
 
 
 def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding=None,
@@ -136,9 +78,10 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
     >>> result.parity < 1e-5, result.failures(), result.metadata["inputs"], "GATHER" in result.report["ops"]
     (True, [], ['token_ids'], True)
     """
+    target = target_of(target)
     spec = ModelSpec.of(model, sequence_length, batch_size)
     token_ids, language_ids = _parity_batch(spec, token_ids, language_ids)
-    if target == "tensorrt":
+    if target.file_format == "onnx":
         embedding = embedding or "graph"
         exported = convert_onnx(spec, embedding=embedding)
         parities = parity(spec, exported, token_ids, language_ids, runtime="onnx")
@@ -160,7 +103,10 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
                      "(export/jetson/run_tflite.py and run_tensorrt.py do)")
     metadata = dict(spec_metadata(spec, quantize=quantize, target=target, embedding=embedding),
                     cost=report["cost"])
-    return ExportResult(exported, target, quantize, embedding, report, lines, metadata, host_table)
+    description = (f"target {target.name}, quantize={quantize or 'none'}, batch {batch_size} x length "
+                   f"{sequence_length}")
+    return ExportResult(target.name, quantize, embedding, (exported,), report, lines, metadata, description,
+                        host_table)
 
 
 def _parity_batch(spec, token_ids, language_ids):

@@ -27,13 +27,11 @@ delegate of mediapipe on Mesa llvmpipe): a file with an empty verdict must be fu
 there, and each flagged op must be named by the runtime's own messages.
 """
 
-import contextlib
-import io
 import re
 
-import tensorflow as tf
+import tensorflow as tf  # noqa: F401  (the docstring examples build files with it)
 
-from keras_posenc.export.flatbuffer import TfliteFile, check_flatbuffer, decoded
+from keras_posenc.export.flatbuffer import analyzer_report, decoded
 
 __all__ = ["BACKENDS", "GL_SHADER_OPS", "GPU_PARSER_OPS", "analyzer_report", "gpu_incompatible_ops",
            "verdict_line"]
@@ -255,27 +253,3 @@ def verdict_line(tflite_bytes, backend):
     reasons = gl_limit_reasons(tflite) if backend == "gl" else {}
     named = ", ".join(f"{name} ({reasons[name]})" if name in reasons else name for name in missing)
     return f"{BACKENDS[backend]}: NOT fully accelerated; runs on the CPU: {named}"
-
-
-def analyzer_report(tflite_bytes):
-    """The text the installed TFLite analyzer prints for the model, with GPU-compatibility warnings.
-
-    TF 2.12's analyzer warns about ops its GPU parser lacks ("Not supported op GATHER"); TF 2.21's
-    prints the listing but no such warning, even for GATHER, TOPK_V2 or REVERSE_V2 (measured),
-    so there the verdicts rest on the parser lists of `gpu_incompatible_ops` alone.
-
-    Example:
-
-    >>> add = tf.function(lambda x: tf.gather(x, [2, 0]) + 1.0,
-    ...                   input_signature=[tf.TensorSpec([3], tf.float32)])
-    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([add.get_concrete_function()]).convert()
-    >>> "Op#0 GATHER(T#0, T#1[2, 0])" in analyzer_report(flat)
-    True
-    """
-    check_flatbuffer(tflite_bytes)
-    if isinstance(tflite_bytes, TfliteFile):
-        return tflite_bytes.analyzer_report
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        tf.lite.experimental.Analyzer.analyze(model_content=bytes(tflite_bytes), gpu_compatibility=True)
-    return buffer.getvalue()

@@ -192,6 +192,11 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         """float32 rows `[length, depth]` for positions 0..length-1 (length <= max_length)."""
         raise TypeError(_missing_hook(self, "_table_prefix"))
 
+    def table_prefix(self, length):
+        """float32 rows `[length, depth]` of positions 0..length-1 (length <= max_length): what an
+        exporter freezes as a constant of the file."""
+        return self._table_prefix(length)
+
     def _computed_rows(self, ids):
         """float32 rows `[..., depth]` of any positions, by formula (`can_extend` subclasses)."""
         raise TypeError(_missing_hook(self, "_computed_rows"))

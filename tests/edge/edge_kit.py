@@ -33,10 +33,10 @@ def causal_lm(**config):
     return model
 
 
-def test_runner_gpu_checksum_equals_the_training_machine(edge, tflite_file):
+def test_runner_gpu_checksum_equals_the_training_machine(edge, tmp_path):
     model = causal_lm(num_layers=2, d_model=64, num_heads=4, dff=128, vocab_size=500, max_length=32)
-    path = tflite_file("model", export.to_tflite(model, sequence_length=32))
-    json.dump(export.runtime_metadata(model, 32), open(path + ".json", "w"))
+    path = str(tmp_path / "model.tflite")
+    export.export_and_check(model, sequence_length=32, embedding="graph").save(path)
     litert = os.path.join(edge.CACHE, "venv-litert", "bin", "python")
     on_gpu = run(edge, litert, path, "--accelerator", "gpu", "--iterations", "3", "--json")
     assert on_gpu.returncode == 0, on_gpu.stderr[-3000:]
@@ -50,10 +50,20 @@ def test_runner_gpu_checksum_equals_the_training_machine(edge, tflite_file):
     assert np.isclose(gpu["mean_abs"], cpu["mean_abs"], rtol=1e-5)
 
 
-def test_runner_refuses_a_file_not_fully_accelerated(edge, tflite_file):
+def test_runner_refuses_a_file_not_fully_accelerated(edge, tmp_path):
     model = causal_lm(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=50, max_length=16)
-    path = tflite_file("cpu", export.to_tflite(model, sequence_length=16, target="cpu"))
+    path = str(tmp_path / "cpu.tflite")
+    export.export_and_check(model, sequence_length=16, target="cpu").save(path)
     litert = os.path.join(edge.CACHE, "venv-litert", "bin", "python")
+    # The kit refuses a cpu file before the GPU sees it, naming the target to export instead.
+    result = run(edge, litert, path, "--accelerator", "gpu", "--iterations", "1", "--vocab-size", "50")
+    assert result.returncode == 1 and "--target gpu" in result.stderr
+    assert "Traceback" not in result.stderr
+    # LiteRT's own GPU-only compile refuses it too (the FILE.json list of accelerators edited away).
+    with open(path + ".json") as f:
+        metadata = json.load(f)
+    with open(path + ".json", "w") as f:
+        json.dump(dict(metadata, accelerators=["gpu", "cpu"]), f)
     result = run(edge, litert, path, "--accelerator", "gpu", "--iterations", "1", "--vocab-size", "50")
     assert result.returncode != 0
     assert "GPU compilation failed" in result.stderr and "not accelerated" in result.stderr

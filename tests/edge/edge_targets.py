@@ -172,7 +172,7 @@ def test_gl_float16_looks_up_every_token_id_of_a_vocab_8000_exactly(edge, tflite
     integers, exact in float16). A float16 GPU rounds ids above 2048 read by a CONV_2D; the split
     corrects that from an element-wise SUB, which reads the float32 input exactly.
     """
-    from keras_posenc.export.gl import linear, token_one_hot
+    from keras_posenc.export.shader_ops import linear, token_one_hot
 
     vocab, length = 8000, 128
 

@@ -1,0 +1,113 @@
+"""The file contract of every export: tensor names, `FILE.json` keys and file names, defined once.
+
+`keras-posenc export --out FILE` writes the model file(s), `FILE.json` (the runtime metadata,
+with the size and sha256 of every file written) and `FILE.contract.json`: this module's names as
+JSON (`document()`), which the device kit (export/jetson/) reads instead of repeating them. The kit
+refuses a file without its contract (one exported before the contract existed): export it again.
+"""
+
+import hashlib
+import os
+
+__all__ = ["CONTRACT_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS", "METADATA_SUFFIX", "SIGNATURES", "TENSORS",
+           "VERSION", "contract_path", "document", "embeddings_path", "file_record", "metadata_path",
+           "model_paths", "past_name", "present_name", "present_to_past"]
+
+VERSION = 1
+
+# Tensor names of the exported files.
+TENSORS = {
+    "token_ids": "token_ids",  # [batch, T] window input; [1, P] prefill input
+    "language_ids": "language_ids",
+    "position_ids": "position_ids",
+    "segment_ids": "segment_ids",
+    "embeddings": "embeddings",  # the looked-up rows table[ids] of an `embedding="host"` file
+    "token_id": "token_id",  # [1, 1] decode input
+    "position": "position",  # [1] decode input: the token's slot and position
+    "logits": "logits",
+    "past_prefix": "past_",  # past_key_<i>, past_value_<i>: the cache going in
+    "present_prefix": "present_",  # present_key_<i>, present_value_<i>: the cache coming out
+}
+
+# The keys of FILE.json.
+KEYS = {name: name for name in (
+    # every export
+    "kind", "target", "accelerators", "input_dtype", "vocab_size", "pad_id", "embedding", "embedding_table",
+    "files", "bytes", "sha256",
+    # a window export
+    "sequence_length", "batch_size", "num_languages", "inputs", "quantize", "cost",
+    # a prefill/decode export
+    "prompt_length", "cache_length", "num_layers", "bos_id", "eos_id", "unk_id", "special_ids",
+    "cache_bytes", "prefill_multiply_adds", "decode_multiply_adds", "signature_files")}
+
+KINDS = {"window": "window", "prefill_decode": "prefill_decode"}
+SIGNATURES = ("prefill", "decode")
+METADATA_SUFFIX = ".json"
+CONTRACT_SUFFIX = ".contract.json"
+EMBEDDINGS_SUFFIX = ".embeddings.npy"
+
+
+def past_name(kind, layer):
+    """`past_key_0`, `past_value_3`: the cache inputs of a decode step."""
+    return f"{TENSORS['past_prefix']}{kind}_{layer}"
+
+
+def present_name(kind, layer):
+    """`present_key_0`: the cache outputs of a call."""
+    return f"{TENSORS['present_prefix']}{kind}_{layer}"
+
+
+def present_to_past(name):
+    """A call's cache output name as the next decode step's input name."""
+    return TENSORS["past_prefix"] + name[len(TENSORS["present_prefix"]):]
+
+
+def metadata_path(out):
+    return out + METADATA_SUFFIX
+
+
+def contract_path(out):
+    return out + CONTRACT_SUFFIX
+
+
+def embeddings_path(out):
+    return out + EMBEDDINGS_SUFFIX
+
+
+def model_paths(out, suffix, per_signature):
+    """The model files of an export to `out`: `[out]`, or `STEM.prefill.SUFFIX` and `STEM.decode.SUFFIX`.
+
+    Example:
+
+    >>> model_paths("run/gen.tflite", ".tflite", per_signature=True)
+    ['run/gen.prefill.tflite', 'run/gen.decode.tflite']
+    """
+    if not per_signature:
+        return [out]
+    stem = out[:-len(suffix)] if out.endswith(suffix) else out
+    return [f"{stem}.{signature}{suffix}" for signature in SIGNATURES]
+
+
+def file_record(path):
+    """`{"bytes": size, "sha256": hex digest}` of a written file (what the kit checks before loading)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {KEYS["bytes"]: os.path.getsize(path), KEYS["sha256"]: digest.hexdigest()}
+
+
+def document():
+    """The contract as a JSON-ready dict: what `FILE.contract.json` holds.
+
+    Example:
+
+    >>> doc = document()
+    >>> doc["version"], doc["tensors"]["past_prefix"], doc["files"]["metadata_suffix"]
+    (1, 'past_', '.json')
+    """
+    return {"version": VERSION, "tensors": dict(TENSORS), "keys": dict(KEYS), "kinds": dict(KINDS),
+            "signatures": list(SIGNATURES),
+            "files": {"metadata_suffix": METADATA_SUFFIX, "contract_suffix": CONTRACT_SUFFIX,
+                      "embeddings_suffix": EMBEDDINGS_SUFFIX, "tflite_identifier": "TFL3",
+                      "tflite_identifier_offset": 4}}

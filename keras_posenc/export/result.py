@@ -1,0 +1,134 @@
+"""What one export produced and measured (`ExportResult`), its pass/fail rule and its save step.
+
+One result type for a window export (`export_and_check`) and a prefill/decode export
+(`export_generation`): the model file(s), the report, the runtime metadata and the host
+embedding table; `failures()` names every failed check, `save(out)` writes every file atomically
+(`keras_posenc.files`) with `FILE.json` recording each file's size and sha256, and the contract
+(`keras_posenc.export.contract`) beside them.
+"""
+
+import dataclasses
+import os
+
+from keras_posenc import files
+from keras_posenc.export import contract
+from keras_posenc.export.targets import target_of
+from keras_posenc.export.verdicts import BACKENDS
+
+__all__ = ["EXPORT_TOLERANCE", "ExportResult"]
+
+# The largest parity error accepted per `quantize` mode (int8 weights: reported, not checked).
+EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "dynamic_int8": None}
+
+
+@dataclasses.dataclass
+class ExportResult:
+    """What one export produced and measured.
+
+    Attributes:
+        target, quantize, embedding: the export options ("graph" or "host").
+        models: tuple of the model files' bytes: one file, or one per signature (`prefill`,
+            `decode`) where the target writes one file per signature.
+        report: dict of the checks: `parity` (max abs diff on real tokens) and `verdicts` for
+            every export; `same_tokens` and `tokens_checked` for a prefill/decode export; the
+            rest of `export_report` for a window `.tflite`.
+        lines: the report as printable lines (file names as `FILE`, see `report_lines`).
+        metadata: the runtime metadata written as `FILE.json`.
+        description: what the model files hold, for the `Wrote ...` line.
+        host_table: float32 `[vocab, d_model]` for `embedding="host"`, else None.
+    """
+
+    target: str
+    quantize: object
+    embedding: str
+    models: tuple
+    report: dict
+    lines: list
+    metadata: dict
+    description: str = ""
+    host_table: object = None
+
+    @property
+    def exported(self):
+        """The model file's bytes (a pair for a one-file-per-signature export)."""
+        return self.models[0] if len(self.models) == 1 else tuple(self.models)
+
+    @property
+    def parity(self):
+        return self.report["parity"]
+
+    @property
+    def generation(self):
+        return "same_tokens" in self.report
+
+    def failures(self, *, tolerance=None, require_gpu=False):
+        """Lines naming each failed check, `[]` when all hold: parity over `tolerance` (default
+        `EXPORT_TOLERANCE`), greedy tokens that differ from `CausalLM.generate`, and with
+        `require_gpu` ops that the target's GPU backend does not run."""
+        failed = []
+        tolerance = tolerance if tolerance is not None else EXPORT_TOLERANCE[self.quantize]
+        if self.generation and not self.report["same_tokens"]:
+            failed.append("FAILED: the file does not generate what the model generates (greedy tokens "
+                          "differ from CausalLM.generate).")
+        if tolerance is not None and not self.parity <= tolerance:
+            failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
+        verdicts = self.report.get("verdicts") or {}
+        backend = target_of(self.target).backends[0] if verdicts else None
+        if require_gpu and backend and verdicts[backend]:
+            failed.append(f"FAILED: --require-gpu and {BACKENDS[backend]} does not run "
+                          + ", ".join(verdicts[backend]))
+        return failed
+
+    def model_paths(self, out):
+        """The model files that `save(out)` writes."""
+        target = target_of(self.target)
+        return contract.model_paths(out, target.suffix, per_signature=len(self.models) > 1)
+
+    def save(self, out):
+        """Writes the model file(s), `out.embeddings.npy` (host embeddings), `out.json` and the contract.
+
+        Every file goes to a temporary name in its folder and is renamed into place
+        (`keras_posenc.files`): an interrupted or failed save leaves no partial file under a
+        final name. `out.json` records the size and sha256 of each file beside it.
+
+        Returns:
+            The paths written, model files first.
+
+        Raises:
+            keras_posenc.files.FileWriteError: a file could not be written (the message names it
+                and the free space).
+        """
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        keys = contract.KEYS
+        paths = self.model_paths(out)
+        for path, content in zip(paths, self.models):
+            files.write_bytes(path, content)
+        metadata = dict(self.metadata)
+        if self.host_table is not None:
+            table = contract.embeddings_path(out)
+            files.save_npy(table, self.host_table)
+            metadata[keys["embedding_table"]] = os.path.basename(table)
+            paths.append(table)
+        if len(self.models) > 1:
+            metadata[keys["signature_files"]] = dict(zip(contract.SIGNATURES,
+                                                         (os.path.basename(p) for p in paths)))
+        metadata[keys["files"]] = {os.path.basename(path): contract.file_record(path) for path in paths}
+        files.write_json(contract.contract_path(out), contract.document())
+        files.write_json(contract.metadata_path(out), metadata)
+        return paths + [contract.metadata_path(out), contract.contract_path(out)]
+
+    def headline(self, paths):
+        """`Wrote ...`: the files written and what the model files hold."""
+        size = sum(len(content) for content in self.models)
+        return f"Wrote {', '.join(paths)} ({size} bytes, {self.description})"
+
+    def report_lines(self, out):
+        """`lines` with the file names of an export to `out` in place of `FILE`."""
+        names = {"FILE.embeddings.npy": os.path.basename(contract.embeddings_path(out)),
+                 "--onnx=FILE": f"--onnx={out}"}
+        rendered = []
+        for line in self.lines:
+            for placeholder, name in names.items():
+                line = line.replace(placeholder, name)
+            rendered.append(line)
+        return rendered
