@@ -75,11 +75,12 @@ def position_ids(mask, *, segment_ids=None, offset=0):
 def running_count(flags, *, exclusive=False):
     """For every position of a `[B, T]` 0/1 tensor: how many ones come before it along the row.
 
-    A cumulative sum, computed as a float32 matmul with a 0/1 triangular
-    `[T, T]` matrix: exact for integer counts (every product is 0 or 1, every
-    sum an integer below 2**24, also in bfloat16 or TF32 matmul inputs), and
-    a plain matmul on every backend and edge runtime, where a cumulative sum
-    is not a GPU op (LiteRT's CUMSUM).
+    A cumulative sum in int32, exact. With a length `T` known while tracing
+    (every `jax.jit`, a static `input_signature`, an exported file) it is a
+    log-step scan: `ceil(log2(T))` shifted adds (slice, concat, add), plain ops
+    on every backend and edge runtime, where a cumulative sum is not a GPU
+    op (LiteRT's CUMSUM). With an unknown `T` (a dynamic-shape
+    `tf.function`) it is one `cumsum`, the cheapest there.
 
     Args:
         flags: bool or 0/1 int tensor `[B, T]`.
@@ -99,11 +100,17 @@ def running_count(flags, *, exclusive=False):
     >>> ops.convert_to_numpy(running_count(flags, exclusive=True)).tolist()
     [[0, 0, 1, 2, 2]]
     """
-    flags = ops.cast(ops.convert_to_tensor(flags), "float32")
-    steps = ops.arange(ops.shape(flags)[1], dtype="int32")
-    before = steps[:, None] < steps[None, :] if exclusive else steps[:, None] <= steps[None, :]
-    counts = ops.einsum("bt,ts->bs", flags, ops.cast(before, "float32"))
-    return ops.cast(counts, "int32")
+    flags = ops.cast(ops.convert_to_tensor(flags), "int32")
+    length = static_int(flags.shape[1])
+    if length is None:
+        counts = ops.cumsum(flags, axis=1)
+    else:
+        counts, shift = flags, 1
+        while shift < length:  # Hillis-Steele: after the step of `shift`, windows of 2 * shift
+            shifted = ops.concatenate([ops.zeros_like(counts[:, :shift]), counts[:, :length - shift]], axis=1)
+            counts = counts + shifted
+            shift *= 2
+    return counts - flags if exclusive else counts
 
 
 def _shape(x):
