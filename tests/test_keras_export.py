@@ -2,8 +2,10 @@
 
 Keras 3, TensorFlow backend: `model.export(format="tf_saved_model")` and `format="litert"` (a static
 signature: the inputs have static shapes), read back with `tf.saved_model.load` and ai-edge-litert's
-interpreter. Keras 3, JAX backend: `format="tf_saved_model"` (Keras converts with jax2tf; its LiteRT
-export is TensorFlow/PyTorch only). Keras 2: the equivalents, `tf.saved_model.save` and
+interpreter. Keras 3, JAX backend: Keras exports `format="tf_saved_model"` with jax2tf, but in the
+locked stack (jax 0.12, TF 2.21) TensorFlow cannot run what it writes, for any model (a plain Dense
+model too: StableHLO v1.18 from jax, v1.13.7 in TF's deserializer), so it is skipped there; Keras's
+LiteRT export is TensorFlow/PyTorch only. Keras 2: the equivalents, `tf.saved_model.save` and
 `tf.lite.TFLiteConverter.from_keras_model` with builtin ops only, run by `tf.lite.Interpreter`.
 Every LiteRT file is free of CUMSUM, IF, WHILE and Flex ops, read from the flatbuffer. The ONNX export
 (tf2onnx + onnxruntime, outside the locks) is tests/edge/edge_keras_export.py.
@@ -63,6 +65,7 @@ def _run_litert(flat, feeds):
     return interpreter.get_tensor(output["index"])
 
 
+@pytest.mark.skipif(backend_name() == "jax", reason="TF 2.21 cannot run jax 0.12's StableHLO (any model)")
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_saved_model_export_matches_keras(name, tmp_path):
     model, feeds = MODELS[name]()
