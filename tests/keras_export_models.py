@@ -23,7 +23,8 @@ REAL = np.arange(LENGTH)[None, :] >= np.array([[3], [0]])  # row 0 left-padded b
 
 
 def _inputs(**specs):
-    return {name: keras.Input(batch_shape=shape, dtype=dtype, name=name) for name, (shape, dtype) in specs.items()}
+    return {name: keras.Input(batch_shape=shape, dtype=dtype, name=name)
+            for name, (shape, dtype) in specs.items()}
 
 
 def _features(seed=0):
@@ -92,7 +93,8 @@ def _attention(position):
     def build():
         keras.utils.set_random_seed(4)
         inputs = _inputs(features=((BATCH, LENGTH, DEPTH), "float32"))
-        y = PositionalAttention(num_heads=2, key_dim=8, position=position)(inputs["features"], inputs["features"])
+        attention = PositionalAttention(num_heads=2, key_dim=8, position=position)
+        y = attention(inputs["features"], inputs["features"])
         return keras.Model(inputs, y), {"features": _features()}
     return build
 

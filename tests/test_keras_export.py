@@ -74,7 +74,7 @@ def test_saved_model_export_matches_keras(name, tmp_path):
     np.testing.assert_allclose(output, expected, rtol=0, atol=TOLERANCE)
 
 
-@pytest.mark.skipif(backend_name() != "tensorflow", reason="Keras exports LiteRT from TensorFlow (and PyTorch)")
+@pytest.mark.skipif(backend_name() != "tensorflow", reason="Keras exports LiteRT from TensorFlow and PyTorch")
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_litert_export_matches_keras_and_holds_only_static_gpu_ops(name, tmp_path):
     from keras_posenc.export.flatbuffer import op_counts
