@@ -14,8 +14,8 @@ class ShapePreserving:
     def compute_mask(self, inputs, mask=None):
         return mask
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
+    def compute_output_shape(self, input_shape=None, **shapes):
+        return input_shape_of(self, input_shape, shapes)
 
 
 def input_shape_of(layer, input_shape, shapes):

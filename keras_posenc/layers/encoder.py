@@ -273,8 +273,8 @@ class Encoder(keras.layers.Layer):
     def compute_mask(self, token_ids, mask=None):
         return ops.not_equal(token_ids, self.pad_id)  # keras ops: token_ids may be a Keras 3 KerasTensor
 
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape) + (self.d_model,)
+    def compute_output_shape(self, input_shape=None, **shapes):
+        return input_shape_of(self, input_shape, shapes) + (self.d_model,)
 
     def get_config(self):
         config = super().get_config()
