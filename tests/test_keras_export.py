@@ -102,3 +102,49 @@ def test_masked_models_really_depend_on_the_mask():
     unmasked = dict(feeds, real=np.ones_like(feeds["real"]))
     assert np.abs(_expected(model, feeds) - _expected(model, unmasked)).max() > 1e-3
     assert keras.backend.floatx() == "float32"
+
+
+PLAIN_GRAPH_FORBIDDEN = {"If", "StatelessIf", "While", "StatelessWhile", "PartitionedCall",
+                         "StatefulPartitionedCall", "Cumsum"}
+
+
+def _graph_ops(concrete):
+    graph = concrete.graph.as_graph_def()
+    return {node.op for node in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+
+
+@pytest.mark.skipif(backend_name() != "tensorflow", reason="inspects TensorFlow graphs")
+@pytest.mark.parametrize("kwargs", [{}, {"table": "factorized"}, {"table": "interpolated"},
+                                    {"overflow": "extend"}, {"num_languages": 2}],
+                         ids=["full", "factorized", "interpolated", "extend", "languages"])
+def test_the_layer_traces_to_a_plain_graph_without_captured_tensors(kwargs):
+    from keras_posenc.layers import SinusoidalPositionEmbedding
+
+    layer = SinusoidalPositionEmbedding(max_length=16, **kwargs)
+    def call(x, mask):
+        languages = {"language_ids": tf.constant([0, 1])} if "num_languages" in kwargs else {}
+        return layer(x, mask=mask, **languages)
+
+    fn = tf.function(call)
+    concrete = fn.get_concrete_function(tf.TensorSpec([2, 8, 4]), tf.TensorSpec([2, 8], tf.bool))
+    assert _graph_ops(concrete) & PLAIN_GRAPH_FORBIDDEN == set()
+    # Only variables are captured (the language scale), never a tensor of the table.
+    variables = {id(v.handle) for v in layer.weights}
+    assert [t for t in concrete.captured_inputs if id(t) not in variables] == []
+
+
+@pytest.mark.skipif(backend_name() != "tensorflow", reason="inspects TensorFlow graphs")
+def test_the_graph_check_finds_a_cond_and_a_capture():
+    """Not vacuous: a graph with a cond and a captured tensor is flagged."""
+    table = tf.constant(np.ones([4, 2], np.float32))
+    fn = tf.function(lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x + table[:2], lambda: x))
+    concrete = fn.get_concrete_function(tf.TensorSpec([2, 2]))
+    assert _graph_ops(concrete) & PLAIN_GRAPH_FORBIDDEN
+    assert len(concrete.captured_inputs) == 1
+
+
+def test_configs_with_the_old_fusion_argument_still_load():
+    from keras_posenc.layers import SinusoidalPositionEmbedding
+
+    layer = SinusoidalPositionEmbedding.from_config({"max_length": 8, "fuse_min_tokens": 4096})
+    assert "fuse_min_tokens" not in layer.get_config() and layer.max_length == 8
