@@ -13,7 +13,12 @@ repetition, all measured in this run):
   (b) ours on a left-padded batch (per-sample ids derived from the mask) /
       the same bare add;
   (c) a keras-hub / tensor2tensor style layer on the left-padded batch /
-      ours: sin and cos evaluated per element from per-sample positions.
+      ours: sin and cos evaluated per element from per-sample positions;
+  (d) TensorFlow only: (a) and (b) with both sides compiled by XLA
+      (`tf.function(jit_compile=True)`, as `model.compile(jit_compile=True)`
+      runs a model, the default of Keras 3 on TensorFlow): the layer's gather
+      and add fuse into one kernel there (jax.jit always compiles, so on JAX
+      (a) and (b) already are this).
 
 Run: python benchmarks/bench_layers.py [--reps N]
      KERAS_BACKEND=jax python benchmarks/bench_layers.py  (Keras 3)
@@ -75,8 +80,9 @@ def padded_batches(batch, length, seed=0):
     return ((convert(right), convert(right_mask)), (convert(left), convert(left_mask)))
 
 
-def compiled(fn):
-    """`fn` as the backend runs a model: a dynamic-shape tf.function, or jax.jit (waits for the result)."""
+def compiled(fn, xla=False):
+    """`fn` as the backend runs a model: a dynamic-shape tf.function (XLA-compiled with `xla`), or
+    jax.jit (waits for the result)."""
     if backend_name() == "jax":
         import jax
 
@@ -85,7 +91,7 @@ def compiled(fn):
     import tensorflow as tf
 
     signature = [tf.TensorSpec([None, None, DEPTH], tf.float32), tf.TensorSpec([None, None], tf.bool)]
-    return tf.function(fn, input_signature=signature)
+    return tf.function(fn, input_signature=signature, jit_compile=xla or None)
 
 
 def interleaved_times(cases, reps):
@@ -121,6 +127,10 @@ def main():
     bare = compiled(lambda x, mask: x + table[:ops.shape(x)[1]])
     ours = compiled(lambda x, mask: layer(x, mask=mask))
     reference = compiled(per_element_reference)
+    xla = backend_name() == "tensorflow"
+    if xla:
+        bare_xla = compiled(lambda x, mask: x + table[:ops.shape(x)[1]], xla=True)
+        ours_xla = compiled(lambda x, mask: layer(x, mask=mask), xla=True)
 
     print(f"CPU, {os.cpu_count()} cores, Keras {keras_version()} ({backend_name()}), T={LENGTH} D={DEPTH} "
           f"max_length={MAX_LENGTH}, real lengths in [T/2, T]")
@@ -133,17 +143,25 @@ def main():
         np.testing.assert_allclose(numpy(ours(*left))[left_real], expected, atol=1e-3)
         np.testing.assert_array_equal(numpy(ours(*left))[left_real], numpy(ours(*right))[right_real])
         reps = args.reps or (101 if batch > 1 else 1001)
-        t = interleaved_times({
+        cases = {
             "bare": (bare, right),
             "ours_right": (ours, right),
             "ours_left": (ours, left),
             "reference_left": (reference, left),
-        }, reps)
+        }
+        if xla:
+            np.testing.assert_allclose(numpy(ours_xla(*left)), numpy(ours(*left)), rtol=0, atol=1e-6)
+            cases.update({"bare_xla": (bare_xla, right), "ours_xla_right": (ours_xla, right),
+                          "ours_xla_left": (ours_xla, left)})
+        t = interleaved_times(cases, reps)
         print(f"B={batch} T={LENGTH} D={DEPTH} ({reps} reps; medians: "
               + ", ".join(f"{k} {np.median(v) * 1e3:.3f} ms" for k, v in t.items()) + ")")
         print(f"  (a) right-padded, ours / bare add:    {ratio(t, 'ours_right', 'bare'):.2f}x")
         print(f"  (b) left-padded, ours / bare add:     {ratio(t, 'ours_left', 'bare'):.2f}x")
         print(f"  (c) left-padded, per-element / ours:  {ratio(t, 'reference_left', 'ours_left'):.2f}x")
+        if xla:
+            print(f"  (d) right-padded, XLA, ours / bare:   {ratio(t, 'ours_xla_right', 'bare_xla'):.2f}x")
+            print(f"  (d) left-padded, XLA, ours / bare:    {ratio(t, 'ours_xla_left', 'bare_xla'):.2f}x")
 
 
 if __name__ == "__main__":

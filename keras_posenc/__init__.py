@@ -1,11 +1,9 @@
 """Positional embeddings for Transformers in TensorFlow/Keras."""
 
-# sentencepiece must be loaded before TensorFlow: sentencepiece <= 0.2.0 (the last release for
-# Python 3.8, the Python of the TF 2.12 GPU image) segfaults training a model otherwise.
-import sentencepiece  # noqa: F401, I001
-
-# For the `keras-posenc` command, the runtime's log lines and the libraries' warnings stay off the
-# output unless --verbose is given; importing _startup sets that up, before TensorFlow's first import.
+# Before TensorFlow's first import, _startup loads the application's native libraries that must
+# come first (sentencepiece, when the `app` extra is installed) and, for the `keras-posenc`
+# command, keeps the runtime's log lines and the libraries' warnings off its output unless
+# --verbose is given. The layers themselves need only TensorFlow/Keras and numpy.
 from keras_posenc import _startup  # noqa: F401, I001
 
 from keras_posenc import layers

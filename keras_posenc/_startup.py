@@ -1,4 +1,15 @@
-"""Keeps the runtime's log lines off the `keras-posenc` command's output, unless `--verbose`.
+"""Start-up of the `keras-posenc` application, before TensorFlow's first import.
+
+Two jobs, both done when `keras_posenc` is imported (its `__init__` imports
+this module first):
+
+- `preload_app_libraries`: sentencepiece, when installed (the `app` extra),
+  is loaded before TensorFlow. sentencepiece <= 0.2.0 (the last release for
+  Python 3.8, the Python of the TF 2.12 GPU image) segfaults training a
+  tokenizer when TensorFlow was loaded first. Without the extra nothing is
+  imported: the layers need only TensorFlow/Keras and numpy.
+- `quiet_runtime`: keeps the runtime's log lines off the `keras-posenc`
+  command's output, unless `--verbose`.
 
 TensorFlow, XLA, absl and TFLite write log lines straight to the process's
 stderr from C++: oneDNN and CUDA notices while TensorFlow loads (TF 2.16 and
@@ -141,4 +152,20 @@ def quiet_runtime():
         _filter_stderr()
 
 
+def preload_app_libraries():
+    """Loads sentencepiece before TensorFlow when it is installed; returns whether it did.
+
+    Does nothing when TensorFlow is loaded already (too late to matter) or
+    when sentencepiece is not installed (the package without its `app` extra).
+    """
+    if "tensorflow" in sys.modules:
+        return False
+    try:
+        importlib.import_module("sentencepiece")
+    except ImportError:
+        return False
+    return True
+
+
+preload_app_libraries()
 quiet_runtime()

@@ -3,7 +3,7 @@
 from keras_posenc.backend import dtype_name, ops, static_int
 from keras_posenc.validation import check, check_equal_dims, with_checks
 
-__all__ = ["position_ids"]
+__all__ = ["position_ids", "running_count"]
 
 
 def position_ids(mask, *, segment_ids=None, offset=0):
@@ -15,9 +15,10 @@ def position_ids(mask, *, segment_ids=None, offset=0):
     numbering restarts wherever the segment id changes along the row, so a
     packed row of several sequences numbers each of them from `offset`.
 
-    Everything is vectorised over the batch (cumulative sums and one segment
-    sum, no loop), works with unknown batch and length inside `tf.function`,
-    and compiles under XLA and `jax.jit` (Keras 3 `ops` only).
+    Everything is vectorised over the batch (0/1 triangular matmuls, see
+    `running_count`, and one segment sum; no loop, no cumulative sum), works
+    with unknown batch and length inside `tf.function`, and compiles under
+    XLA and `jax.jit` (Keras 3 `ops` only).
 
     Args:
         mask: bool or int tensor `[B, T]`, true/non-zero for real tokens.
@@ -62,13 +63,54 @@ def position_ids(mask, *, segment_ids=None, offset=0):
         raise ValueError(f"`mask` must have rank 2 [batch, length], got shape {_shape(mask)}.")
     is_real = mask if dtype_name(mask) == "bool" else ops.not_equal(mask, ops.zeros((), mask.dtype))
     real = ops.cast(is_real, "int32")
-    before = ops.cumsum(real, axis=1) - real  # exclusive count of real tokens so far
+    before = running_count(is_real, exclusive=True)  # real tokens so far
     if segment_ids is not None:
-        before = before - _real_tokens_in_earlier_segments(real, segment_ids)
+        before = before - _real_tokens_in_earlier_segments(real, before, segment_ids)
     offset = _as_offset(offset, ops.shape(real)[0])
     if offset is not None:
         before = before + offset
     return ops.where(is_real, before, ops.zeros_like(before))
+
+
+def running_count(flags, *, exclusive=False):
+    """For every position of a `[B, T]` 0/1 tensor: how many ones come before it along the row.
+
+    A cumulative sum in int32, exact. With a length `T` known while tracing
+    (every `jax.jit`, a static `input_signature`, an exported file) it is a
+    log-step scan: `ceil(log2(T))` shifted adds (slice, concat, add), plain ops
+    on every backend and edge runtime, where a cumulative sum is not a GPU
+    op (LiteRT's CUMSUM). With an unknown `T` (a dynamic-shape
+    `tf.function`) it is one `cumsum`, the cheapest there.
+
+    Args:
+        flags: bool or 0/1 int tensor `[B, T]`.
+        exclusive: bool, count the ones strictly before (True) or up to and
+            including (False) each position.
+
+    Returns:
+        An int32 tensor `[B, T]`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_posenc.backend import ops
+    >>> flags = np.array([[0, 1, 1, 0, 1]])
+    >>> ops.convert_to_numpy(running_count(flags)).tolist()
+    [[0, 1, 2, 2, 3]]
+    >>> ops.convert_to_numpy(running_count(flags, exclusive=True)).tolist()
+    [[0, 0, 1, 2, 2]]
+    """
+    flags = ops.cast(ops.convert_to_tensor(flags), "int32")
+    length = static_int(flags.shape[1])
+    if length is None:
+        counts = ops.cumsum(flags, axis=1)
+    else:
+        counts, shift = flags, 1
+        while shift < length:  # Hillis-Steele: after the step of `shift`, windows of 2 * shift
+            shifted = ops.concatenate([ops.zeros_like(counts[:, :shift]), counts[:, :length - shift]], axis=1)
+            counts = counts + shifted
+            shift *= 2
+    return counts - flags if exclusive else counts
 
 
 def _shape(x):
@@ -99,8 +141,12 @@ def _as_offset(offset, batch):
     return with_checks(offset, checks)
 
 
-def _real_tokens_in_earlier_segments(real, segment_ids):
-    """For every position: how many real tokens precede its segment in the row."""
+def _real_tokens_in_earlier_segments(real, before, segment_ids):
+    """For every position: how many real tokens precede its segment in the row.
+
+    `before` is the exclusive count of real tokens of the row; the count at a
+    segment's first position is what precedes the whole segment.
+    """
     segment_ids = ops.convert_to_tensor(segment_ids)
     if "float" in dtype_name(segment_ids):
         raise TypeError(f"`segment_ids` must be integers, got dtype {dtype_name(segment_ids)}.")
@@ -115,10 +161,9 @@ def _real_tokens_in_earlier_segments(real, segment_ids):
     changes = ops.cast(ops.not_equal(segment_ids[:, 1:], segment_ids[:, :-1]), "int32")
     starts = ops.concatenate([ops.ones_like(segment_ids[:, :1]), changes], axis=1)
     # Ordinal of each position's segment within its row: 0, 0, 1, 1, 1, 2, ...
-    ordinal = ops.cumsum(starts, axis=1) - 1
+    ordinal = running_count(starts) - 1
     flat = ordinal + ops.arange(batch, dtype="int32")[:, None] * length
-    per_segment = ops.segment_sum(ops.reshape(real, [-1]), ops.reshape(flat, [-1]),
-                                  num_segments=batch * length)
-    per_segment = ops.reshape(per_segment, ops.shape(real))
-    earlier = ops.cumsum(per_segment, axis=1) - per_segment
-    return ops.take_along_axis(earlier, ordinal, axis=1)
+    # One start per segment: the segment sum of `starts * before` is `before` at the segment's start.
+    at_start = ops.segment_sum(ops.reshape(starts * before, [-1]), ops.reshape(flat, [-1]),
+                               num_segments=batch * length)
+    return ops.take_along_axis(ops.reshape(at_start, ops.shape(real)), ordinal, axis=1)

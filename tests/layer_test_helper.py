@@ -8,7 +8,13 @@
     `model.export` on Keras 3);
   - one `fit` step towards a random target runs, with a finite loss, and moves
     every trainable weight (except the ones declared to get no gradient);
-  - under the `mixed_float16` policy the output is float16 and close to float32.
+  - under the `mixed_float16` policy the output is float16 and close to float32;
+  - keras-hub's checks (`keras_hub.src.tests.test_case.TestCase.run_layer_test`):
+    under `mixed_float16`, `mixed_bfloat16` and `bfloat16` every float output
+    (and, on Keras 3, `compute_output_spec` on backend tensors) is in the
+    policy's compute dtype, every float variable in its variable dtype, every
+    sublayer on the policy; `build(**{name + "_shape": ...})` and a symbolic
+    call with keyword tensors (`layer(inputs=x, language_ids=l)`) work.
 
 It runs on Keras 2 and on Keras 3 with the TensorFlow or JAX backend, as do
 the small helpers below (`to_numpy`, `requires_tf`).
@@ -113,6 +119,8 @@ def run_layer_test(layer_cls, init_kwargs, inputs, *, expected_output_shape=None
 
     _check_fit_step(layer_cls, init_kwargs, data, weights_without_gradient)
     _check_mixed_precision(layer_cls, init_kwargs, data, mixed_precision_atol)
+    _check_policies(layer_cls, init_kwargs, data)
+    _check_keyword_calls(layer_cls, init_kwargs, data, eager)
     return eager
 
 
@@ -156,3 +164,75 @@ def _check_mixed_precision(layer_cls, init_kwargs, data, atol):
     _call(float_layer, data)
     float_layer.set_weights(layer.get_weights())
     assert _max_diff(output, _call(float_layer, data)) <= atol
+
+
+POLICIES = ("mixed_float16", "mixed_bfloat16", "bfloat16")
+
+
+def _dtype(x):
+    """The dtype name of a tensor, variable or KerasTensor ("float32", "bfloat16", ...)."""
+    dtype = x.dtype
+    return dtype if isinstance(dtype, str) else getattr(dtype, "name", str(dtype))
+
+
+def _is_float(x):
+    return "float" in _dtype(x)
+
+
+def _keyword_data(layer, data):
+    """`data` keyed by the names of `layer.call`'s arguments (the first one under its own name)."""
+    import inspect
+
+    first = next(iter(inspect.signature(layer.call).parameters))
+    data = dict(data)
+    return {first: data.pop("inputs"), **data}
+
+
+def _check_policies(layer_cls, init_kwargs, data):
+    for name in POLICIES:
+        policy = keras.mixed_precision.Policy(name)
+        layer = layer_cls(**{**init_kwargs, "dtype": policy})
+        output = _call(layer, data)
+        for tensor in _flat(output):
+            if _is_float(tensor):
+                assert _dtype(tensor) == policy.compute_dtype, (name, tensor.dtype)
+        if is_keras3():
+            for spec in _flat(layer.compute_output_spec(**_keyword_data(layer, data))):
+                if _is_float(spec):
+                    assert _dtype(spec) == policy.compute_dtype, (name, spec.dtype)
+        # Keras 2: the layer's own variables (its MultiHeadAttention's projections follow the global
+        # policy, see below).
+        own = layer.weights if is_keras3() else layer._trainable_weights + layer._non_trainable_weights
+        for weight in own:
+            if _is_float(weight):
+                path = getattr(weight, "path", weight.name)
+                assert _dtype(weight) == policy.variable_dtype, (name, path, weight.dtype)
+        # Keras 2.12's MultiHeadAttention builds its projections on the global policy: the sublayer
+        # check is Keras 3's (keras-hub's harness is Keras 3 only).
+        for sublayer in layer._flatten_layers() if is_keras3() else []:
+            if isinstance(sublayer, (keras.layers.Softmax, keras.layers.InputLayer)):
+                continue
+            assert sublayer.compute_dtype == policy.compute_dtype, (name, sublayer.name)
+            assert sublayer.variable_dtype == policy.variable_dtype, (name, sublayer.name)
+
+
+def _flat(output):
+    return list(output) if isinstance(output, (list, tuple)) else [output]
+
+
+def _check_keyword_calls(layer_cls, init_kwargs, data, eager):
+    """keras-hub's build and symbolic-call checks: shapes and tensors passed by keyword."""
+    layer = layer_cls(**init_kwargs)
+    keyword = _keyword_data(layer, data)
+    layer.build(**{f"{key}_shape": tuple(value.shape) for key, value in keyword.items()})
+    assert layer.built
+    assert tuple(_flat(layer(**keyword))[0].shape) == tuple(_flat(eager)[0].shape)
+    layer = layer_cls(**init_kwargs)
+    if is_keras3():
+        symbolic = {key: keras.KerasTensor(tuple(value.shape), dtype_name(value))
+                    for key, value in keyword.items()}
+    else:
+        symbolic = {key: keras.Input(batch_shape=tuple(value.shape), dtype=dtype_name(value))
+                    for key, value in keyword.items()}
+    output = layer(**symbolic)
+    assert tuple(_flat(output)[0].shape) == tuple(_flat(eager)[0].shape)

@@ -105,8 +105,10 @@ def test_setup_cfg_ranges_are_satisfied_by_lock(python):
     pins, _ = read_lock(LOCK, python)
     groups = setup_cfg_requirements(SETUP_CFG)
     names = {canonicalize_name(r.name) for r in groups["install_requires"]}
-    assert {"tensorflow", "tensorflow-text", "numpy", "sentencepiece", "matplotlib"} <= names
-    for req in groups["install_requires"] + groups["extras[dev]"]:
+    assert {"tensorflow", "keras", "numpy"} == names  # the layers need nothing else
+    app = {canonicalize_name(r.name) for r in groups["extras[app]"]}
+    assert app == {"tensorflow-text", "sentencepiece", "matplotlib"}
+    for req in groups["install_requires"] + groups["extras[app]"] + groups["extras[dev]"]:
         assert req.specifier.contains(pins[canonicalize_name(req.name)]), req
 
 
@@ -129,7 +131,7 @@ def test_keras3_lock_is_fully_pinned_and_has_the_key_pins():
 def test_setup_cfg_ranges_are_satisfied_by_keras3_lock():
     pins, _ = read_lock(KERAS3_LOCK, KERAS3_PYTHON)
     groups = setup_cfg_requirements(SETUP_CFG)
-    for req in groups["install_requires"] + groups["extras[dev]"]:
+    for req in groups["install_requires"] + groups["extras[app]"] + groups["extras[dev]"]:
         if req.marker is not None and not req.marker.evaluate({"python_version": KERAS3_PYTHON}):
             continue
         assert req.specifier.contains(pins[canonicalize_name(req.name)]), req

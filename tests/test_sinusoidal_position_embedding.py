@@ -388,8 +388,8 @@ def test_extend_computes_rows_past_the_table_in_graph_mode():
     np.testing.assert_allclose(short[0], expected_pe([0, 0, 1]) * [[0], [1], [1]], atol=1e-6)
 
 
-def test_large_batches_take_the_fused_path_with_the_same_values(tmp_path):
-    # 8 x 512 tokens reach the XLA-fused gather + add; 1 x 512 tokens do not. Both must give
+def test_large_and_small_batches_give_the_same_values(tmp_path):
+    # 8 x 512 tokens and 1 x 512 tokens (the sizes around the old XLA-fused path). Both must give
     # x + PE(position) at real tokens and exactly x at padding, also after a SavedModel round trip.
     layer = SinusoidalPositionEmbedding(max_length=1024)
     lengths = np.array([512, 300, 1, 0, 512, 17, 256, 511])

@@ -1,6 +1,7 @@
 """Encoder: token and position embedding followed by a stack of EncoderLayers."""
 
 from keras_posenc.backend import keras, ops, weight_name_scope
+from keras_posenc.layers._shape_preserving import input_shape_of
 from keras_posenc.layers.encoder_layer import (
     ATTENTION_POSITIONS,
     EncoderLayer,
@@ -181,8 +182,8 @@ class Encoder(keras.layers.Layer):
             self.final_norm = keras.layers.LayerNormalization(
                 axis=-1, epsilon=self.epsilon, dtype=policy, name="final_norm")
 
-    def build(self, input_shape):
-        input_shape = tuple(input_shape)
+    def build(self, input_shape=None, **shapes):
+        input_shape = input_shape_of(self, input_shape, shapes)
         hidden_shape = input_shape + (self.d_model,)
         sublayers = [(self.embedding, input_shape)] + [(layer, hidden_shape) for layer in self.encoder_layers]
         if self.final_norm is not None:
@@ -272,8 +273,8 @@ class Encoder(keras.layers.Layer):
     def compute_mask(self, token_ids, mask=None):
         return ops.not_equal(token_ids, self.pad_id)  # keras ops: token_ids may be a Keras 3 KerasTensor
 
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape) + (self.d_model,)
+    def compute_output_shape(self, input_shape=None, **shapes):
+        return input_shape_of(self, input_shape, shapes) + (self.d_model,)
 
     def get_config(self):
         config = super().get_config()

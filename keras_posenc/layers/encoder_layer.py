@@ -7,7 +7,7 @@ from keras_posenc.backend import (
     weight_name_scope,
     without_keras_mask,
 )
-from keras_posenc.layers._shape_preserving import ShapePreserving
+from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.layers.attention_masks import merge_attention_masks, static_or_dynamic_length
 from keras_posenc.layers.positional_attention import ATTENTION_POSITIONS, PositionalAttention
 from keras_posenc.positions import position_ids as derive_position_ids
@@ -176,8 +176,8 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
         """The attention's ALiBi slopes (position="alibi"), else None."""
         return self.attention.slopes
 
-    def build(self, input_shape):
-        input_shape = tuple(input_shape)
+    def build(self, input_shape=None, **shapes):
+        input_shape = input_shape_of(self, input_shape, shapes)
         if len(input_shape) != 3 or input_shape[-1] != self.d_model:
             raise ValueError(f"`x` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {input_shape}.")

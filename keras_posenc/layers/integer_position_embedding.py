@@ -86,17 +86,17 @@ class IntegerPositionEmbedding(PositionEmbeddingBase):
 
     def _build_table(self, depth):
         rows = np.arange(self.max_length, dtype=np.float64) * self.effective_scale
-        self._table = ops.convert_to_tensor(np.repeat(rows[:, None], depth, axis=1).astype(np.float32))
+        self._table = np.repeat(rows[:, None], depth, axis=1).astype(np.float32)  # a constant where used
 
     def _computed_rows(self, ids):
         values = ops.cast(ops.cast(ids, widest_float()) * self.effective_scale, "float32")
         return values[..., None] * ops.ones([self.depth], "float32")
 
     def _table_rows(self, ids):
-        return ops.take(self._table, ids, axis=0)
+        return ops.take(ops.convert_to_tensor(self._table), ids, axis=0)
 
     def _table_prefix(self, length):
-        return self._table[:length]
+        return ops.convert_to_tensor(self._table)[:length]
 
     def get_config(self):
         config = super().get_config()

@@ -15,9 +15,10 @@ class LearnedPositionEmbedding(PositionEmbeddingBase):
     pass-through, optional per-language scale and dropout. A learned table has
     no rows past `max_length`, so only `overflow="error"` is accepted.
 
-    The table variable stays float32 under `mixed_float16` and
-    `mixed_bfloat16`; rows are gathered in float32 and cast to the compute
-    dtype at the add.
+    The table variable is in the policy's variable dtype: float32 under
+    `float32`, `mixed_float16` and `mixed_bfloat16` (rows gathered in
+    float32, cast to the compute dtype at the add), bfloat16 under
+    `bfloat16`.
 
     Args:
         max_length: int >= 1, number of trainable rows.
@@ -63,13 +64,13 @@ class LearnedPositionEmbedding(PositionEmbeddingBase):
     def _build_table(self, depth):
         self.position_table = self.add_weight(
             name="position_table", shape=[self.max_length, depth], initializer=self.initializer,
-            dtype="float32", trainable=True, **no_autocast())
+            trainable=True, **no_autocast())
 
     def _table_rows(self, ids):
-        return ops.take(self.position_table, ids, axis=0)
+        return ops.cast(ops.take(self.position_table, ids, axis=0), "float32")
 
     def _table_prefix(self, length):
-        return self.position_table[:length]
+        return ops.cast(self.position_table[:length], "float32")
 
     def get_config(self):
         config = super().get_config()

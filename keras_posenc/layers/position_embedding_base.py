@@ -9,8 +9,11 @@ dispatch and the cast to the compute dtype. It is written with
 with the TensorFlow or JAX backend.
 """
 
-from keras_posenc.backend import dtype_name, eager_scope, is_tensorflow, keras, no_autocast, ops, static_int
-from keras_posenc.layers._shape_preserving import ShapePreserving
+import numpy as np
+
+from keras_posenc.backend import dtype_name, eager_scope, keras, no_autocast, ops, static_int
+from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
+from keras_posenc.positions import running_count
 from keras_posenc.validation import (
     check,
     check_choice,
@@ -20,45 +23,14 @@ from keras_posenc.validation import (
     with_checks,
 )
 
-__all__ = ["DEFAULT_FUSE_MIN_TOKENS", "OVERFLOW_MODES", "PositionEmbeddingBase"]
+__all__ = ["OVERFLOW_MODES", "PositionEmbeddingBase"]
 
 OVERFLOW_MODES = ("error", "extend")
-
-# See `fuse_min_tokens` in PositionEmbeddingBase; how it was measured is in benchmarks/RESULTS.md.
-DEFAULT_FUSE_MIN_TOKENS = 4096
 
 
 def _missing_hook(layer, hook):
     return (f"{type(layer).__name__} subclasses PositionEmbeddingBase without defining `{hook}`; "
             "use SinusoidalPositionEmbedding or LearnedPositionEmbedding, or define the three hooks.")
-
-
-_fused_gather_add = None
-
-
-def _add_rows(inputs, table, ids, min_tokens):
-    """`inputs + table[ids]`; on TensorFlow, one XLA kernel from `min_tokens` tokens on.
-
-    Unfused, the gather writes the `[batch, length, depth]` rows to memory and
-    the add reads them back; fused, the rows go straight into the sum. The
-    values are the same either way: one gather and one add. JAX fuses on its
-    own under `jit`, so only the TensorFlow backend takes the fused kernel.
-    """
-    if not is_tensorflow() or min_tokens is None:
-        return inputs + ops.take(table, ids, axis=0)
-    import tensorflow as tf
-
-    global _fused_gather_add
-    if _fused_gather_add is None:
-        _fused_gather_add = tf.function(lambda x, t, i: x + tf.gather(t, i), jit_compile=True)
-    size = ids.shape.num_elements()
-    if size is not None:
-        if size >= min_tokens:
-            return _fused_gather_add(inputs, table, ids)
-        return inputs + tf.gather(table, ids)
-    return tf.cond(tf.size(ids) >= min_tokens,
-                   lambda: _fused_gather_add(inputs, table, ids),
-                   lambda: inputs + tf.gather(table, ids))
 
 
 def _int_max(x):
@@ -91,9 +63,17 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
       backend, `InvalidArgumentError` with the same text inside a
       `tf.function`; under `jax.jit` see `keras_posenc.validation`).
 
+    `call` traces to a plain graph on every backend: no `cond`, no nested
+    compiled function, no captured tensor (tables are NumPy arrays, made
+    constants of each traced graph), position ids from a mask by a 0/1
+    triangular matmul (`keras_posenc.positions.running_count`), not a
+    cumulative sum: Keras's own `model.export` (SavedModel, ONNX, LiteRT)
+    takes it as it is.
+
     A subclass implements `_build_table(depth)`, `_table_rows(ids)` (float32
     rows `[..., depth]` for int32 ids) and `_table_prefix(length)` (rows of
-    positions 0..length-1), optionally `_constant_table()`. A subclass that
+    positions 0..length-1), optionally `_constant_table()` (a NumPy array).
+    Tables are held as NumPy arrays and made tensors where they are used. A subclass that
     sets `can_extend = True` also implements `_computed_rows(ids)`, the rows
     of any positions by formula: the one hook behind `overflow="extend"`.
 
@@ -107,12 +87,6 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         overflow: one of `OVERFLOW_MODES`: "error" raises when a position
             reaches `max_length`; "extend" (subclasses with
             `can_extend = True` only) computes such rows.
-        fuse_min_tokens: int >= 1 or None. On the TensorFlow backend, a
-            masked lookup of at least this many tokens (`batch * length`)
-            gathers its rows and adds them in one XLA kernel instead of
-            writing the gathered rows to memory first (same values). Below
-            it, the kernel launch costs more than the memory pass it saves.
-            None never fuses. Other backends ignore it.
         **kwargs: standard layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -134,11 +108,11 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
     >>> from keras_posenc.backend import ops
     >>> class RampPositionEmbedding(PositionEmbeddingBase):
     ...     def _build_table(self, depth):
-    ...         self._ramp = ops.arange(self.max_length, dtype="float32")[:, None] * ops.ones([depth])
+    ...         self._ramp = np.repeat(np.arange(self.max_length, dtype="float32")[:, None], depth, 1)
     ...     def _table_rows(self, ids):
-    ...         return ops.take(self._ramp, ids, axis=0)
+    ...         return ops.take(ops.convert_to_tensor(self._ramp), ids, axis=0)
     ...     def _table_prefix(self, length):
-    ...         return self._ramp[:length]
+    ...         return ops.convert_to_tensor(self._ramp)[:length]
     >>> layer = RampPositionEmbedding(max_length=4)
     >>> ops.convert_to_numpy(layer(np.zeros([1, 3, 2]))[0]).tolist()
     [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
@@ -157,7 +131,10 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
     can_extend = False
 
     def __init__(self, max_length=2048, *, zero_padding=True, num_languages=None, dropout=0.0,
-                 overflow="error", fuse_min_tokens=DEFAULT_FUSE_MIN_TOKENS, **kwargs):
+                 overflow="error", **kwargs):
+        # Configs saved before the layers traced to plain graphs have `fuse_min_tokens` (an XLA-fused
+        # gather + add): the whole model compiled with XLA fuses them now, so it is read and dropped.
+        kwargs.pop("fuse_min_tokens", None)
         super().__init__(**kwargs)
         check_positive_int("max_length", max_length)
         check_choice("overflow", overflow, OVERFLOW_MODES)
@@ -168,14 +145,11 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         if num_languages is not None:
             check_positive_int("num_languages", num_languages)
         check_rate("dropout", dropout)
-        if fuse_min_tokens is not None:
-            check_positive_int("fuse_min_tokens", fuse_min_tokens)
         self.max_length = max_length
         self.zero_padding = bool(zero_padding)
         self.num_languages = num_languages
         self.dropout = float(dropout)
         self.overflow = overflow
-        self.fuse_min_tokens = fuse_min_tokens
         self.supports_masking = True
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
@@ -202,7 +176,7 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         raise TypeError(_missing_hook(self, "_computed_rows"))
 
     def _constant_table(self):
-        """The float32 `[max_length, depth]` table if rows are plain lookups in a constant, else None.
+        """The float32 NumPy `[max_length, depth]` table if rows are plain lookups in it, else None.
 
         When a subclass returns its table here, masked calls gather from a
         copy shifted down by one row under an all-zero row 0, which padding
@@ -213,33 +187,33 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
     # The overflow="extend" dispatch: the only place that picks stored or computed rows. Positions
     # inside the table always get their stored row, whatever else is in the batch: a lossy table
     # ("interpolated") differs from the formula, and a token's value must not depend on its batch.
+    # Both are computed and one is selected per position (no `cond`: a plain graph).
     def _rows_of(self, ids):
         if self.overflow != "extend":
             return self._table_rows(ids)
-
-        def mixed():
-            stored = self._table_rows(ops.minimum(ids, self.max_length - 1))
-            return ops.where((ids < self.max_length)[..., None], stored, self._computed_rows(ids))
-
-        return ops.cond(ops.all(ids < self.max_length), lambda: self._table_rows(ids), mixed)
+        stored = self._table_rows(ops.minimum(ids, self.max_length - 1))
+        return ops.where((ids < self.max_length)[..., None], stored, self._computed_rows(ids))
 
     def _prefix_of(self, length):
         if self.overflow != "extend":
             return self._table_prefix(length)
-
-        def extended(length):
-            beyond = self._computed_rows(ops.arange(self.max_length, length, dtype="int32"))
-            return ops.concatenate([self._table_prefix(self.max_length), beyond], axis=0)
-
         static = static_int(length)
-        if static is not None:
-            return self._table_prefix(static) if static <= self.max_length else extended(static)
-        return ops.cond(length <= self.max_length, lambda: self._table_prefix(length),
-                        lambda: extended(length))
+        if static is not None and static <= self.max_length:
+            return self._table_prefix(static)
+        return self._rows_of(ops.arange(length, dtype="int32"))
+
+    def _lookup(self):
+        """The lookup table (zero row 0, then the table) as a constant tensor.
+
+        In the compute dtype (fewer bytes to gather, no cast at the add) unless
+        the language scale needs float32 rows first.
+        """
+        dtype = "float32" if self.num_languages is not None else self.compute_dtype
+        return ops.cast(ops.convert_to_tensor(self._lookup_table), dtype)
 
     # Keras API --------------------------------------------------------------
-    def build(self, input_shape):
-        input_shape = tuple(input_shape)
+    def build(self, input_shape=None, **shapes):
+        input_shape = input_shape_of(self, input_shape, shapes)
         if len(input_shape) != 3:
             raise ValueError(
                 f"`inputs` must have rank 3 [batch, length, depth], got shape {input_shape}.")
@@ -247,21 +221,19 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         if depth is None:
             raise ValueError(f"The last dimension of `inputs` must be known, got shape {input_shape}.")
         self.depth = int(depth)
-        with eager_scope():  # constants, not tensors of the graph or trace that builds the layer
+        with eager_scope():  # concrete values, not tensors of the graph or trace that builds the layer
             self._build_table(self.depth)
-            self._lookup_table = None
             table = self._constant_table()
+            self._lookup_table = None
             if table is not None:
-                # Stored in the compute dtype (fewer bytes to gather, no cast at the add) unless
-                # the language scale needs float32 rows first.
-                dtype = "float32" if self.num_languages is not None else self.compute_dtype
-                zero_row = ops.zeros([1, self.depth], "float32")
-                self._lookup_table = ops.cast(
-                    ops.concatenate([zero_row, ops.cast(table, "float32")], 0), dtype)
+                # NumPy: a constant of each traced graph, never a captured tensor (graph exporters
+                # such as tf2onnx turn those into inputs). Row 0 is the all-zero row of padding.
+                self._lookup_table = np.concatenate(
+                    [np.zeros([1, self.depth], np.float32), np.asarray(table, np.float32)], 0)
         if self.num_languages is not None:
             self.language_scale = self.add_weight(
                 name="language_scale", shape=[self.num_languages], initializer="ones",
-                dtype="float32", trainable=True, **no_autocast())
+                trainable=True, **no_autocast())
         self._dropout_layer.build(input_shape)
         super().build(input_shape)
 
@@ -274,21 +246,19 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         if mask is not None:
             mask = self._validated_mask(mask, inputs)
         zero_padding = self.zero_padding and mask is not None
-        fused = zero_padding and self._fusable(language_ids, training)
+        lookup_only = zero_padding and self._lookup_only(language_ids, training)
         if position_ids is not None:
             ids = self._validated_position_ids(position_ids, inputs)
-            if fused:
-                return _add_rows(inputs, self._lookup_table, ops.where(mask, ids + 1, 0),
-                                 self.fuse_min_tokens)
+            if lookup_only:
+                return inputs + ops.take(self._lookup(), ops.where(mask, ids + 1, 0), axis=0)
             pe = self._masked_rows(ids + 1, mask) if zero_padding else self._rows(ids)
         elif mask is not None:
             # Inclusive count of real tokens so far: a real token at position p (as
             # `position_ids(mask)` numbers it) holds p + 1, and each row ends on its length.
-            counts = ops.cumsum(ops.cast(mask, "int32"), axis=1)
+            counts = running_count(mask)
             counts = with_checks(counts, self._length_checks(_int_max(counts)))
-            if fused:
-                return _add_rows(inputs, self._lookup_table, ops.where(mask, counts, 0),
-                                 self.fuse_min_tokens)
+            if lookup_only:
+                return inputs + ops.take(self._lookup(), ops.where(mask, counts, 0), axis=0)
             if zero_padding:
                 pe = self._masked_rows(counts, mask)
             else:
@@ -296,50 +266,35 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         else:
             length = with_checks(length, self._length_checks(length))
             if self._lookup_table is not None and self.overflow == "error":
-                pe = self._lookup_table[1:length + 1][None]
+                pe = self._lookup()[1:length + 1][None]
             else:
                 pe = self._prefix_of(length)[None]
         if language_ids is not None or self.num_languages is not None:
-            pe = pe * self._language_scale(language_ids, batch, length)
+            pe = ops.cast(pe, "float32") * self._language_scale(language_ids, batch, length)
         pe = ops.cast(pe, self.compute_dtype)
         if self.dropout > 0:
             pe = self._dropout_layer(pe, training=training)
         return inputs + pe
 
-    def _fusable(self, language_ids, training):
-        """True when the output is just `inputs + lookup_table[ids]` (see `_add_rows`)."""
+    def _lookup_only(self, language_ids, training):
+        """True when the output is just `inputs + lookup_table[ids]`: one gather and one add."""
         no_dropout = self.dropout == 0 or training is None or training is False
         return (self._lookup_table is not None and self.overflow == "error"
-                and self.num_languages is None and language_ids is None and no_dropout
-                and dtype_name(self._lookup_table) == self.compute_dtype)
+                and self.num_languages is None and language_ids is None and no_dropout)
 
     def _rows(self, ids):
-        """Table rows of `ids`, from the one constant that masked calls use too when possible.
-
-        Serving every path from `_lookup_table` keeps a traced or saved model
-        to a single copy of the table, whichever paths it was traced with.
-        """
+        """Table rows of `ids`, from the lookup table that masked calls use too when possible."""
         if self._lookup_table is not None and self.overflow == "error":
-            return ops.take(self._lookup_table, ids + 1, axis=0)
+            return ops.take(self._lookup(), ids + 1, axis=0)
         return self._rows_of(ids)
 
     def _masked_rows(self, ids_plus_one, mask):
         """Table rows of positions `ids_plus_one - 1`, exactly zero where `mask` is False."""
-        def multiplied():
-            rows = self._rows_of(ops.where(mask, ids_plus_one - 1, 0))
-            return rows * ops.cast(mask, rows.dtype)[:, :, None]
-
-        if self._lookup_table is None:
-            return multiplied()
-
-        def gathered():
-            return ops.take(self._lookup_table, ops.where(mask, ids_plus_one, 0), axis=0)
-
-        if self.overflow == "error":
-            return gathered()
-        # "extend": positions past the table are computed, not gathered.
-        return ops.cond(_int_max(ids_plus_one) <= self.max_length, gathered,
-                        lambda: ops.cast(multiplied(), self._lookup_table.dtype))
+        if self._lookup_table is not None and self.overflow == "error":
+            return ops.take(self._lookup(), ops.where(mask, ids_plus_one, 0), axis=0)
+        # No lookup table, or "extend" (positions past the table are computed, not gathered).
+        rows = self._rows_of(ops.where(mask, ids_plus_one - 1, 0))
+        return rows * ops.cast(mask, rows.dtype)[:, :, None]
 
     def get_config(self):
         config = super().get_config()
@@ -349,7 +304,6 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
             "num_languages": self.num_languages,
             "dropout": self.dropout,
             "overflow": self.overflow,
-            "fuse_min_tokens": self.fuse_min_tokens,
         })
         return config
 
@@ -427,7 +381,7 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
                        + str(self.num_languages) + "), got min {} and max {}.", low, high)
         checks += check_equal_dims(f"`language_ids` of rank {rank} must have shape {{}}, got shape {{}}.",
                                    [batch, length][:rank], list(ops.shape(language_ids)))
-        scale = ops.take(self.language_scale, with_checks(language_ids, checks), axis=0)
+        scale = ops.cast(ops.take(self.language_scale, with_checks(language_ids, checks), axis=0), "float32")
         if rank == 1:
             return scale[:, None, None]
         return scale[:, :, None]

@@ -1,6 +1,7 @@
 """PositionalAttention: multi-head attention with RoPE or ALiBi inside it."""
 
 from keras_posenc.backend import build_multi_head_attention, keras, ops
+from keras_posenc.layers._shape_preserving import input_shape_of
 from keras_posenc.layers.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.validation import check_choice
@@ -130,7 +131,10 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
     def output_dense(self):
         return self._output_dense
 
-    def build(self, query_shape, value_shape=None, key_shape=None):
+    def build(self, query_shape, value_shape=None, key_shape=None, **shapes):
+        # keras-hub's convention passes every tensor argument's shape (`position_ids_shape`, ...):
+        # only the query, value and key shapes size the weights.
+        input_shape_of(self, query_shape, shapes)
         query_shape = tuple(query_shape)
         value_shape = query_shape if value_shape is None else tuple(value_shape)
         build_multi_head_attention(self, query_shape, value_shape, key_shape)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from keras_posenc.backend import is_tensorflow, is_tracer, keras, ops
-from keras_posenc.layers._shape_preserving import ShapePreserving
+from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.layers.rope_scaling import (
     DYNAMIC_SCALINGS,
     ROTARY_SCALINGS,
@@ -466,7 +466,8 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
         if self.built:
             self._make_tables()
 
-    def build(self, input_shape):
+    def build(self, input_shape=None, **shapes):
+        input_shape = input_shape_of(self, input_shape, shapes)
         dim = input_shape[-1]
         if len(input_shape) not in (3, 4) or dim is None or dim % 2:
             raise ValueError("`inputs` must have shape [batch, length, heads, head_dim] or "

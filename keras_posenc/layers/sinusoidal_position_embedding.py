@@ -114,14 +114,15 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
                                         base=self.base, layout=self.layout)
         self._table_names = tuple(sorted(arrays))
         self._table_shapes = {name: values.shape for name, values in arrays.items()}
+        # NumPy arrays, made constants where they are used: never a captured tensor of a trace.
         for name, values in arrays.items():
-            setattr(self, "_" + name, ops.convert_to_tensor(values))
+            setattr(self, "_" + name, np.asarray(values, np.float32))
         self._pairs = (depth + 1) // 2
         pair, is_cos = tables._pair_columns(depth, self.layout)
-        self._is_cos = ops.convert_to_tensor(is_cos.astype(np.int32))
+        self._is_cos = is_cos.astype(np.int32)
         self._frequencies = self.base ** (-2.0 * pair.astype(np.float64) / depth)
         if self.table == "factorized" and self.layout == "interleave":
-            self._sin_cos_columns = ops.convert_to_tensor((is_cos * self._pairs + pair).astype(np.int32))
+            self._sin_cos_columns = (is_cos * self._pairs + pair).astype(np.int32)
         if self.table == "interpolated":
             self._interpolation_constants(pair, is_cos)
 
@@ -144,29 +145,30 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
             lo_node = lower * (pairs - 1) // (stored_pairs - 1)
             hi_node = upper * (pairs - 1) // (stored_pairs - 1)
             alpha = (pair - lo_node).astype(np.float32) / (hi_node - lo_node).astype(np.float32)
-        self._lower_columns = ops.convert_to_tensor((is_cos * stored_pairs + lower).astype(np.int32))
-        self._upper_columns = ops.convert_to_tensor((is_cos * stored_pairs + upper).astype(np.int32))
-        self._alpha = ops.convert_to_tensor(alpha)
+        self._lower_columns = (is_cos * stored_pairs + lower).astype(np.int32)
+        self._upper_columns = (is_cos * stored_pairs + upper).astype(np.int32)
+        self._alpha = np.asarray(alpha, np.float32)
 
     def _interpolated_rows(self, ids):
-        rows = ops.take(self._stored, ids, axis=0)
-        lo = ops.take(rows, self._lower_columns, axis=-1)
-        hi = ops.take(rows, self._upper_columns, axis=-1)
-        return lo * (1.0 - self._alpha) + hi * self._alpha
+        rows = ops.take(ops.convert_to_tensor(self._stored), ids, axis=0)
+        lo = ops.take(rows, ops.convert_to_tensor(self._lower_columns), axis=-1)
+        hi = ops.take(rows, ops.convert_to_tensor(self._upper_columns), axis=-1)
+        alpha = ops.convert_to_tensor(self._alpha)
+        return lo * (1.0 - alpha) + hi * alpha
 
     def _factorized_rows(self, ids):
         # sin(p w) and cos(p w) by angle addition, p = a * block + b.
         pairs, block = self._pairs, self._table_shapes["fine"][0]
         coarse_index = ids // block
-        coarse = ops.take(self._coarse, coarse_index, axis=0)
-        fine = ops.take(self._fine, ids - coarse_index * block, axis=0)
+        coarse = ops.take(ops.convert_to_tensor(self._coarse), coarse_index, axis=0)
+        fine = ops.take(ops.convert_to_tensor(self._fine), ids - coarse_index * block, axis=0)
         cs, cc = coarse[..., :pairs], coarse[..., pairs:]
         fs, fc = fine[..., :pairs], fine[..., pairs:]
         sin_cos = ops.concatenate([cs * fc + cc * fs, cc * fc - cs * fs], axis=-1)
         if self.layout == "concat":
             return sin_cos[..., :self.depth] if self.depth % 2 == 0 else ops.concatenate(
                 [sin_cos[..., :pairs], sin_cos[..., pairs:pairs + self.depth // 2]], axis=-1)
-        return ops.take(sin_cos, self._sin_cos_columns, axis=-1)
+        return ops.take(sin_cos, ops.convert_to_tensor(self._sin_cos_columns), axis=-1)
 
     def _rebuilt_rows(self, ids):
         if self.table == "interpolated":
@@ -175,20 +177,18 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
 
     def _table_rows(self, ids):
         if self.table == "full":
-            return ops.take(self._table, ids, axis=0)
+            return ops.take(ops.convert_to_tensor(self._table), ids, axis=0)
         # Rebuild whichever is fewer rows: one per id, or the whole table once and gather from it
-        # (big batches). Both give the same values. A static shape decides without a cond.
-        def whole_table():
-            return ops.take(self._rebuilt_rows(ops.arange(self.max_length, dtype="int32")), ids, axis=0)
-
+        # (big batches). Both give the same values. The static shape decides; an unknown one takes
+        # the whole table, whose cost is bounded by the table's size.
         dims = tuple(ids.shape)
-        if None not in dims:
-            return self._rebuilt_rows(ids) if math.prod(dims) <= self.max_length else whole_table()
-        return ops.cond(ops.size(ids) <= self.max_length, lambda: self._rebuilt_rows(ids), whole_table)
+        if None not in dims and math.prod(dims) <= self.max_length:
+            return self._rebuilt_rows(ids)
+        return ops.take(self._rebuilt_rows(ops.arange(self.max_length, dtype="int32")), ids, axis=0)
 
     def _table_prefix(self, length):
         if self.table == "full":
-            return self._table[:length]
+            return ops.convert_to_tensor(self._table)[:length]
         return self._rebuilt_rows(ops.arange(length, dtype="int32"))
 
     def _computed_rows(self, ids):
@@ -196,7 +196,8 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
         # computed in-graph (nothing stored).
         dtype = widest_float()
         angles = ops.cast(ids, dtype)[..., None] * ops.convert_to_tensor(self._frequencies, dtype)
-        return ops.cast(ops.where(self._is_cos == 0, ops.sin(angles), ops.cos(angles)), "float32")
+        is_sin = ops.convert_to_tensor(self._is_cos == 0)
+        return ops.cast(ops.where(is_sin, ops.sin(angles), ops.cos(angles)), "float32")
 
     def _constant_table(self):
         return self._table if self.table == "full" else None

@@ -1,8 +1,10 @@
 """SinusoidalPositionEmbedding2D: the fixed 2-D sin-cos table of a patch grid (MAE's layout)."""
 
+import numpy as np
+
 from keras_posenc import tables
 from keras_posenc.backend import keras, ops
-from keras_posenc.layers._shape_preserving import ShapePreserving
+from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.validation import check_base, check_positive_int
 
 __all__ = ["SinusoidalPositionEmbedding2D"]
@@ -63,19 +65,22 @@ class SinusoidalPositionEmbedding2D(ShapePreserving, keras.layers.Layer):
         """Tokens per row of inputs: `height * width`, plus one with `cls_token`."""
         return self.height * self.width + int(self.cls_token)
 
-    def build(self, input_shape):
+    def build(self, input_shape=None, **shapes):
+        input_shape = input_shape_of(self, input_shape, shapes)
         if len(input_shape) != 3 or input_shape[1] not in (None, self.num_tokens):
             extra = " plus a class token" if self.cls_token else ""
             raise ValueError(f"`inputs` must have shape [batch, {self.num_tokens}, depth] for a "
                              f"{self.height}x{self.width} grid{extra}, got shape {tuple(input_shape)}.")
-        self._table = ops.convert_to_tensor(tables.sinusoidal_table_2d(
-            self.height, self.width, int(input_shape[-1]), cls_token=self.cls_token, base=self.base))
+        # NumPy, made a constant of each traced graph at the add: never a captured tensor.
+        table = tables.sinusoidal_table_2d(self.height, self.width, int(input_shape[-1]),
+                                           cls_token=self.cls_token, base=self.base)
+        self._table = np.asarray(table, np.float32)
         super().build(input_shape)
 
     def call(self, inputs):
         if inputs.shape[1] is not None and inputs.shape[1] != self.num_tokens:
             raise ValueError(f"`inputs` must have {self.num_tokens} tokens, got shape {inputs.shape}.")
-        return inputs + ops.cast(self._table, inputs.dtype)[None]
+        return inputs + ops.cast(ops.convert_to_tensor(self._table), inputs.dtype)[None]
 
     def get_config(self):
         config = super().get_config()

@@ -3,6 +3,7 @@
 import math
 
 from keras_posenc.backend import dtype_name, keras, ops
+from keras_posenc.layers._shape_preserving import input_shape_of
 from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedding
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
 from keras_posenc.layers.sinusoidal_position_embedding import SinusoidalPositionEmbedding
@@ -122,8 +123,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         """The position layer's keyword arguments (an alias of `position_config`)."""
         return dict(self.position_config)
 
-    def build(self, input_shape):
-        input_shape = tuple(input_shape)
+    def build(self, input_shape=None, **shapes):
+        input_shape = input_shape_of(self, input_shape, shapes)
         self.token_embedding.build(input_shape)
         self.position_embedding.build(input_shape + (self.d_model,))
         super().build(input_shape)
@@ -148,8 +149,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def compute_mask(self, token_ids, mask=None):
         return ops.not_equal(token_ids, self.pad_id)
 
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape) + (self.d_model,)
+    def compute_output_shape(self, input_shape=None, **shapes):
+        return input_shape_of(self, input_shape, shapes) + (self.d_model,)
 
     def get_config(self):
         config = super().get_config()
