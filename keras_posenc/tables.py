@@ -336,8 +336,15 @@ def table_nbytes(kind, length, depth, *, stored_dims=None, base=10000.0, layout=
     return int(sum(a.nbytes for a in arrays.values()))
 
 
-def _pair_columns(depth, layout):
-    """`(pair, is_cos)` of every output column."""
+def pair_columns(depth, layout):
+    """`(pair, is_cos)` of every output column of a `depth`-wide sinusoidal table.
+
+    Column `c` holds sin (is_cos 0) or cos (is_cos 1) of frequency pair `pair[c]`: alternating
+    in the "interleave" layout, all sines then all cosines in "concat".
+
+    >>> [a.tolist() for a in pair_columns(4, "interleave")], [a.tolist() for a in pair_columns(4, "concat")]
+    ([[0, 0, 1, 1], [0, 1, 0, 1]], [[0, 1, 0, 1], [0, 0, 1, 1]])
+    """
     pairs = (depth + 1) // 2
     cols = np.arange(depth)
     if layout == "interleave":
@@ -401,7 +408,7 @@ def compressed_table(kind, length, depth, *, stored_dims=None, base=10000.0, lay
     if kind == "full":
         return consts["table"]
     pairs = (depth + 1) // 2
-    pair, is_cos = _pair_columns(depth, layout)
+    pair, is_cos = pair_columns(depth, layout)
     if kind == "interpolated":
         stored = consts["stored"]
         stored_pairs = stored.shape[1] // 2
@@ -447,7 +454,7 @@ def table_error_report(kind, length, depth, *, stored_dims=None, base=10000.0, l
     error = approx.astype(np.float64) - exact
     stored = table_nbytes(kind, length, depth, stored_dims=stored_dims, base=base, layout=layout)
     full = length * depth * 4
-    pair, _ = _pair_columns(depth, layout)
+    pair, _ = pair_columns(depth, layout)
     pairs = (depth + 1) // 2
     bands = []
     for first, stop in _bands(pairs, num_bands):

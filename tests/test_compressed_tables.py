@@ -43,7 +43,7 @@ def interpolation_bound(length, depth, stored_dims, layout="interleave", base=10
     c = 2 * np.log(base) / depth
     theta = np.arange(length)[:, None] * base ** (-2.0 * lo / depth)[None, :]
     bound = np.minimum(2.0, (hi - lo) ** 2 / 8 * c ** 2 * theta * (theta + 1))
-    pair_of_column = tables._pair_columns(depth, layout)[0]
+    pair_of_column = tables.pair_columns(depth, layout)[0]
     return bound[:, pair_of_column]
 
 
@@ -66,7 +66,7 @@ def test_interpolated_within_its_bound(length, depth, stored_dims, layout):
     error = np.abs(approx - reference)
     assert np.all(error <= interpolation_bound(length, depth, stored_dims, layout) + 3e-7)
     # Stored pairs are exact columns of the table.
-    pair = tables._pair_columns(depth, layout)[0]
+    pair = tables.pair_columns(depth, layout)[0]
     stored = np.isin(pair, tables.interpolation_nodes((depth + 1) // 2, stored_dims // 2))
     np.testing.assert_array_equal(approx[:, stored], reference[:, stored].astype(np.float32))
     if stored_dims >= depth:

@@ -118,7 +118,7 @@ class SinusoidalPositionEmbedding(PositionEmbeddingBase):
         for name, values in arrays.items():
             setattr(self, "_" + name, np.asarray(values, np.float32))
         self._pairs = (depth + 1) // 2
-        pair, is_cos = tables._pair_columns(depth, self.layout)
+        pair, is_cos = tables.pair_columns(depth, self.layout)
         self._is_cos = is_cos.astype(np.int32)
         self._frequencies = self.base ** (-2.0 * pair.astype(np.float64) / depth)
         if self.table == "factorized" and self.layout == "interleave":
