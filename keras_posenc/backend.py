@@ -389,9 +389,6 @@ if not _KERAS3:
             num_segments = tf.reduce_max(segment_ids) + 1
         return tf.math.unsorted_segment_sum(data, segment_ids, num_segments)
 
-    def cond(pred, true_fn, false_fn):
-        return tf.cond(pred, true_fn, false_fn)
-
     def einsum(subscripts, *operands):
         return tf.einsum(subscripts, *operands)
 
