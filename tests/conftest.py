@@ -3,6 +3,8 @@
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -19,3 +21,14 @@ settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True
 settings.register_profile("thorough", max_examples=200, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The first 300 lines of the embedded default corpus as a file: a small training run's data."""
+    from keras_posenc.app import dataset as data  # the application's dependencies, only where used
+
+    path = tmp_path_factory.mktemp("corpus") / "small.txt"
+    lines = data.read_text_corpus(data.default_corpus_path())[:300]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)

@@ -63,14 +63,6 @@ def _error_line(err):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "small.txt"
-    lines = data.read_text_corpus(data.default_corpus_path())[:300]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def earlier_run(corpus, tmp_path_factory):
     """A finished run (checkpoints at steps 2 and 4) and its report; tests work on copies of it."""
     out = str(tmp_path_factory.mktemp("earlier") / "run")

@@ -23,14 +23,6 @@ TINY = {"steps": 6, "batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads"
         "max_length": 16, "vocab_size": 150, "warmup_steps": 4, "checkpoint_every": 2, "verbose": 0}
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "small.txt"
-    lines = data.read_text_corpus(data.default_corpus_path())[:300]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
-
-
 def _weights(out):
     return keras.models.load_model(os.path.join(out, "model.keras"), compile=False).get_weights()
 
