@@ -54,7 +54,7 @@ def free_space(folder):
 
 def describe_write_error(path, error):
     """One line: what could not be written, why, and how much space is left there."""
-    reason = error.strerror or str(error) if isinstance(error, OSError) else str(error)
+    reason = getattr(error, "strerror", None) or str(error)
     free = free_space(os.path.dirname(os.path.abspath(path)))
     room = "" if free is None else f" ({_megabytes(free)} free in {os.path.dirname(os.path.abspath(path))})"
     return f"cannot write {path}: {reason}{room}"
