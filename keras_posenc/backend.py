@@ -28,9 +28,9 @@ import builtins
 import contextlib
 import types
 
-__all__ = ["attention_kernel_initializer", "backend_name", "dropout_state", "dtype_name", "eager_scope",
-           "inference_function", "is_keras3", "is_tensorflow", "is_symbolic", "is_tracer", "keras",
-           "keras_version", "make_deterministic", "no_autocast", "ops", "save_model", "static_int",
+__all__ = ["add_rows", "attention_kernel_initializer", "backend_name", "dropout_state", "dtype_name",
+           "eager_scope", "inference_function", "is_keras3", "is_tensorflow", "is_symbolic", "is_tracer",
+           "keras", "keras_version", "make_deterministic", "no_autocast", "ops", "save_model", "static_int",
            "widest_float"]
 __all__ += ["build_multi_head_attention", "dense_gradients", "is_functional", "model_input_names",
             "weight_name_scope", "without_keras_mask"]
@@ -138,6 +138,30 @@ def eager_scope():
 
         return jax.ensure_compile_time_eval()
     return contextlib.nullcontext()
+
+
+def add_rows(x, table, ids):
+    """`x + take(table, ids, axis=0)`: the gather-and-add of the position layers, fused where it can be.
+
+    In a TensorFlow graph (a `tf.function`: Keras's train and predict
+    functions) the gather and the add are marked as one XLA cluster
+    (`tf.xla.experimental.jit_scope`), so the rows are added as they are read
+    instead of being written to memory and read back: a plain graph pays one
+    more pass over `[batch, length, depth]` for that (benchmarks/bench_layers.py).
+    The mark is an attribute of the two ops, not a `cond` or a nested
+    function: exporters (SavedModel, tf2onnx, the TFLite converter) see two
+    plain ops. TensorFlow compiles such a cluster lazily, once a shape
+    repeats, and stops compiling one that keeps seeing new shapes, so inputs
+    of varying length do not pay a compilation per call. Eagerly and on JAX
+    (whose `jit` fuses the two anyway) these are the plain ops.
+    """
+    if is_tensorflow():
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            with tf.xla.experimental.jit_scope(compile_ops=True, separate_compiled_gradients=False):
+                return x + tf.gather(table, ids)  # ids are in range: no negative-index handling
+    return x + ops.take(table, ids, axis=0)
 
 
 def inference_function(layer, fn):

@@ -43,3 +43,24 @@ def test_make_deterministic_seeds_keras_and_numpy():
     again = backend.keras.layers.Dense(4, kernel_initializer="glorot_uniform")
     again.build([None, 3])
     np.testing.assert_array_equal(backend.ops.convert_to_numpy(again.kernel), kernel)
+
+
+@pytest.mark.skipif(not backend.is_tensorflow(), reason="the XLA mark is a TensorFlow graph attribute")
+def test_add_rows_marks_one_xla_cluster_in_graphs_and_gives_the_plain_values():
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal([9, 4]).astype(np.float32)
+    ids = rng.integers(0, 9, size=[3, 5]).astype(np.int32)
+    x = rng.standard_normal([3, 5, 4]).astype(np.float32)
+    signature = [tf.TensorSpec([None, None, 4], tf.float32), tf.TensorSpec([None, None], tf.int32)]
+    traced = tf.function(lambda x, ids: backend.add_rows(x, table, ids), input_signature=signature)
+    expected = x + table[ids]
+    np.testing.assert_array_equal(backend.ops.convert_to_numpy(backend.add_rows(x, table, ids)), expected)
+    for _ in range(3):  # the cluster is compiled once a shape repeats: the compiled values too
+        np.testing.assert_array_equal(traced(x, ids).numpy(), expected)
+    nodes = traced.get_concrete_function().graph.as_graph_def().node
+    marked = sorted(node.op for node in nodes if node.attr["_XlaCompile"].b and node.op != "Const")
+    assert marked == ["AddV2", "GatherV2"]
+    assert not {"If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"} & {node.op for node in nodes}

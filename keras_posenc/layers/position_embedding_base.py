@@ -11,7 +11,7 @@ with the TensorFlow or JAX backend.
 
 import numpy as np
 
-from keras_posenc.backend import dtype_name, eager_scope, keras, no_autocast, ops, static_int
+from keras_posenc.backend import add_rows, dtype_name, eager_scope, keras, no_autocast, ops, static_int
 from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.positions import running_count
 from keras_posenc.validation import (
@@ -68,7 +68,9 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
     constants of each traced graph), position ids from a mask by a 0/1
     triangular matmul (`keras_posenc.positions.running_count`), not a
     cumulative sum: Keras's own `model.export` (SavedModel, ONNX, LiteRT)
-    takes it as it is.
+    takes it as it is. In TensorFlow graphs the gather and the add of a
+    masked call are marked as one XLA cluster (`backend.add_rows`), so the
+    gathered rows are not written to memory and read back.
 
     A subclass implements `_build_table(depth)`, `_table_rows(ids)` (float32
     rows `[..., depth]` for int32 ids) and `_table_prefix(length)` (rows of
@@ -250,7 +252,7 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         if position_ids is not None:
             ids = self._validated_position_ids(position_ids, inputs)
             if lookup_only:
-                return inputs + ops.take(self._lookup(), ops.where(mask, ids + 1, 0), axis=0)
+                return add_rows(inputs, self._lookup(), ops.where(mask, ids + 1, 0))
             pe = self._masked_rows(ids + 1, mask) if zero_padding else self._rows(ids)
         elif mask is not None:
             # Inclusive count of real tokens so far: a real token at position p (as
@@ -258,7 +260,7 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
             counts = running_count(mask)
             counts = with_checks(counts, self._length_checks(_int_max(counts)))
             if lookup_only:
-                return inputs + ops.take(self._lookup(), ops.where(mask, counts, 0), axis=0)
+                return add_rows(inputs, self._lookup(), ops.where(mask, counts, 0))
             if zero_padding:
                 pe = self._masked_rows(counts, mask)
             else:
