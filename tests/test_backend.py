@@ -63,4 +63,5 @@ def test_add_rows_marks_one_xla_cluster_in_graphs_and_gives_the_plain_values():
     nodes = traced.get_concrete_function().graph.as_graph_def().node
     marked = sorted(node.op for node in nodes if node.attr["_XlaCompile"].b and node.op != "Const")
     assert marked == ["AddV2", "GatherV2"]
-    assert not {"If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"} & {node.op for node in nodes}
+    calls = {"If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"}
+    assert not calls & {node.op for node in nodes}

@@ -74,3 +74,22 @@ result = order
 """, blocked=())
     assert out["result"] == ["sentencepiece", "tensorflow"]
 
+
+
+def test_the_command_without_the_app_extra_says_what_to_install_in_one_line(tmp_path):
+    out_dir = str(tmp_path / "run")
+    out = _run(f"""
+import contextlib, io, os
+from keras_posenc.app import cli
+stderr = io.StringIO()
+with contextlib.redirect_stderr(stderr):
+    code = cli.main(["train", "--steps", "1", "--out", {out_dir!r}])
+result = [code, stderr.getvalue(), os.path.exists({out_dir!r})]
+""")
+    code, stderr, made_out = out["result"]
+    assert code == 2
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert stderr.startswith(
+        "keras-posenc: error: the command needs the application's dependencies (No module named")
+    assert "pip install 'keras-posenc[app]'" in stderr
+    assert not made_out

@@ -46,6 +46,8 @@ __all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "build_parser",
            "main"]
 
 DEMO_OUT = os.path.join("runs", "demo")
+# The modules of the `app` extra (setup.cfg): the layers run without them, the command does not.
+APP_EXTRA_MODULES = ("sentencepiece", "tensorflow_text", "matplotlib")
 # The demo's `TrainConfig` fields: small enough to finish in well under 5 minutes on 2 CPU cores, big
 # enough to beat a unigram model.
 DEMO_SETTINGS = {
@@ -543,7 +545,8 @@ def _warning_printer(show_library_warnings):
 def main(argv=None):
     """Runs `keras-posenc` with `argv` (default: the process arguments); returns the exit code.
 
-    User errors (`ValueError`, `OSError`, a bad flag combination), write
+    User errors (`ValueError`, `OSError`, a bad flag combination, a module
+    of the `app` extra that is not installed), write
     errors (`files.FileWriteError`, TensorFlow's file errors), a run folder
     held by another run (`RunLockedError`) are printed to stderr as one line
     `keras-posenc: error: ...` and give status 2; argparse errors exit with
@@ -562,6 +565,17 @@ def main(argv=None):
     >>> main(["train", "--format", "tsv"])  # the embedded corpus is not TSV; message on stderr
     2
     """
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as err:  # the parser's defaults already need the application's modules
+        if (err.name or "").split(".")[0] not in APP_EXTRA_MODULES:
+            raise
+        print(f"keras-posenc: error: the command needs the application's dependencies ({err}): "
+              "pip install 'keras-posenc[app]'.", file=sys.stderr)
+        return 2
+
+
+def _main(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
     from keras_posenc.backend import backend_name, is_tensorflow
