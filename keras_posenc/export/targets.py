@@ -41,6 +41,8 @@ class Target:
             delegate holds one compiled graph per interpreter).
         max_cache_length: None or the longest cache (positions are float16 integers on a GPU).
         runs_on: the kit accelerators (`--accelerator`) a file of this target is built for.
+        litertlm_backend: None, or the LiteRT-LM engine backend ("cpu", "gpu") a `.litertlm`
+            bundle of this target is built for (`keras_posenc.export.litertlm`).
     """
 
     name: str
@@ -56,6 +58,7 @@ class Target:
     file_per_signature: bool
     max_cache_length: object
     runs_on: tuple
+    litertlm_backend: object = None
 
     @property
     def suffix(self):
@@ -78,7 +81,7 @@ TARGETS = {
     "gpu": Target("gpu", "tflite", "int32", None, one_hot_lookup=True, host_embedding=True,
                   generation_host_embedding=True, keep_batch_matmul=True, backends=("webgpu", "opencl", "gl"),
                   shader_generation=True, file_per_signature=False, max_cache_length=_FLOAT16_INTEGERS,
-                  runs_on=("gpu", "cpu")),
+                  runs_on=("gpu", "cpu"), litertlm_backend="gpu"),
     "gl": Target("gl", "tflite", "float32", 1, one_hot_lookup=True, host_embedding=True,
                  generation_host_embedding=True, keep_batch_matmul=False, backends=("gl", "webgpu"),
                  shader_generation=True, file_per_signature=True, max_cache_length=_FLOAT16_INTEGERS,
@@ -86,7 +89,7 @@ TARGETS = {
     "cpu": Target("cpu", "tflite", "int32", None, one_hot_lookup=False, host_embedding=False,
                   generation_host_embedding=False, keep_batch_matmul=False, backends=("gl", "webgpu"),
                   shader_generation=False, file_per_signature=False, max_cache_length=None,
-                  runs_on=("cpu",)),
+                  runs_on=("cpu",), litertlm_backend="cpu"),
     "tensorrt": Target("tensorrt", "onnx", "int32", None, one_hot_lookup=False, host_embedding=True,
                        generation_host_embedding=False, keep_batch_matmul=False, backends=(),
                        shader_generation=False, file_per_signature=True, max_cache_length=None,
