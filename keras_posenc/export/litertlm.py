@@ -59,8 +59,10 @@ class _EngineGraphs:
     def _call(self, tokens, input_pos, cache):
         # The engine's layout [1, heads, C, head_dim] <-> cached_step's [1, C, heads, head_dim].
         own = [tf.transpose(buffer, [0, 2, 1, 3]) for buffer in cache]
+        # The first slot as a [1] slice, not a scalar: the GPU delegates refuse STRIDED_SLICE with a
+        # shrink axis (and every op depending on it would run on the CPU); [1] broadcasts as a scalar.
         logits, keys, values = generator.cached_forward(self.clone, self.context, tokens, input_pos[None],
-                                                        input_pos[0], own[0::2], own[1::2])
+                                                        input_pos[:1], own[0::2], own[1::2])
         outputs = {}
         for i in range(self.layers):
             outputs[contract.kv_cache_name("key", i)] = tf.transpose(keys[i], [0, 2, 1, 3])
