@@ -52,13 +52,13 @@ def runtime_python(python=None):
     return sys.executable
 
 
-def _run_script(python, command, spec, timeout):
+def _run_script(python, command, spec, timeout, env=None):
     with tempfile.TemporaryDirectory(prefix="keras_posenc_litertlm_") as folder:
         path = os.path.join(folder, "spec.json")
         with open(path, "w") as f:
             json.dump(spec, f)
         done = subprocess.run([python, _SCRIPT, command, path], capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env=env)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         raise RuntimeError(f"LiteRT-LM `{command}` failed (exit {done.returncode}): "
@@ -91,7 +91,7 @@ def pack_bundle(flat, sp_model, *, cache_length, pad_id, activation, python, tim
 
 
 def engine_texts(bundle_path, sessions, max_new_tokens, *, backend="cpu", python, benchmark=False,
-                 timeout=600):
+                 timeout=600, env=None):
     """LiteRT-LM's greedy text for each session's turns: `(texts, benchmarks, log)`.
 
     Args:
@@ -100,13 +100,15 @@ def engine_texts(bundle_path, sessions, max_new_tokens, *, backend="cpu", python
         max_new_tokens: int, tokens per turn.
         backend: "cpu" or "gpu".
         python: the Python of `runtime_python`.
+        benchmark: bool, also return the engine's benchmark info of each session.
+        env: optional environment of the engine's process (e.g. where Vulkan finds its driver).
 
     Raises:
         RuntimeError: the engine failed (its last log lines in the message).
     """
     result, log = _run_script(python, "generate", {"bundle": os.path.abspath(bundle_path), "backend": backend,
                                                    "turns": sessions, "max_new_tokens": max_new_tokens,
-                                                   "benchmark": benchmark}, timeout)
+                                                   "benchmark": benchmark}, timeout, env)
     return result["turns"], result["benchmark"], log
 
 
