@@ -22,8 +22,8 @@ from keras_posenc.export import contract, generator, litertlm
 from keras_posenc.export.cost import graph_cost
 from keras_posenc.export.result import ExportResult
 
-__all__ = ["ENGINE_PYTHON_ENV", "INSTALL_HINT", "engine_texts", "export_litertlm", "keras_texts",
-           "pack_bundle", "probe_texts", "runtime_python"]
+__all__ = ["ENGINE_PYTHON_ENV", "INSTALL_HINT", "check_probes", "engine_texts", "export_litertlm",
+           "keras_texts", "pack_bundle", "probe_texts", "runtime_python"]
 
 # The Python with litert-lm-builder + litert-lm-api (tests/edge/runtime/bootstrap.sh builds one).
 ENGINE_PYTHON_ENV = "KERAS_POSENC_LITERTLM_PYTHON"
@@ -163,6 +163,23 @@ def probe_texts(sp_model, prompt_length, cache_length, max_new_tokens):
     return [[text(short, 0)], [text(long, 3)], [text(short, 11), text(short, 29)]]
 
 
+def check_probes(sp_model, sessions, cache_length, max_new_tokens):
+    """ValueError naming the first probe session that does not fit in the cache with its generated tokens.
+
+    A session needs BOS + every turn's pieces + `max_new_tokens` per turn slots (the engine stops
+    at `max_num_tokens = cache_length`).
+    """
+    processor = _processor(sp_model)
+    for turns in sessions:
+        if not turns or not all(isinstance(text, str) and text for text in turns):
+            raise ValueError(f"a probe session is a list of non-empty prompts, got {turns!r}.")
+        needed = 1 + sum(len(processor.EncodeAsIds(text)) + max_new_tokens for text in turns)
+        if needed > cache_length:
+            raise ValueError(f"the probe prompt {turns[0]!r} needs {needed} cache slots (BOS, its pieces and "
+                             f"{max_new_tokens} new tokens per turn); the bundle has "
+                             f"cache_length={cache_length}.")
+
+
 def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu", probes=None,
                     max_new_tokens=8, python=None, check_tokens=16):
     """Exports a `CausalLM` as a `.litertlm` bundle and checks it against `CausalLM.generate`.
@@ -184,8 +201,10 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
         `engine` (the texts, or why it did not run).
 
     Raises:
-        ValueError: as `to_litertlm_tflite`, or no Python with `litert-lm-builder` (the bundle
-            cannot be built without it).
+        ValueError: as `to_litertlm_tflite`, a probe that does not fit in the cache
+            (`check_probes`), or no Python with `litert-lm-builder` (the bundle cannot be built
+            without it).
+        RuntimeError: the builder's process failed (its last log lines in the message).
     """
     target = litertlm.check_litertlm(model, prompt_length, cache_length, target)
     python = runtime_python(python)
@@ -207,6 +226,7 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
     metadata[keys["prefill_multiply_adds"]], metadata[keys["decode_multiply_adds"]] = (
         c["multiply_adds"] for c in costs)
     sessions = probes or probe_texts(sp_model, prompt_length, cache_length, max_new_tokens)
+    check_probes(sp_model, sessions, cache_length, max_new_tokens)
     engine = _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python)
     report = {"same_tokens": same, "parity": 0.0 if same else 1.0, "tokens_checked": tokens, "verdicts": {},
               "engine_same_text": engine["same_text"], "engine": engine}
