@@ -91,7 +91,7 @@ def pack_bundle(flat, sp_model, *, cache_length, pad_id, activation, python, tim
 
 
 def engine_texts(bundle_path, sessions, max_new_tokens, *, backend="cpu", python, benchmark=False,
-                 timeout=600, env=None):
+                 threads=None, timeout=600, env=None):
     """LiteRT-LM's greedy text for each session's turns: `(texts, benchmarks, log)`.
 
     Args:
@@ -101,6 +101,7 @@ def engine_texts(bundle_path, sessions, max_new_tokens, *, backend="cpu", python
         backend: "cpu" or "gpu".
         python: the Python of `runtime_python`.
         benchmark: bool, also return the engine's benchmark info of each session.
+        threads: optional int, the CPU backend's threads (default: the engine's).
         env: optional environment of the engine's process (e.g. where Vulkan finds its driver).
 
     Raises:
@@ -108,7 +109,7 @@ def engine_texts(bundle_path, sessions, max_new_tokens, *, backend="cpu", python
     """
     result, log = _run_script(python, "generate", {"bundle": os.path.abspath(bundle_path), "backend": backend,
                                                    "turns": sessions, "max_new_tokens": max_new_tokens,
-                                                   "benchmark": benchmark}, timeout, env)
+                                                   "benchmark": benchmark, "threads": threads}, timeout, env)
     return result["turns"], result["benchmark"], log
 
 

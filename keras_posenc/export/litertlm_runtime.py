@@ -7,7 +7,7 @@ in the packaging venv (`keras_posenc.export.litertlm_bundle` finds it) with one 
     python litertlm_runtime.py pack SPEC.json      # {"tflite", "spm", "out", "start_id", "stop_ids",
                                                    #  "pad_id", "max_num_tokens", "activation"}
     python litertlm_runtime.py generate SPEC.json  # {"bundle", "backend", "turns": [[text, ...]],
-                                                   #  "max_new_tokens", "benchmark"}
+                                                   #  "max_new_tokens", "benchmark", "threads"}
 
 `generate` prints one JSON line: `{"turns": [[text of each turn], ...], "benchmark": [...]}` (one
 session per list of turns, greedy: top_k 1, no prompt template).
@@ -53,7 +53,10 @@ def generate(spec):
     """Greedy text of each session's turns on the engine."""
     import litert_lm
 
-    backend = litert_lm.Backend.GPU() if spec["backend"] == "gpu" else litert_lm.Backend.CPU()
+    if spec["backend"] == "gpu":
+        backend = litert_lm.Backend.GPU()
+    else:
+        backend = litert_lm.Backend.CPU(thread_count=spec.get("threads"))
     engine = litert_lm.Engine(spec["bundle"], backend=backend, enable_benchmark=bool(spec.get("benchmark")))
     sessions, benchmarks = [], []
     for turns in spec["turns"]:
