@@ -15,8 +15,11 @@ LiteRT-LM (`litert-lm-api`, the engine people deploy) runs a TFLite file with a 
 Each call writes its chunk from slot `input_pos[0]` (slots `input_pos[0] .. input_pos[0] + T - 1`:
 the padding writes slots after the real tokens, which the next call overwrites before any query
 reads them) and the tokens' positions are `input_pos` (a padding token's 0 is a valid position
-of every table). The step is `Encoder.cached_step` with the target's formulations, as in
-`generator`; the cache is transposed to its own layout `[1, C, heads, head_dim]` inside the file.
+of every table). On `cpu` the step is `Encoder.cached_step` with the target's formulations, as in
+`generator`, the cache transposed to its own layout `[1, C, heads, head_dim]` inside the file. On
+`gpu` it is `gl_generate.decode_graph` (shader-only ops, finite float16 constants: what LiteRT-LM's
+GPU backend runs, in its default float16 activations too), one step per token of the chunk, with
+the caches `[1, 1, C, heads * head_dim]` (`_ShaderEngineGraphs`).
 
 `pack_bundle` puts the file, the run's SentencePiece model and LlmMetadata (BOS/EOS/pad from the
 model's special ids, `max_num_tokens = C`) into a `.litertlm` with the `litert-lm-builder`
@@ -27,7 +30,7 @@ protobuf >= 6.31, which the TF 2.12 stack cannot load.
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export import contract, generator
+from keras_posenc.export import contract, generator, gl_generate
 from keras_posenc.export.conversion import ModelSpec, rebuild
 from keras_posenc.export.formulation import ExportContext
 from keras_posenc.export.formulations import FORMULATIONS
@@ -88,6 +91,52 @@ class _EngineGraphs:
         return tf.function(decode, input_signature=self._signature(1))
 
 
+class _ShaderEngineGraphs(_EngineGraphs):
+    """The `gpu` signatures: `gl_generate.decode_graph` (shader-only ops), one step per chunk token.
+
+    The prefill is `P` decode steps unrolled in one graph, token `t` at slot and position
+    `input_pos[0] + t` (the padding's slots follow the real tokens', as on the CPU; a slot past
+    the cache matches no one-hot row and writes nothing). The caches are `[1, 1, C, heads *
+    head_dim]`: the engine's `[1, heads, C, head_dim]` pattern with the heads folded into the
+    features, the memory layout of the shader graphs' `[1, C, heads, head_dim]` (a RESHAPE, no
+    TRANSPOSE).
+    """
+
+    def __init__(self, clone, prompt_length, cache_length, target):
+        super().__init__(clone, prompt_length, cache_length, target)
+        encoder = clone.encoder
+        self.own_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
+        self.cache_spec = [1, 1, cache_length, encoder.d_model]
+
+    def _steps(self, tokens, input_pos, cache):
+        keys = [tf.reshape(buffer, self.own_spec) for buffer in cache[0::2]]
+        values = [tf.reshape(buffer, self.own_spec) for buffer in cache[1::2]]
+        ids = tf.cast(tokens, tf.float32)
+        first = tf.cast(input_pos[:1], tf.float32)
+        logits = None
+        for t in range(tokens.shape[1]):
+            logits, keys, values = gl_generate.decode_graph(self.clone, ids[:, t:t + 1], first + float(t),
+                                                            keys, values)
+        outputs = {}
+        for i in range(self.layers):
+            outputs[contract.kv_cache_name("key", i)] = tf.reshape(keys[i], self.cache_spec)
+            outputs[contract.kv_cache_name("value", i)] = tf.reshape(values[i], self.cache_spec)
+        return logits, outputs
+
+    def prefill_function(self):
+        def prefill(tokens, input_pos, *cache):
+            return self._steps(tokens, input_pos, cache)[1]
+
+        return tf.function(prefill, input_signature=self._signature(self.prompt_length))
+
+    def decode_function(self):
+        def decode(tokens, input_pos, *cache):
+            logits, outputs = self._steps(tokens, input_pos, cache)
+            return {LOGITS: tf.reshape(logits, [1, 1, -1]), **outputs}
+
+        return tf.function(decode, input_signature=self._signature(1))
+
+
 def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu"):
     """The prefill/decode `.tflite` of a `CausalLM` in LiteRT-LM's executor contract (module docstring).
 
@@ -97,7 +146,8 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu"):
             chunks).
         cache_length: int, `C >= P`, the cache slots (the bundle's `max_num_tokens`), at most the
             model's `max_length`.
-        target: "cpu" (XNNPACK, GATHER lookups) or "gpu" (the GPU formulations of the layers).
+        target: "cpu" (XNNPACK, GATHER lookups; `Encoder.cached_step`) or "gpu" (LiteRT-LM's GPU
+            backend: the shader-only graphs of `gl_generate`, fp16-safe, cache length at most 2048).
 
     Returns:
         The flatbuffer as bytes.
@@ -119,7 +169,8 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu"):
     """
     target = check_litertlm(model, prompt_length, cache_length, target)
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
-    graphs = _EngineGraphs(clone, prompt_length, cache_length, target)
+    graphs = (_ShaderEngineGraphs if target.shader_generation else _EngineGraphs)(clone, prompt_length,
+                                                                                   cache_length, target)
     signatures = {PREFILL: generator.frozen_signature(graphs.prefill_function(), graphs.cache_names),
                   DECODE: generator.frozen_signature(graphs.decode_function(), [LOGITS] + graphs.cache_names)}
     return generator.convert_signatures(signatures)
@@ -153,7 +204,7 @@ class EngineFeeder:
         self.prompt_length = int(details[INPUT_POS]["shape"][0])
         names = [name for name in details if name not in (TOKENS, INPUT_POS)]
         self.cache = {name: np.zeros(details[name]["shape"], np.float32) for name in names}
-        self.cache_length = int(details[names[0]]["shape"][2])
+        self.cache_length = int(details[names[0]]["shape"][2])  # [1, heads, C, head_dim] on both targets
         self.step = 0
         self.held = None
 

@@ -182,7 +182,7 @@ def check_probes(sp_model, sessions, cache_length, max_new_tokens):
 
 
 def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu", probes=None,
-                    max_new_tokens=8, python=None, check_tokens=16):
+                    max_new_tokens=8, python=None, check_tokens=16, activation=None, engine_env=None):
     """Exports a `CausalLM` as a `.litertlm` bundle and checks it against `CausalLM.generate`.
 
     Args:
@@ -194,6 +194,10 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
         max_new_tokens: int, tokens per turn of the engine check.
         python: the Python with `litert-lm-builder` / `litert-lm-api` (default `runtime_python`).
         check_tokens: int, tokens of the emulated-engine check.
+        activation: "fp32" or "fp16", the activation type the bundle asks the engine for
+            (default: the target's `litertlm_activation`).
+        engine_env: optional environment of the engine check's process (`gpu`: where Vulkan
+            finds the GPU driver; default this process's).
 
     Returns:
         An `ExportResult` with the bundle; `report` has `same_tokens` (the emulated engine's
@@ -216,7 +220,7 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
                                        target=target.name)
     same, tokens = _emulated_check(model, flat, prompt_length, cache_length, check_tokens)
     bundle = pack_bundle(flat, sp_model, cache_length=cache_length, pad_id=model.encoder.pad_id,
-                         activation="fp32" if target.litertlm_backend == "cpu" else "fp16", python=python)
+                         activation=activation or target.litertlm_activation, python=python)
     metadata = generator.generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
                                             target=target.name)
     keys = contract.KEYS
@@ -228,7 +232,7 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
         c["multiply_adds"] for c in costs)
     sessions = probes or probe_texts(sp_model, prompt_length, cache_length, max_new_tokens)
     check_probes(sp_model, sessions, cache_length, max_new_tokens)
-    engine = _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python)
+    engine = _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python, engine_env)
     report = {"same_tokens": same, "parity": 0.0 if same else 1.0, "tokens_checked": tokens, "verdicts": {},
               "engine_same_text": engine["same_text"], "engine": engine}
     lines = [f"Multiply-adds: prefill of {prompt_length} tokens {metadata['prefill_multiply_adds']:,}, one "
@@ -257,7 +261,7 @@ def _emulated_check(model, flat, prompt_length, cache_length, check_tokens):
     return got == [keras_first, keras_second], 2 * tokens
 
 
-def _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python):
+def _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python, env):
     """LiteRT-LM's Engine on the bundle vs `keras_texts`: `{"same_text", "line", "texts", "keras"}`."""
     expected, _ = keras_texts(model, sp_model, sessions, max_new_tokens)
     backend = target.litertlm_backend
@@ -266,7 +270,8 @@ def _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, pyt
         with open(path, "wb") as f:
             f.write(bundle)
         try:
-            texts, _, _ = engine_texts(path, sessions, max_new_tokens, backend=backend, python=python)
+            texts, _, _ = engine_texts(path, sessions, max_new_tokens, backend=backend, python=python,
+                                       env=env)
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             if "No module named 'litert_lm'" in str(error):
                 return {"same_text": None, "texts": None, "keras": expected,
