@@ -63,6 +63,28 @@ def test_fed_as_the_engine_feeds_it_every_position_kind_generates_the_keras_toke
     assert got[1] == model.generate(first + keras_first + second, 8).ids[0].tolist()
 
 
+GPU_POSITIONS = ("sinusoidal-factorized", "learned", "alibi", "rope-yarn", "rope-llama3")
+
+
+@pytest.mark.parametrize("name", GPU_POSITIONS)
+def test_the_gpu_file_fed_as_the_engine_feeds_it_generates_the_keras_tokens(name):
+    model = _model(**POSITIONS[name])
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36, target="gpu")
+    first, second = [2, 9, 17, 5, 11, 30, 7, 21, 13, 6], [8, 19, 25]
+    got = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [first, second], 8)
+    keras_first = model.generate(first, 8).ids[0].tolist()
+    assert got == [keras_first, model.generate(first + keras_first + second, 8).ids[0].tolist()]
+
+
+def test_the_gpu_file_holds_only_shader_ops_and_no_transpose():
+    from keras_posenc.export.flatbuffer import op_counts
+
+    flat = litertlm.to_litertlm_tflite(_model(position="rope"), prompt_length=4, cache_length=16,
+                                       target="gpu")
+    ops = set(op_counts(flat))
+    assert not ops & {"GATHER", "GATHER_ND", "TRANSPOSE", "SELECT", "SELECT_V2", "EQUAL"}, ops
+
+
 def test_the_file_is_in_the_engine_contract():
     model = _model(position="rope")
     flat = litertlm.to_litertlm_tflite(model, prompt_length=6, cache_length=20)

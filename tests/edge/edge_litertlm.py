@@ -1,6 +1,7 @@
 """`.litertlm` bundles on Google's LiteRT-LM 0.18.1 (the edge cache's venv-litertlm): its Engine on the CPU
 generates Keras' greedy text, with a chunked prefill and a second turn in one session; the
-`litert-lm` command line prints the same text; the GPU backend (WebGPU on Mesa lavapipe)."""
+`litert-lm` command line prints the same text; a `--target gpu` bundle runs fully on its GPU
+backend (WebGPU on Mesa lavapipe), in float32 and in its default float16 activations."""
 
 import os
 import subprocess
@@ -125,23 +126,23 @@ def test_the_export_command_writes_a_bundle_the_engine_runs(tmp_path, sp_model, 
                                             "model.keras", "spm.model"]
 
 
-GPU_REFUSAL = ("LiteRT-LM 0.18.1's WebGPU delegate on lavapipe accepts every op of the gpu bundle but fails "
-               "to build it: 'Graph general transformations failed' (export/jetson/README.md, Run with "
-               "LiteRT-LM)")
-
-
-@pytest.mark.xfail(strict=True, reason=GPU_REFUSAL)
-def test_the_gpu_bundle_runs_on_the_engine_gpu_backend_on_lavapipe(tmp_path, sp_model, edge):
+@pytest.mark.parametrize("activation", ["fp32", "fp16"])
+def test_the_gpu_bundle_runs_fully_on_the_engine_gpu_backend(tmp_path, sp_model, edge, activation):
     model = tied_lm(POSITIONS["rope-yarn"])
+    probes = sessions(sp_model)
     result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
-                                             cache_length=CACHE_LENGTH, target="gpu", probes=[["the cat"]],
-                                             max_new_tokens=NEW_TOKENS, python=edge.litertlm_python())
+                                             cache_length=CACHE_LENGTH, target="gpu", probes=probes,
+                                             max_new_tokens=NEW_TOKENS, python=edge.litertlm_python(),
+                                             activation=activation,
+                                             engine_env=edge.lavapipe_environment(str(tmp_path)))
+    assert result.report["same_tokens"] and result.report["engine_same_text"] is True, result.report["engine"]
     path = str(tmp_path / "gpu.litertlm")
     result.save(path)
     with tempfile.TemporaryDirectory() as scratch:
-        texts, _, log = litertlm_bundle.engine_texts(path, [["the cat"]], NEW_TOKENS, backend="gpu",
+        texts, _, log = litertlm_bundle.engine_texts(path, probes, NEW_TOKENS, backend="gpu",
                                                      python=edge.litertlm_python(),
                                                      env=edge.lavapipe_environment(scratch))
-    assert "operations will run on the CPU" not in log  # fully on the GPU
-    expected, _ = litertlm_bundle.keras_texts(model, sp_model, [["the cat"]], NEW_TOKENS)
+    assert "llvmpipe" in log and "WebGPU" in log  # the emulated GPU ran it
+    assert edge.refusals(log) == [] and "operations will run on the CPU" not in log  # every op on the GPU
+    expected, _ = litertlm_bundle.keras_texts(model, sp_model, probes, NEW_TOKENS)
     assert texts == expected
