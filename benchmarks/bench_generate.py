@@ -17,7 +17,8 @@ repetition; the ratio is the median of the per-repetition ratios (this machine i
 With `--litertlm PYTHON` (a Python with litert-lm-api 0.18.1, e.g. the edge cache's
 venv-litertlm) and `--litert PYTHON` (ai-edge-litert, venv-litert): LiteRT-LM's Engine on the
 `.litertlm` bundle against `export/jetson/run_generate.py` (LiteRT `CompiledModel`) on the
-`--generate --target cpu` file of the same model, both on the CPU backend with one thread:
+`--generate --target cpu` file of the same model, both on the CPU backend with one thread
+(`--backend gpu`: the `--target gpu` files on the GPU backends, LiteRT-LM's and LiteRT's):
 decode tokens/s and time to first token of one text prompt (BOS + about 24 pieces, 64 new
 tokens, greedy; "same text" compares the two), median of `--repetitions` runs of a fresh
 process each. run_generate.py takes the prompt's ids (the venv of ai-edge-litert has no
@@ -123,7 +124,7 @@ def engine_vs_runner(args):
     prompt = processor.DecodeIds(pieces)
     prompt_ids = ",".join(str(i) for i in [2] + list(processor.EncodeAsIds(prompt)))  # BOS + pieces
     print(f"prompt: BOS + {len(processor.EncodeAsIds(prompt))} pieces, {ENGINE_NEW_TOKENS} new tokens, "
-          f"prefill length {ENGINE_PROMPT_LENGTH}, CPU, 1 thread")
+          f"prefill length {ENGINE_PROMPT_LENGTH}, backend {args.backend}, 1 CPU thread")
     print(f"{'model':14} {'C':>4} {'runtime':24} {'TTFT ms':>8} {'decode tok/s':>12} {'same text':>9}")
     with tempfile.TemporaryDirectory() as folder:
         for name, config in MODELS.items():
@@ -133,24 +134,25 @@ def engine_vs_runner(args):
             for cache_length in args.cache_lengths:
                 tflite = os.path.join(folder, f"gen{cache_length}.tflite")
                 generated = generator.export_generation(model, prompt_length=ENGINE_PROMPT_LENGTH,
-                                                        cache_length=cache_length, target="cpu",
+                                                        cache_length=cache_length, target=args.backend,
                                                         check_tokens=1)
                 generated.save(tflite)
                 bundle = os.path.join(folder, f"gen{cache_length}.litertlm")
                 litertlm_bundle.export_litertlm(model, sp_model, prompt_length=ENGINE_PROMPT_LENGTH,
-                                                cache_length=cache_length, target="cpu", probes=[[prompt]],
-                                                max_new_tokens=4, python=args.litertlm).save(bundle)
+                                                cache_length=cache_length, target=args.backend,
+                                                probes=[[prompt]], max_new_tokens=4,
+                                                python=args.litertlm).save(bundle)
                 engine, runner = [], []
                 for _ in range(args.repetitions):
                     texts, info, _ = litertlm_bundle.engine_texts(bundle, [[prompt]], ENGINE_NEW_TOKENS,
-                                                                  python=args.litertlm, benchmark=True,
-                                                                  threads=1)
+                                                                  backend=args.backend, python=args.litertlm,
+                                                                  benchmark=True, threads=1)
                     engine.append((info[0]["time_to_first_token_in_second"] * 1e3,
                                    info[0]["last_decode_tokens_per_second"], texts[0][0]))
                     done = subprocess.run([args.litert, KIT, tflite, "--prompt-ids", prompt_ids,
                                            "--max-new-tokens", str(ENGINE_NEW_TOKENS), "--runtime", "litert",
-                                           "--threads", "1", "--json"], capture_output=True, text=True,
-                                          check=True)
+                                           "--threads", "1", "--accelerator", args.backend, "--json"],
+                                          capture_output=True, text=True, check=True)
                     result = json.loads(done.stdout.strip().splitlines()[-1])
                     text = processor.DecodeIds([i for i in result["ids"] if i >= 5])  # specials dropped
                     runner.append((result["ttft_ms"], result["decode_tokens_per_s"], text))
@@ -169,6 +171,9 @@ def main():
     parser.add_argument("--cache-lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--litertlm", help="a Python with litert-lm-api: the engine-vs-runner rows only")
     parser.add_argument("--litert", help="with --litertlm: a Python with ai-edge-litert for run_generate.py")
+    parser.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
+                        help="with --litertlm: both on the CPU (--target cpu files) or the GPU (--target "
+                             "gpu; Vulkan from this environment, e.g. VK_ICD_FILENAMES of Mesa lavapipe)")
     args = parser.parse_args()
     if args.litertlm:
         if not args.litert:
