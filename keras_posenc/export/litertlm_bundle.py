@@ -216,6 +216,8 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
     if python is None:
         raise ValueError(f"a .litertlm bundle is built with litert-lm-builder, which is not installed here: "
                          f"{INSTALL_HINT}.")
+    sessions = probes or probe_texts(sp_model, prompt_length, cache_length, max_new_tokens)
+    check_probes(sp_model, sessions, cache_length, max_new_tokens)  # before the conversion: fails fast
     flat = litertlm.to_litertlm_tflite(model, prompt_length=prompt_length, cache_length=cache_length,
                                        target=target.name)
     same, tokens = _emulated_check(model, flat, prompt_length, cache_length, check_tokens)
@@ -230,8 +232,6 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
     costs = [graph_cost(flat, signature=key) for key in contract.SIGNATURES]
     metadata[keys["prefill_multiply_adds"]], metadata[keys["decode_multiply_adds"]] = (
         c["multiply_adds"] for c in costs)
-    sessions = probes or probe_texts(sp_model, prompt_length, cache_length, max_new_tokens)
-    check_probes(sp_model, sessions, cache_length, max_new_tokens)
     engine = _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python, engine_env)
     report = {"same_tokens": same, "parity": 0.0 if same else 1.0, "tokens_checked": tokens, "verdicts": {},
               "engine_same_text": engine["same_text"], "engine": engine}
