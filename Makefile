@@ -9,7 +9,8 @@
 #   make test-thorough the property tests (tests/test_properties*.py) with hypothesis's `thorough`
 #                    profile (10x the examples of `make test`, fresh ones each run), on every stack
 #   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache),
-#                    exported on Keras 2 (.venv) and on Keras 3 (.venv-keras3)
+#                    and .litertlm bundles on LiteRT-LM's engine, exported on Keras 2 (.venv) and
+#                    on Keras 3 (.venv-keras3)
 #   make lint        ruff check . and hadolint docker/Dockerfile
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
 #   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)
@@ -74,7 +75,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
         pytest-keras3 test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice
 
 help:
-	@sed -n '3,22p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,23p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep

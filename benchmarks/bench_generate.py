@@ -14,12 +14,29 @@ dff 1024, vocab 8000), both with max_length 512, at cache lengths 128 and 512.
 Each timed quantity is the median over `--calls` calls, the two sides interleaved in every
 repetition; the ratio is the median of the per-repetition ratios (this machine is noisy).
 
+With `--litertlm PYTHON` (a Python with litert-lm-api 0.18.1, e.g. the edge cache's
+venv-litertlm) and `--litert PYTHON` (ai-edge-litert, venv-litert): LiteRT-LM's Engine on the
+`.litertlm` bundle against `export/jetson/run_generate.py` (LiteRT `CompiledModel`) on the
+`--generate --target cpu` file of the same model, both on the CPU backend with one thread
+(`--backend gpu`: the `--target gpu` files on the GPU backends, LiteRT-LM's and LiteRT's):
+decode tokens/s and time to first token of one text prompt (BOS + about 24 pieces, 64 new
+tokens, greedy; "same text" compares the two), median of `--repetitions` runs of a fresh
+process each. run_generate.py takes the prompt's ids (the venv of ai-edge-litert has no
+sentencepiece). Both models use a SentencePiece vocabulary of 1000 here (trained on the
+embedded corpus: the bundle holds the tokenizer, whose size must be the model's).
+
 Usage:
     python benchmarks/bench_generate.py [--repetitions 5] [--calls 20] [--cache-lengths 128 512]
     KERAS_BACKEND=jax .venv-keras3/bin/python benchmarks/bench_generate.py   # Keras rows only
+    python benchmarks/bench_generate.py --litertlm .edge-cache/venv-litertlm/bin/python \
+        --litert .edge-cache/venv-litert/bin/python --repetitions 3     # engine vs runner rows only
 """
 
 import argparse
+import json
+import os
+import subprocess
+import tempfile
 
 import numpy as np
 from bench_export import median_call_ms
@@ -88,12 +105,80 @@ def measure(pair, repetitions, calls):
     return float(np.median(decode_ms)), float(np.median(window_ms)), float(np.median(ratios))
 
 
+ENGINE_PROMPT_PIECES, ENGINE_NEW_TOKENS, ENGINE_PROMPT_LENGTH, ENGINE_VOCAB = 24, 64, 32, 1000
+KIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "export", "jetson",
+                   "run_generate.py")
+
+
+def engine_vs_runner(args):
+    """LiteRT-LM's Engine (bundle) vs run_generate.py (LiteRT, the --target cpu file), CPU, one thread."""
+    import sentencepiece as spm
+
+    from keras_posenc.app import dataset as data
+    from keras_posenc.export import generator, litertlm_bundle
+
+    sp_model = data.train_sentencepiece(data.read_text_corpus(data.default_corpus_path()), ENGINE_VOCAB)
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    pieces = [i for i in range(5, ENGINE_VOCAB) if not processor.IsControl(i)][:ENGINE_PROMPT_PIECES * 3:3]
+    prompt = processor.DecodeIds(pieces)
+    prompt_ids = ",".join(str(i) for i in [2] + list(processor.EncodeAsIds(prompt)))  # BOS + pieces
+    print(f"prompt: BOS + {len(processor.EncodeAsIds(prompt))} pieces, {ENGINE_NEW_TOKENS} new tokens, "
+          f"prefill length {ENGINE_PROMPT_LENGTH}, backend {args.backend}, 1 CPU thread")
+    print(f"{'model':14} {'C':>4} {'runtime':24} {'TTFT ms':>8} {'decode tok/s':>12} {'same text':>9}")
+    with tempfile.TemporaryDirectory() as folder:
+        for name, config in MODELS.items():
+            model = CausalLM({**config, "vocab_size": ENGINE_VOCAB, "max_length": max(args.cache_lengths),
+                              "dropout": 0.0})
+            model.build_on_dummy()
+            for cache_length in args.cache_lengths:
+                tflite = os.path.join(folder, f"gen{cache_length}.tflite")
+                generated = generator.export_generation(model, prompt_length=ENGINE_PROMPT_LENGTH,
+                                                        cache_length=cache_length, target=args.backend,
+                                                        check_tokens=1)
+                generated.save(tflite)
+                bundle = os.path.join(folder, f"gen{cache_length}.litertlm")
+                litertlm_bundle.export_litertlm(model, sp_model, prompt_length=ENGINE_PROMPT_LENGTH,
+                                                cache_length=cache_length, target=args.backend,
+                                                probes=[[prompt]], max_new_tokens=4,
+                                                python=args.litertlm).save(bundle)
+                engine, runner = [], []
+                for _ in range(args.repetitions):
+                    texts, info, _ = litertlm_bundle.engine_texts(bundle, [[prompt]], ENGINE_NEW_TOKENS,
+                                                                  backend=args.backend, python=args.litertlm,
+                                                                  benchmark=True, threads=1)
+                    engine.append((info[0]["time_to_first_token_in_second"] * 1e3,
+                                   info[0]["last_decode_tokens_per_second"], texts[0][0]))
+                    done = subprocess.run([args.litert, KIT, tflite, "--prompt-ids", prompt_ids,
+                                           "--max-new-tokens", str(ENGINE_NEW_TOKENS), "--runtime", "litert",
+                                           "--threads", "1", "--accelerator", args.backend, "--json"],
+                                          capture_output=True, text=True, check=True)
+                    result = json.loads(done.stdout.strip().splitlines()[-1])
+                    text = processor.DecodeIds([i for i in result["ids"] if i >= 5])  # specials dropped
+                    runner.append((result["ttft_ms"], result["decode_tokens_per_s"], text))
+                same = all(e[2].strip() == r[2].strip() for e, r in zip(engine, runner))
+                for runtime, rows in (("LiteRT-LM Engine", engine), ("run_generate.py (LiteRT)", runner)):
+                    ttft = float(np.median([row[0] for row in rows]))
+                    rate = float(np.median([row[1] for row in rows]))
+                    print(f"{name:14} {cache_length:4d} {runtime:24} {ttft:8.2f} {rate:12.1f} {str(same):>9}",
+                          flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--cache-lengths", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--litertlm", help="a Python with litert-lm-api: the engine-vs-runner rows only")
+    parser.add_argument("--litert", help="with --litertlm: a Python with ai-edge-litert for run_generate.py")
+    parser.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
+                        help="with --litertlm: both on the CPU (--target cpu files) or the GPU (--target "
+                             "gpu; Vulkan from this environment, e.g. VK_ICD_FILENAMES of Mesa lavapipe)")
     args = parser.parse_args()
+    if args.litertlm:
+        if not args.litert:
+            parser.error("--litertlm needs --litert PYTHON (ai-edge-litert) for run_generate.py")
+        return engine_vs_runner(args)
     keras.utils.set_random_seed(0)
     print(f"backend {keras.backend.backend() if hasattr(keras.backend, 'backend') else 'tensorflow'}, "
           f"Keras {keras.__version__}; decode tokens/s = 1000 / ms per token")

@@ -397,6 +397,19 @@ def _add_export_parser(subparsers):
     generation.add_argument("--prompt-length", type=_positive_int,
                             help="prefill length P, prompts are right-padded to it (default: "
                                  "cache-length // 2)")
+    generation.add_argument("--format", choices=("tflite", "litertlm"), default="tflite",
+                            help="tflite: the prefill/decode file of run_generate.py; litertlm: a bundle for "
+                                 "LiteRT-LM's Engine and `litert-lm` (model in its contract, spm.model, "
+                                 "LlmMetadata; --target cpu or gpu), checked on the engine (default: "
+                                 "%(default)s)")
+    generation.add_argument("--spm", help="--format litertlm: the SentencePiece model to bundle (default: "
+                                          "spm.model beside the model)")
+    generation.add_argument("--probe-prompt", action="append", dest="probe_prompts",
+                            help="--format litertlm: a prompt of the engine check, repeatable (default: "
+                                 "texts of the vocabulary, one longer than the prefill, and a second turn)")
+    generation.add_argument("--litertlm-python",
+                            help="--format litertlm: a Python with litert-lm-builder and litert-lm-api "
+                                 "0.18.1 (default: $KERAS_POSENC_LITERTLM_PYTHON, else this one)")
 
 
 def _corpus_token_ids(model_path, sequence_length, rows):
@@ -467,6 +480,12 @@ def _host_embedding_refusal(target, allows):
 
 
 def _run_export(args):
+    given = [flag for flag, value in (("--spm", args.spm), ("--probe-prompt", args.probe_prompts),
+                                      ("--litertlm-python", args.litertlm_python)) if value]
+    if args.format != "litertlm" and given:
+        raise _Error(f"{', '.join(given)} is for --format litertlm.")
+    if args.format == "litertlm" and not args.generate:
+        raise _Error("--format litertlm is a prefill/decode bundle: add --generate --cache-length C.")
     if args.generate:
         return _export_generator(args)
     if args.sequence_length is None:
@@ -495,8 +514,32 @@ def _export_generator(args):
                      "cache holds the prompt and every generated token).")
     if args.embedding == "host" and not export.target_of(args.target).generation_host_embedding:
         raise _Error(_host_embedding_refusal(args.target, lambda t: t.generation_host_embedding))
+    if args.format == "litertlm":
+        return _export_litertlm(args, model, prompt_length)
     result = export.export_generation(model, prompt_length=prompt_length, cache_length=args.cache_length,
                                       target=args.target, embedding=args.embedding)
+    return _save_and_print(result, args.out, tolerance=args.tolerance)
+
+
+def _export_litertlm(args, model, prompt_length):
+    """`--generate --format litertlm`: `litertlm_bundle.export_litertlm`, printed; the exit status."""
+    from keras_posenc.app import text_generation
+    from keras_posenc.export import litertlm_bundle
+
+    if args.embedding is not None:
+        raise _Error("--format litertlm looks tokens up in the file and takes no --embedding.")
+    if not os.path.isfile(args.model):
+        raise _Error(f"--format litertlm needs a .keras file with its tokenizer, got {args.model!r}.")
+    _, spm_path = text_generation.resolve_run(args.model, args.spm)
+    with open(spm_path, "rb") as f:
+        sp_model = f.read()
+    probes = [[prompt] for prompt in args.probe_prompts] if args.probe_prompts else None
+    try:
+        result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=prompt_length,
+                                                 cache_length=args.cache_length, target=args.target,
+                                                 probes=probes, python=args.litertlm_python)
+    except RuntimeError as error:  # the builder's process failed: its last lines are in the message
+        raise _Error(str(error)) from error
     return _save_and_print(result, args.out, tolerance=args.tolerance)
 
 

@@ -7,7 +7,8 @@ Read in this order:
   same steps, one `ExportResult` (`result`: `failures()`, `save()`);
 - `contract`: tensor names, FILE.json keys and file names, written beside each export for the kit;
 - `conversion`: `ModelSpec`, the float32 rebuild, `to_tflite` / `to_onnx`; `generator`: the
-  prefill/decode signatures;
+  prefill/decode signatures; `litertlm` (LiteRT-LM's contract) and `litertlm_bundle`
+  (`export_litertlm`: the `.litertlm` bundle, checked on LiteRT-LM's engine);
 - `formulations`: the table `{(target, layer class): function}`, applied by `formulation`; the
   functions in `gather` (cpu, tensorrt), `gl`, `gpu`, from the building blocks of `shader_ops`
   (also used by `gl_generate`, the shader prefill/decode graphs);

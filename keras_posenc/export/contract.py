@@ -9,9 +9,9 @@ refuses a file without its contract (one exported before the contract existed): 
 import hashlib
 import os
 
-__all__ = ["CONTRACT_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS", "METADATA_SUFFIX", "SIGNATURES", "TENSORS",
-           "VERSION", "contract_path", "document", "embeddings_path", "file_record", "metadata_path",
-           "model_paths", "past_name", "present_name", "present_to_past"]
+__all__ = ["CONTRACT_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS", "LITERTLM_SUFFIX", "METADATA_SUFFIX", "SIGNATURES",
+           "TENSORS", "VERSION", "contract_path", "document", "embeddings_path", "file_record",
+           "kv_cache_name", "metadata_path", "model_paths", "past_name", "present_name", "present_to_past"]
 
 VERSION = 1
 
@@ -27,6 +27,11 @@ TENSORS = {
     "logits": "logits",
     "past_prefix": "past_",  # past_key_<i>, past_value_<i>: the cache going in
     "present_prefix": "present_",  # present_key_<i>, present_value_<i>: the cache coming out
+    # the prefill/decode model of a `.litertlm` bundle (LiteRT-LM's executor contract)
+    "tokens": "tokens",  # int32 [1, T]: prefill [1, P], decode [1, 1]
+    "input_pos": "input_pos",  # int32 [T]: the tokens' positions; input_pos[0] is the first slot written
+    "kv_cache_k_prefix": "kv_cache_k_",  # kv_cache_k_<i>: [1, heads, C, head_dim], in and out, same name
+    "kv_cache_v_prefix": "kv_cache_v_",
 }
 
 # The keys of FILE.json.
@@ -38,13 +43,16 @@ KEYS = {name: name for name in (
     "sequence_length", "batch_size", "num_languages", "inputs", "quantize", "cost",
     # a prefill/decode export
     "prompt_length", "cache_length", "num_layers", "bos_id", "eos_id", "unk_id", "special_ids",
-    "cache_bytes", "prefill_multiply_adds", "decode_multiply_adds", "signature_files")}
+    "cache_bytes", "prefill_multiply_adds", "decode_multiply_adds", "signature_files",
+    # a .litertlm bundle
+    "format", "max_num_tokens")}
 
 KINDS = {"window": "window", "prefill_decode": "prefill_decode"}
 SIGNATURES = ("prefill", "decode")
 METADATA_SUFFIX = ".json"
 CONTRACT_SUFFIX = ".contract.json"
 EMBEDDINGS_SUFFIX = ".embeddings.npy"
+LITERTLM_SUFFIX = ".litertlm"
 
 
 def past_name(kind, layer):
@@ -60,6 +68,11 @@ def present_name(kind, layer):
 def present_to_past(name):
     """A call's cache output name as the next decode step's input name."""
     return TENSORS["past_prefix"] + name[len(TENSORS["present_prefix"]):]
+
+
+def kv_cache_name(kind, layer):
+    """`kv_cache_k_0`, `kv_cache_v_3`: a cache buffer of a `.litertlm` model ("key" or "value")."""
+    return f"{TENSORS['kv_cache_k_prefix' if kind == 'key' else 'kv_cache_v_prefix']}{layer}"
 
 
 def metadata_path(out):
@@ -109,5 +122,6 @@ def document():
     return {"version": VERSION, "tensors": dict(TENSORS), "keys": dict(KEYS), "kinds": dict(KINDS),
             "signatures": list(SIGNATURES),
             "files": {"metadata_suffix": METADATA_SUFFIX, "contract_suffix": CONTRACT_SUFFIX,
-                      "embeddings_suffix": EMBEDDINGS_SUFFIX, "tflite_identifier": "TFL3",
+                      "embeddings_suffix": EMBEDDINGS_SUFFIX, "litertlm_suffix": LITERTLM_SUFFIX,
+                      "tflite_identifier": "TFL3",
                       "tflite_identifier_offset": 4}}

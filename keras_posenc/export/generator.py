@@ -51,13 +51,14 @@ TOKEN_IDS, TOKEN_ID, POSITION, LOGITS = (contract.TENSORS[name]
                                          for name in ("token_ids", "token_id", "position", "logits"))
 PREFILL, DECODE = contract.SIGNATURES
 
-__all__ = ["OnnxSession", "TfliteSession", "cache_bytes", "check_generation", "check_generator_parity",
-           "export_generation", "export_generator", "generator_metadata", "greedy_generate", "onnx_paths",
+__all__ = ["OnnxSession", "TfliteSession", "cache_bytes", "cached_forward", "check_export",
+           "check_generation", "check_generator_parity", "convert_signatures", "export_generation",
+           "export_generator", "frozen_signature", "generator_metadata", "greedy_generate", "onnx_paths",
            "past", "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
 
 
-def _check(model, prompt_length, cache_length, target):
-    """The `Target` of a prefill/decode export, or a ValueError naming the argument."""
+def check_export(model, prompt_length, cache_length, target):
+    """The `Target` of a prefill/decode export of `model`, or a ValueError naming the argument and value."""
     if not hasattr(model, "generate") or not hasattr(model, "encoder"):
         raise ValueError("A prefill/decode export needs a keras_posenc CausalLM, "
                          f"got {type(model).__name__}.")
@@ -88,6 +89,35 @@ def cache_bytes(model, cache_length):
     return 2 * encoder.num_layers * cache_length * encoder.d_model * 4
 
 
+def cached_forward(clone, context, token_ids, positions, index, keys, values):
+    """`Encoder.cached_step` of every layer with the token embedding of the target's formulation.
+
+    Args:
+        clone: the float32 `CausalLM` clone (`rebuild`).
+        context: the target's `ExportContext`.
+        token_ids: int `[1, T]`, the chunk written from slot `index`.
+        positions: int `[1, T]`, the chunk's position ids.
+        index: int scalar, the first slot the chunk writes.
+        keys, values: per layer, float32 `[1, cache_length, num_heads, head_dim]`.
+
+    Returns:
+        `(logits [1, T, V], keys, values)`, the caches with the chunk written.
+    """
+    encoder = clone.encoder
+    with context.tracing() as context:
+        in_attention = encoder.position in ATTENTION_POSITIONS
+        x = context.emit(encoder.embedding, token_ids, position_ids=None if in_attention else positions,
+                         training=False)
+        new_keys, new_values = [], []
+        for layer, key_cache, value_cache in zip(encoder.encoder_layers, keys, values):
+            x, key_cache, value_cache, _ = layer.cached_step(x, key_cache, value_cache, index, positions)
+            new_keys.append(key_cache)
+            new_values.append(value_cache)
+        if encoder.final_norm is not None:
+            x = encoder.final_norm(x)
+    return clone.head(x), new_keys, new_values
+
+
 class _Generator:
     """The two signatures over a rebuilt float32 clone of the model."""
 
@@ -111,20 +141,7 @@ class _Generator:
         return outputs
 
     def _step(self, token_ids, positions, index, keys, values):
-        """`Encoder.cached_step` with the token embedding of the target's formulation."""
-        encoder = self.clone.encoder
-        with self.context.tracing() as context:
-            in_attention = encoder.position in ATTENTION_POSITIONS
-            x = context.emit(encoder.embedding, token_ids, position_ids=None if in_attention else positions,
-                     training=False)
-            new_keys, new_values = [], []
-            for layer, key_cache, value_cache in zip(encoder.encoder_layers, keys, values):
-                x, key_cache, value_cache, _ = layer.cached_step(x, key_cache, value_cache, index, positions)
-                new_keys.append(key_cache)
-                new_values.append(value_cache)
-            if encoder.final_norm is not None:
-                x = encoder.final_norm(x)
-        return self.clone.head(x), new_keys, new_values
+        return cached_forward(self.clone, self.context, token_ids, positions, index, keys, values)
 
     def prefill_function(self):
         def prefill(token_ids):
@@ -214,7 +231,7 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     >>> ids == model.generate([3, 4, 5], 6).ids[0].tolist()
     True
     """
-    target = _check(model, prompt_length, cache_length, target)
+    target = check_export(model, prompt_length, cache_length, target)
     if target.file_format != "tflite":
         raise ValueError(f"target={target.name!r} exports {target.file_format.upper()}: use "
                          "to_onnx_generator(model, ...).")
@@ -229,14 +246,14 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     # Two signatures convert through a SavedModel (the concrete-function path takes one). The
     # functions are frozen first, so the SavedModel holds no Keras object and no variable.
     functions = (module.prefill_function(), module.decode_function())
-    signatures = {key: _frozen_signature(function, module.output_names)
+    signatures = {key: frozen_signature(function, module.output_names)
                   for key, function in zip(contract.SIGNATURES, functions)}
     if target.file_per_signature:  # see the module docstring
-        return tuple(_convert({key: signature}) for key, signature in signatures.items())
-    return _convert(signatures)
+        return tuple(convert_signatures({key: signature}) for key, signature in signatures.items())
+    return convert_signatures(signatures)
 
 
-def _convert(signatures):
+def convert_signatures(signatures):
     """The frozen signatures as one TFLite file, builtin ops only."""
     with tempfile.TemporaryDirectory(prefix="keras_posenc_generator_") as folder:
         tf.saved_model.save(tf.Module(), folder, signatures=signatures)
@@ -268,14 +285,14 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
         `(prefill, decode)`: serialized ONNX `ModelProto`s.
     """
     check_positive_int("opset", opset, minimum=ONNX_OPSET)
-    target = _check(model, prompt_length, cache_length, "tensorrt")
+    target = check_export(model, prompt_length, cache_length, "tensorrt")
     import tf2onnx
 
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     module = _Generator(clone, prompt_length, cache_length, target)
     protos = []
     for function in (module.prefill_function(), module.decode_function()):
-        frozen = _frozen_signature(function, module.output_names)
+        frozen = frozen_signature(function, module.output_names)
         wrapped = tf.function(lambda *inputs, frozen=frozen: frozen(*inputs),
                               input_signature=function.input_signature)
         proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature,
@@ -284,7 +301,7 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
     return tuple(protos)
 
 
-def _frozen_signature(function, output_names):
+def frozen_signature(function, output_names):
     """`function` with its variables folded in, re-wrapped so its outputs keep their names."""
     frozen = frozen_function(function)
     names = sorted(output_names)  # the frozen function returns the flattened dict: sorted keys
@@ -453,7 +470,7 @@ def check_generation(model, *, prompt_length, cache_length, target="cpu", embedd
         dict: `models` (the file contents: one, or one per signature), `metadata`, `host_table`
         (or None), `same_tokens` (bool), `parity` (max abs logit difference), `tokens_checked`.
     """
-    target = _check(model, prompt_length, cache_length, target)
+    target = check_export(model, prompt_length, cache_length, target)
     table = None
     if target.file_format == "onnx":
         models = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length)

@@ -36,6 +36,7 @@ class ExportResult:
         metadata: the runtime metadata written as `FILE.json`.
         description: what the model files hold, for the `Wrote ...` line.
         host_table: float32 `[vocab, d_model]` for `embedding="host"`, else None.
+        suffix: the model file's name ending when it is not the target's (`.litertlm`), else None.
     """
 
     target: str
@@ -47,6 +48,7 @@ class ExportResult:
     metadata: dict
     description: str = ""
     host_table: object = None
+    suffix: object = None
 
     @property
     def exported(self):
@@ -70,6 +72,9 @@ class ExportResult:
         if self.generation and not self.report["same_tokens"]:
             failed.append("FAILED: the file does not generate what the model generates (greedy tokens "
                           "differ from CausalLM.generate).")
+        if self.report.get("engine_same_text") is False:
+            failed.append("FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
+                          "(or did not run the bundle).")
         if tolerance is not None and not self.parity <= tolerance:
             failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
         verdicts = self.report.get("verdicts") or {}
@@ -81,8 +86,8 @@ class ExportResult:
 
     def model_paths(self, out):
         """The model files that `save(out)` writes."""
-        target = target_of(self.target)
-        return contract.model_paths(out, target.suffix, per_signature=len(self.models) > 1)
+        suffix = self.suffix or target_of(self.target).suffix
+        return contract.model_paths(out, suffix, per_signature=len(self.models) > 1)
 
     def save(self, out):
         """Writes the model file(s), `out.embeddings.npy` (host embeddings), `out.json` and the contract.

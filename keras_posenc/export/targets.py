@@ -41,6 +41,10 @@ class Target:
             delegate holds one compiled graph per interpreter).
         max_cache_length: None or the longest cache (positions are float16 integers on a GPU).
         runs_on: the kit accelerators (`--accelerator`) a file of this target is built for.
+        litertlm_backend: None, or the LiteRT-LM engine backend ("cpu", "gpu") a `.litertlm`
+            bundle of this target is built for (`keras_posenc.export.litertlm`).
+        litertlm_activation: None, or the activation type a bundle asks the engine for: "fp32"
+            on the CPU, "fp16" on the GPU (the engine's default there; the graphs are fp16-safe).
     """
 
     name: str
@@ -56,6 +60,8 @@ class Target:
     file_per_signature: bool
     max_cache_length: object
     runs_on: tuple
+    litertlm_backend: object = None
+    litertlm_activation: object = None
 
     @property
     def suffix(self):
@@ -78,7 +84,7 @@ TARGETS = {
     "gpu": Target("gpu", "tflite", "int32", None, one_hot_lookup=True, host_embedding=True,
                   generation_host_embedding=True, keep_batch_matmul=True, backends=("webgpu", "opencl", "gl"),
                   shader_generation=True, file_per_signature=False, max_cache_length=_FLOAT16_INTEGERS,
-                  runs_on=("gpu", "cpu")),
+                  runs_on=("gpu", "cpu"), litertlm_backend="gpu", litertlm_activation="fp16"),
     "gl": Target("gl", "tflite", "float32", 1, one_hot_lookup=True, host_embedding=True,
                  generation_host_embedding=True, keep_batch_matmul=False, backends=("gl", "webgpu"),
                  shader_generation=True, file_per_signature=True, max_cache_length=_FLOAT16_INTEGERS,
@@ -86,7 +92,7 @@ TARGETS = {
     "cpu": Target("cpu", "tflite", "int32", None, one_hot_lookup=False, host_embedding=False,
                   generation_host_embedding=False, keep_batch_matmul=False, backends=("gl", "webgpu"),
                   shader_generation=False, file_per_signature=False, max_cache_length=None,
-                  runs_on=("cpu",)),
+                  runs_on=("cpu",), litertlm_backend="cpu", litertlm_activation="fp32"),
     "tensorrt": Target("tensorrt", "onnx", "int32", None, one_hot_lookup=False, host_embedding=True,
                        generation_host_embedding=False, keep_batch_matmul=False, backends=(),
                        shader_generation=False, file_per_signature=True, max_cache_length=None,

@@ -26,7 +26,8 @@ CACHE = os.environ.get("EDGE_CACHE", os.path.join(ROOT, ".edge-cache"))
 # .venv (TF 2.12, Python 3.11), tf2onnx 1.17.0 beside .venv-keras3 (TF 2.21, Python 3.12).
 ONNX_SITES = {(3, 11): "onnx-site", (3, 12): "onnx-site-py312"}
 ONNX_SITE = ONNX_SITES.get(sys.version_info[:2], "onnx-site")
-PARTS = ("mesa/.stamp", "venv-litert/.stamp", "venv-mediapipe/.stamp", f"{ONNX_SITE}/.stamp")
+PARTS = ("mesa/.stamp", "venv-litert/.stamp", "venv-mediapipe/.stamp", "venv-litertlm/.stamp",
+         f"{ONNX_SITE}/.stamp")
 
 Run = collections.namedtuple("Run", ["returncode", "info", "log", "output"])
 
@@ -44,6 +45,16 @@ def missing_parts():
 def onnx_site():
     """The folder with tf2onnx + onnxruntime to put on `sys.path` of this Python (.venv or .venv-keras3)."""
     return os.path.join(CACHE, ONNX_SITE)
+
+
+def litertlm_python():
+    """The Python of the edge cache's venv-litertlm (litert-lm-builder, litert-lm-api, litert-lm 0.18.1)."""
+    return os.path.join(CACHE, "venv-litertlm", "bin", "python")
+
+
+def lavapipe_environment(scratch):
+    """The environment in which Vulkan (LiteRT-LM's and LiteRT's WebGPU backends) finds Mesa lavapipe."""
+    return _environment(scratch)
 
 
 def _environment(scratch):

@@ -1,0 +1,213 @@
+"""The `.litertlm` export: the model in LiteRT-LM's contract, fed the way its engine feeds it, equals Keras.
+
+The engine itself runs in `make test-edge` (tests/edge/edge_litertlm.py); here the file runs on
+TensorFlow's interpreter through `litertlm.EngineFeeder` (chunked prefill from `input_pos`, the
+held-back last token, zero padding, a second turn), and the bad inputs are refused by name.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from keras_posenc.app import cli
+from keras_posenc.backend import is_keras3, keras
+from keras_posenc.export import contract, litertlm, litertlm_bundle
+from keras_posenc.layers.rope_scaling import ROTARY_SCALINGS
+from keras_posenc.models import CausalLM
+
+BASE = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 40, "max_length": 40,
+        "dropout": 0.0}
+ROPE = {None: {}, "linear": {"scaling_factor": 2.0}, "ntk": {"scaling_factor": 2.0},
+        "dynamic": {"scaling_factor": 2.0, "original_length": 16},
+        "yarn": {"scaling_factor": 2.0, "original_length": 16},
+        "yarn-turns": {"scaling_factor": 2.0, "original_length": 16},
+        "longrope": {"scaling_factor": 2.0, "original_length": 16, "short_factor": [1.0, 1.0, 1.2, 1.5],
+                     "long_factor": [1.0, 1.5, 2.0, 3.0]},  # one factor per rotated pair (head_dim 8)
+        "llama3": {"scaling_factor": 2.0, "original_length": 16}}
+POSITIONS = {
+    "sinusoidal-full": {"position": "sinusoidal"},
+    "sinusoidal-factorized": {"position": "sinusoidal", "table": "factorized"},
+    "sinusoidal-interpolated": {"position": "sinusoidal", "table": "interpolated"},
+    "learned": {"position": "learned"},
+    "alibi": {"position": "alibi"},
+    **{f"rope-{scaling or 'plain'}": {"position": "rope", "scaling": scaling, **ROPE[scaling]}
+       for scaling in ROTARY_SCALINGS},
+}
+
+
+def save(model, path):
+    model.save(path) if is_keras3() else model.save(path, save_format="keras_v3")
+
+
+def _model(**config):
+    keras.utils.set_random_seed(3)
+    model = CausalLM({**BASE, **config})
+    model.build_on_dummy()
+    return model
+
+
+def test_the_rope_table_covers_every_scaling():
+    assert set(ROPE) == set(ROTARY_SCALINGS)
+
+
+@pytest.mark.parametrize("name", sorted(POSITIONS))
+def test_fed_as_the_engine_feeds_it_every_position_kind_generates_the_keras_tokens(name):
+    model = _model(**POSITIONS[name])
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36)
+    first = [2, 9, 17, 5, 11, 30, 7, 21, 13, 6]  # 9 tokens prefilled in 3 chunks of 4, the 10th decoded
+    second = [8, 19, 25]
+    got = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [first, second], 8)
+    keras_first = model.generate(first, 8).ids[0].tolist()
+    assert got[0] == keras_first
+    assert got[1] == model.generate(first + keras_first + second, 8).ids[0].tolist()
+
+
+GPU_POSITIONS = ("sinusoidal-factorized", "learned", "alibi", "rope-yarn", "rope-llama3")
+
+
+@pytest.mark.parametrize("name", GPU_POSITIONS)
+def test_the_gpu_file_fed_as_the_engine_feeds_it_generates_the_keras_tokens(name):
+    model = _model(**POSITIONS[name])
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36, target="gpu")
+    first, second = [2, 9, 17, 5, 11, 30, 7, 21, 13, 6], [8, 19, 25]
+    got = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [first, second], 8)
+    keras_first = model.generate(first, 8).ids[0].tolist()
+    assert got == [keras_first, model.generate(first + keras_first + second, 8).ids[0].tolist()]
+
+
+def test_the_gpu_file_holds_only_shader_ops_and_no_transpose():
+    from keras_posenc.export.flatbuffer import op_counts
+
+    flat = litertlm.to_litertlm_tflite(_model(position="rope"), prompt_length=4, cache_length=16,
+                                       target="gpu")
+    ops = set(op_counts(flat))
+    assert not ops & {"GATHER", "GATHER_ND", "TRANSPOSE", "SELECT", "SELECT_V2", "EQUAL"}, ops
+
+
+def test_the_file_is_in_the_engine_contract():
+    model = _model(position="rope")
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=6, cache_length=20)
+    import tensorflow as tf
+
+    interpreter = tf.lite.Interpreter(model_content=flat)
+    signatures = interpreter.get_signature_list()
+    caches = litertlm.kv_cache_names(2)
+    assert caches == ["kv_cache_k_0", "kv_cache_v_0", "kv_cache_k_1", "kv_cache_v_1"]
+    assert sorted(signatures["prefill"]["inputs"]) == sorted(["tokens", "input_pos"] + caches)
+    assert sorted(signatures["prefill"]["outputs"]) == sorted(caches)  # in place: the same names
+    assert sorted(signatures["decode"]["outputs"]) == sorted(["logits"] + caches)
+    prefill = interpreter.get_signature_runner("prefill").get_input_details()
+    decode = interpreter.get_signature_runner("decode")
+    assert list(prefill["tokens"]["shape"]) == [1, 6] and list(prefill["input_pos"]["shape"]) == [6]
+    assert list(prefill["kv_cache_k_0"]["shape"]) == [1, 2, 20, 8]  # [1, heads, C, head_dim]
+    assert list(decode.get_output_details()["logits"]["shape"]) == [1, 1, 40]
+
+
+def test_a_prefill_from_an_offset_leaves_the_earlier_slots_bit_for_bit():
+    model = _model(position="alibi")
+    feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=16))
+    feeder.prefill([2, 9, 17, 5, 11, 30])  # slots 0..4 written, 30 held back
+    before = {name: value.copy() for name, value in feeder.cache.items()}
+    feeder.prefill([7, 21])  # slots 5, 6 (30, 7), 21 held back
+    for name, value in feeder.cache.items():
+        np.testing.assert_array_equal(value[:, :, :5], before[name][:, :, :5])
+        assert np.abs(value[:, :, 5:7]).max() > 0
+    assert feeder.step == 7
+
+
+@pytest.mark.parametrize("kwargs,config,match", [
+    ({"prompt_length": 8, "cache_length": 4}, {}, "`prompt_length`=8 exceeds `cache_length`=4"),
+    ({"prompt_length": 4, "cache_length": 41}, {}, "max_length=40"),
+    ({"prompt_length": 4, "cache_length": 8, "target": "gl"}, {}, r"supports target in \('gpu', 'cpu'\)"),
+    ({"prompt_length": 4, "cache_length": 8, "target": "tensorrt"}, {}, "got target='tensorrt'"),
+    ({"prompt_length": 4, "cache_length": 8}, {"num_languages": 2}, "num_languages"),
+])
+def test_bad_bundles_are_rejected(kwargs, config, match):
+    model = CausalLM({**BASE, **config})
+    model.build_on_dummy()
+    with pytest.raises(ValueError, match=match):
+        litertlm.to_litertlm_tflite(model, **kwargs)
+
+
+def test_a_model_without_a_causal_lm_head_is_rejected():
+    inputs = keras.Input(shape=(None,), dtype="int32")
+    plain = keras.Model(inputs, keras.layers.Embedding(40, 8)(inputs))
+    with pytest.raises(ValueError, match="needs a keras_posenc CausalLM, got Functional"):
+        litertlm.to_litertlm_tflite(plain, prompt_length=4, cache_length=8)
+    unmasked = CausalLM(BASE, causal=False)
+    unmasked.build_on_dummy()
+    with pytest.raises(ValueError, match="causal=False"):
+        litertlm.to_litertlm_tflite(unmasked, prompt_length=4, cache_length=8)
+
+
+def test_the_feeder_refuses_a_prompt_that_does_not_fit():
+    feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(_model(), prompt_length=4, cache_length=8))
+    with pytest.raises(ValueError, match="9 tokens do not fit in cache_length=8"):
+        feeder.prefill(list(range(5, 14)))
+
+
+def _spm(tmp_path, corpus, vocab_size=100):
+    from keras_posenc.app import dataset as data
+
+    lines = data.read_text_corpus(corpus)
+    return data.train_sentencepiece(lines, vocab_size=vocab_size)
+
+
+def test_a_probe_prompt_that_does_not_fit_is_refused_by_name(tmp_path, corpus):
+    sp_model = _spm(tmp_path, corpus)
+    with pytest.raises(ValueError, match=r"the probe prompt 'the cat sat on the mat' needs \d+ cache slots"):
+        litertlm_bundle.check_probes(sp_model, [["the cat sat on the mat"]], 8, 4)
+    litertlm_bundle.check_probes(sp_model, [["the cat"]], 40, 4)  # fits: no error
+    with pytest.raises(ValueError, match="a probe session is a list of non-empty prompts"):
+        litertlm_bundle.check_probes(sp_model, [[""]], 40, 4)
+
+
+def test_the_default_probes_include_a_chunked_prefill_and_a_second_turn(tmp_path, corpus):
+    sp_model = _spm(tmp_path, corpus)
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    sessions = litertlm_bundle.probe_texts(sp_model, 8, 48, 8)
+    lengths = [[1 + len(processor.EncodeAsIds(text)) for text in turns] for turns in sessions]
+    assert max(turns[0] for turns in lengths) > 8  # one prompt is prefilled in two chunks
+    assert max(len(turns) for turns in sessions) == 2
+    litertlm_bundle.check_probes(sp_model, sessions, 48, 8)
+
+
+def test_without_the_builder_the_bundle_is_refused_with_the_install_line(monkeypatch):
+    monkeypatch.delenv(litertlm_bundle.ENGINE_PYTHON_ENV, raising=False)
+    if litertlm_bundle.runtime_python() is not None:
+        pytest.skip("litert-lm-builder is importable in this Python")
+    with pytest.raises(ValueError, match="litert-lm-builder, which is not installed here: .*pip install "
+                                         "litert-lm-api==0.18.1"):
+        litertlm_bundle.export_litertlm(_model(), b"", prompt_length=4, cache_length=8)
+    with pytest.raises(ValueError, match="'/no/such/python' is not an executable file"):
+        litertlm_bundle.runtime_python("/no/such/python")
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--format", "litertlm"], "--format litertlm is a prefill/decode bundle: add --generate"),
+    (["--sequence-length", "8", "--spm", "x.model"], "--spm is for --format litertlm"),
+    (["--generate", "--cache-length", "41", "--format", "litertlm", "--target", "cpu"], "max_length=40"),
+    (["--generate", "--cache-length", "16", "--format", "litertlm", "--target", "cpu", "--embedding",
+      "graph"], "takes no --embedding"),
+    (["--generate", "--cache-length", "16", "--format", "litertlm", "--target", "cpu", "--spm", "no.model"],
+     "no SentencePiece model at 'no.model'"),
+])
+def test_the_command_refuses_bad_litertlm_exports_in_one_line(tmp_path, capsys, flags, match):
+    path = str(tmp_path / "model.keras")
+    save(_model(), path)
+    out = str(tmp_path / "gen.litertlm")
+    assert cli.main(["export", path, "--out", out] + flags) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("keras-posenc: error: ") and match in error and "Traceback" not in error
+    assert len(error.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["model.keras"]  # nothing written
+
+
+def test_the_contract_names_the_litertlm_tensors():
+    doc = contract.document()
+    assert doc["tensors"]["input_pos"] == "input_pos" and doc["files"]["litertlm_suffix"] == ".litertlm"
+    assert contract.kv_cache_name("value", 3) == "kv_cache_v_3"
