@@ -75,6 +75,16 @@ def _positive_int(text):
     return value
 
 
+def _nonnegative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 _FLAG_TYPES = {int: _positive_int, float: float, str: str}
 
 
@@ -385,6 +395,14 @@ def _add_export_parser(subparsers):
     parser.add_argument("--token-ids", help="int .npy [n, sequence-length] for the parity check (default: "
                                             "corpus sentences tokenized with spm.model beside the model, "
                                             "else a synthetic padded batch)")
+    parser.add_argument("--eval-corpus",
+                        help="with --quantize: a text file (one sentence per line) of held-out text on which "
+                             "the quantized file's cross-entropy is compared with a float32 export's "
+                             "(default: the run's eval split, read from report.json and spm.model beside the "
+                             "model; without them the loss is not measured)")
+    parser.add_argument("--max-loss-increase", type=_nonnegative_float, default=0.01,
+                        help="with --quantize: fail when the held-out cross-entropy rises by more than this "
+                             "fraction over the float32 file's (default: 0.01, 1%%)")
     generation = parser.add_argument_group(
         "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
                       "outputs, for export/jetson/run_generate.py (CausalLM; --target gl: "
@@ -412,19 +430,73 @@ def _add_export_parser(subparsers):
                                  "0.18.1 (default: $KERAS_POSENC_LITERTLM_PYTHON, else this one)")
 
 
-def _corpus_token_ids(model_path, sequence_length, rows):
-    """Corpus sentences tokenized with the `spm.model` beside the model, as in training; None without one."""
-    import numpy as np
+# Held-out rows a quantized export's cross-entropy is measured on (at most).
+EVAL_ROWS = 256
 
-    from keras_posenc.app import dataset as data_lib
 
+def _run_sp_model(model_path):
+    """The serialized `spm.model` beside the model, or None."""
     spm_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
     if not os.path.isfile(spm_path):
         return None
     with open(spm_path, "rb") as f:
-        sp_model = f.read()
-    texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:rows]
-    dataset = data_lib.lm_dataset(texts, sp_model, max_length=sequence_length, batch_size=len(texts),
+        return f.read()
+
+
+def _corpus_token_ids(model_path, sequence_length, rows):
+    """Corpus sentences tokenized with the `spm.model` beside the model, as in training; None without one."""
+    from keras_posenc.app import dataset as data_lib
+
+    sp_model = _run_sp_model(model_path)
+    if sp_model is None:
+        return None
+    return _token_rows(sp_model, data_lib.read_text_corpus(data_lib.default_corpus_path())[:rows],
+                       sequence_length)
+
+
+def _eval_token_ids(model_path, sequence_length, eval_corpus):
+    """Held-out rows for a quantized export: `--eval-corpus`, else the run's eval split; None without a run.
+
+    The eval split is the one training held out: the corpus, format, fraction and seed of
+    `report.json` beside the model, split as `train` split it, tokenized with the run's
+    `spm.model`; at most `EVAL_ROWS` rows, right-padded to `sequence_length`.
+    """
+    import json
+
+    from keras_posenc.app import dataset as data_lib
+
+    sp_model = _run_sp_model(model_path)
+    if sp_model is None:
+        if eval_corpus is not None:
+            raise _Error(f"--eval-corpus needs the run's spm.model beside the model {model_path} (the "
+                         "tokenizer the model was trained with).")
+        return None
+    if eval_corpus is not None:
+        examples = data_lib.read_text_corpus(eval_corpus)
+    else:
+        report_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "report.json")
+        if not os.path.isfile(report_path):
+            return None
+        with open(report_path) as f:
+            config = json.load(f)["train_config"]
+        corpus = config["corpus"] or data_lib.default_corpus_path()
+        if not os.path.isfile(corpus):
+            raise _Error(f"the run's corpus {corpus} (report.json) is not here: pass --eval-corpus FILE "
+                         "for the held-out loss of the quantized file.")
+        corpus_format = "text" if config["corpus"] is None else config["corpus_format"]
+        examples = data_lib.load_corpus(corpus, corpus_format,
+                                        skip_bad_lines=config.get("skip_bad_lines", False))
+        examples = data_lib.split_corpus(examples, config["eval_fraction"], seed=config["seed"])[1]
+    return _token_rows(sp_model, examples[:EVAL_ROWS], sequence_length)
+
+
+def _token_rows(sp_model, examples, sequence_length):
+    """`examples` tokenized as `lm_dataset` frames them, int32 `[n, sequence_length]`, right-padded."""
+    import numpy as np
+
+    from keras_posenc.app import dataset as data_lib
+
+    dataset = data_lib.lm_dataset(examples, sp_model, max_length=sequence_length, batch_size=len(examples),
                                   shuffle=False, bucket_lengths=None)
     features, _ = next(iter(dataset))
     token_ids = np.asarray(features["token_ids"])[:, :sequence_length]
@@ -433,12 +505,14 @@ def _corpus_token_ids(model_path, sequence_length, rows):
 
 
 def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=None, target="gpu",
-                    require_gpu=False, tolerance=None, token_ids=None, embedding=None):
+                    require_gpu=False, tolerance=None, token_ids=None, embedding=None, eval_corpus=None,
+                    max_loss_increase=0.01):
     """`keras-posenc export` (and the end of `demo`): `export.export_and_check`, printed; the exit status.
 
     `token_ids`: optional path of an int `.npy` `[n, sequence_length]` for the parity; default
     corpus sentences tokenized with `spm.model` beside the model, else a synthetic padded batch.
     Writes `out`, `out.json`, the contract and, with `embedding="host"`, `out.embeddings.npy`.
+    With `quantize`, the held-out cross-entropy against a float32 export (`_eval_token_ids`).
     """
     import numpy as np
 
@@ -453,9 +527,13 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
             raise _Error(f"--token-ids must hold an int array [n, {sequence_length}], got shape {ids.shape}.")
     else:
         ids = _corpus_token_ids(model_path, sequence_length, rows=4 * batch_size)
+    if eval_corpus is not None and quantize is None:
+        raise _Error("--eval-corpus measures a quantized file: it needs --quantize.")
+    eval_ids = _eval_token_ids(model_path, sequence_length, eval_corpus) if quantize is not None else None
     result = export.export_and_check(model, sequence_length=sequence_length, target=target,
                                      batch_size=batch_size, quantize=quantize, embedding=embedding,
-                                     token_ids=ids)
+                                     token_ids=ids, eval_token_ids=eval_ids,
+                                     max_loss_increase=max_loss_increase)
     return _save_and_print(result, out, tolerance=tolerance, require_gpu=require_gpu)
 
 
@@ -492,7 +570,8 @@ def _run_export(args):
         raise _Error("export needs --sequence-length (or --generate with --cache-length).")
     return _export_command(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
                         quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
-                        tolerance=args.tolerance, token_ids=args.token_ids, embedding=args.embedding)
+                        tolerance=args.tolerance, token_ids=args.token_ids, embedding=args.embedding,
+                        eval_corpus=args.eval_corpus, max_loss_increase=args.max_loss_increase)
 
 
 def _export_generator(args):
@@ -501,7 +580,7 @@ def _export_generator(args):
     if args.cache_length is None:
         raise _Error("--generate needs --cache-length C (prompt + generated tokens).")
     given = (("--sequence-length", args.sequence_length), ("--quantize", args.quantize),
-             ("--token-ids", args.token_ids))
+             ("--token-ids", args.token_ids), ("--eval-corpus", args.eval_corpus))
     ignored = [flag for flag, value in given if value is not None]
     if ignored or args.batch_size != 1:
         raise _Error("--generate exports batch 1 in float32 and takes no "

@@ -40,7 +40,7 @@ KEYS = {name: name for name in (
     "kind", "target", "accelerators", "input_dtype", "vocab_size", "pad_id", "embedding", "embedding_table",
     "files", "bytes", "sha256",
     # a window export
-    "sequence_length", "batch_size", "num_languages", "inputs", "quantize", "cost",
+    "sequence_length", "batch_size", "num_languages", "inputs", "quantize", "cost", "quality",
     # a prefill/decode export
     "prompt_length", "cache_length", "num_layers", "bos_id", "eos_id", "unk_id", "special_ids",
     "cache_bytes", "prefill_multiply_adds", "decode_multiply_adds", "signature_files",

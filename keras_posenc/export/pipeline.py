@@ -10,7 +10,7 @@ return an `ExportResult` (`result`), whose `failures()` is the pass/fail rule an
 
 import numpy as np
 
-from keras_posenc.export import generator
+from keras_posenc.export import contract, generator
 from keras_posenc.export.conversion import (
     EMBEDDINGS,
     ONNX_OPSET,
@@ -32,6 +32,7 @@ from keras_posenc.export.parity import (
     spec_metadata,
     weight_bytes,
 )
+from keras_posenc.export.quality import DEFAULT_MAX_LOSS_INCREASE, format_quality, quantization_quality
 from keras_posenc.export.result import EXPORT_TOLERANCE, ExportResult
 from keras_posenc.export.targets import target_of
 from keras_posenc.validation import check_choice
@@ -43,7 +44,8 @@ export_generation = generator.export_generation
 
 
 def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding=None,
-                     token_ids=None, language_ids=None):
+                     token_ids=None, language_ids=None, eval_token_ids=None,
+                     max_loss_increase=DEFAULT_MAX_LOSS_INCREASE):
     """Exports `model` and checks the file, every analysis once.
 
     Builds the `ModelSpec` once, converts (`to_tflite`, or `to_onnx` for
@@ -60,6 +62,16 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
             (default: `sample_token_batch` rows, 4 per exported batch row).
         language_ids: optional, as in `check_parity` (default: zeros when the
             model needs them).
+        eval_token_ids: optional int `[n, sequence_length]` of held-out text
+            (right-padded with the model's pad id). With `quantize`, the
+            quantized file is run against a float32 export of the same
+            target on these rows (`quality.quantization_quality`): the
+            report's `quality` holds the cross-entropies, greedy agreement
+            and logit error, and `failures()` fails a loss increase above
+            `max_loss_increase`. Without them, the quality is not measured
+            (the report says so).
+        max_loss_increase: float >= 0, the largest relative rise of the
+            held-out cross-entropy a quantized file may cost (default 1 %).
 
     Returns:
         An `ExportResult`.
@@ -79,6 +91,8 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
     (True, [], ['token_ids'], True)
     """
     target = target_of(target)
+    if not max_loss_increase >= 0:
+        raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
     spec = ModelSpec.of(model, sequence_length, batch_size)
     token_ids, language_ids = _parity_batch(spec, token_ids, language_ids)
     if target.file_format == "onnx":
@@ -97,16 +111,38 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
         tflite = TfliteFile(exported)
         report = report_of(spec, tflite, parity(spec, tflite, token_ids, language_ids), target=target)
         lines = format_report(report)
+        if quantize is not None:
+            report["quality"] = _quantization_quality(spec, target, embedding, exported, eval_token_ids)
+            report["max_loss_increase"] = max_loss_increase
+            lines.append(_quality_line(report["quality"], max_loss_increase))
     host_table = host_embedding_table(model) if embedding == "host" else None
     if host_table is not None:
         lines.append("Embedding: host; the runner feeds FILE.embeddings.npy[token_ids] as `embeddings` "
                      "(export/jetson/run_tflite.py and run_tensorrt.py do)")
     metadata = dict(spec_metadata(spec, quantize=quantize, target=target, embedding=embedding),
                     cost=report["cost"])
+    if report.get("quality") is not None:
+        metadata[contract.KEYS["quality"]] = report["quality"]
     description = (f"target {target.name}, quantize={quantize or 'none'}, batch {batch_size} x length "
                    f"{sequence_length}")
     return ExportResult(target.name, quantize, embedding, (exported,), report, lines, metadata, description,
                         host_table)
+
+
+def _quantization_quality(spec, target, embedding, quantized, eval_token_ids):
+    """The quantized file against a float32 export of the same target on held-out rows, or None."""
+    if eval_token_ids is None:
+        return None
+    eval_token_ids, eval_language_ids = _parity_batch(spec, eval_token_ids, None)
+    reference = convert_tflite(spec, target=target, quantize=None, embedding=embedding)
+    return quantization_quality(spec, reference, quantized, eval_token_ids, eval_language_ids)
+
+
+def _quality_line(quality, max_loss_increase):
+    if quality is None:
+        return ("Held-out loss of the quantized file: not measured (pass eval_token_ids; the CLI reads the "
+                "run's eval split or --eval-corpus; a model whose output is not next-token logits has none)")
+    return format_quality(quality, max_loss_increase)
 
 
 def _parity_batch(spec, token_ids, language_ids):

@@ -65,7 +65,8 @@ class ExportResult:
 
     def failures(self, *, tolerance=None, require_gpu=False):
         """Lines naming each failed check, `[]` when all hold: parity over `tolerance` (default
-        `EXPORT_TOLERANCE`), greedy tokens that differ from `CausalLM.generate`, and with
+        `EXPORT_TOLERANCE`), greedy tokens that differ from `CausalLM.generate`, a quantized
+        file whose held-out cross-entropy rises above `max_loss_increase`, and with
         `require_gpu` ops that the target's GPU backend does not run."""
         failed = []
         tolerance = tolerance if tolerance is not None else EXPORT_TOLERANCE[self.quantize]
@@ -77,6 +78,11 @@ class ExportResult:
                           "(or did not run the bundle).")
         if tolerance is not None and not self.parity <= tolerance:
             failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
+        quality, limit = self.report.get("quality"), self.report.get("max_loss_increase")
+        if quality is not None and not quality["loss_increase"] <= limit:
+            failed.append(f"FAILED: the quantized file raises the held-out cross-entropy by "
+                          f"{quality['loss_increase']:.2%} ({quality['loss_float']:.4f} -> "
+                          f"{quality['loss_quantized']:.4f}), over the limit {limit:.2%}.")
         verdicts = self.report.get("verdicts") or {}
         backend = target_of(self.target).backends[0] if verdicts else None
         if require_gpu and backend and verdicts[backend]:
