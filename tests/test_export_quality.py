@@ -85,7 +85,8 @@ def test_without_held_out_rows_the_loss_is_not_measured_and_says_so(lm):
     result = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="dynamic_int8")
     assert result.report["quality"] is None and "quality" not in result.metadata
     assert any("Held-out loss of the quantized file: not measured" in line for line in result.lines)
-    float32 = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", eval_token_ids=_held_out_rows())
+    float32 = export.export_and_check(lm, sequence_length=LENGTH, target="cpu",
+                                      eval_token_ids=_held_out_rows())
     assert "quality" not in float32.report  # nothing quantized, nothing to compare
 
 
@@ -119,7 +120,8 @@ def _run_folder(tmp_path):
                           dropout=0.0), name="lm")
     model.build_on_dummy()
     model.save(str(tmp_path / "model.keras"), save_format="keras_v3")
-    config = {"corpus": None, "corpus_format": "text", "eval_fraction": 0.05, "seed": 0, "skip_bad_lines": False}
+    config = {"corpus": None, "corpus_format": "text", "eval_fraction": 0.05, "seed": 0,
+              "skip_bad_lines": False}
     (tmp_path / "report.json").write_text(json.dumps({"train_config": config}))
     held_out = data.split_corpus(texts, 0.05, seed=0)[1]
     return model, held_out
