@@ -16,7 +16,12 @@ import pytest
 from layer_test_helper import to_numpy
 
 from keras_posenc.layers import RotaryEmbedding
-from keras_posenc.layers.rope_scaling import HFRopeConfigError, hf_layer_types, hf_rotary_kwargs
+from keras_posenc.layers.rope_scaling import (
+    HFRopeConfigError,
+    hf_layer_types,
+    hf_rotary_kwargs,
+    rotary_attention_factor,
+)
 
 
 def _inv(base, dim):
@@ -277,7 +282,10 @@ def test_flat_config_accepts_a_declared_layer_type():
      r"`rope_scaling\['mrope_section'\]`=\[16, 24, 24\] is a RoPE setting from_hf_config does not know"),
     ({"head_dim": 64, "rope_scaling": {"rope_type": "proportional"}}, None,
      r"`rope_scaling\['rope_type'\]`='proportional' is not supported"),
-    ({"model_type": "mistral4", "head_dim": 64}, None, r"`model_type`='mistral4' is not a RoPE family"),
+    ({"model_type": "mistral4", "head_dim": 64}, None,
+     r"^`model_type`='mistral4' is not a RoPE family from_hf_config knows, so which features its rotary "
+     r"pairs is not known: pass layout='half' \(pairs \(k, k \+ d/2\), rotate_half\) or "
+     r"layout='interleave' \(pairs \(2k, 2k \+ 1\)\)\.$"),
     ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 2, "alibi": True}, None,
      r"`alibi`=True: this model has ALiBi"),
     ({"head_dim": 64, "position_embedding_type": "absolute"}, None, r"`position_embedding_type`='absolute'"),
@@ -296,6 +304,19 @@ def test_flat_config_accepts_a_declared_layer_type():
      None, r"`rope_scaling\['factor'\]` must be a number >= 1, got '4'"),
     ({"head_dim": 64, "rope_scaling": [1, 2]}, None, r"`rope_scaling` must be a dict, got \[1, 2\]"),
     ({"head_dim": 64, "rope_theta": "big"}, None, r"`rope_scaling\['rope_theta'\]` must be a number"),
+    ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, None,
+     r"^The Hugging Face config has no `config\['max_position_embeddings'\]`, which its RoPE needs\.$"),
+    *(({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": bad}}, None,
+       rf"^`original_max_position_embeddings` must be an int >= 1, got {bad!r}\.$")
+      for bad in (0, True, 4096.0)),
+    *(({"head_dim": 64, "rope_scaling": {"rope_type": "llama3", "original_max_position_embeddings": 8192,
+                                         "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         **change}}, None, pattern) for change, pattern in (
+        ({"factor": None},
+         r"^The Hugging Face config has no `rope_scaling\['factor'\]`, which its RoPE needs\.$"),
+        ({"factor": 0.5}, r"^`rope_scaling\['factor'\]` must be a number >= 1, got 0\.5\.$"),
+        ({"low_freq_factor": "1"}, r"^`rope_scaling\['low_freq_factor'\]` must be a number, got '1'\.$"))),
 ])
 def test_what_it_cannot_reproduce_raises_naming_the_key(config, layer_type, pattern):
     with pytest.raises(HFRopeConfigError, match=pattern) as caught:
@@ -309,3 +330,42 @@ def test_layout_override_and_constructor_arguments():
     assert (layer.layout, layer.max_length, layer.name) == ("interleave", 16, "q_rope")
     clone = RotaryEmbedding.from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
+
+
+@pytest.mark.parametrize("read", [hf_rotary_kwargs, hf_layer_types])
+def test_a_config_that_is_not_a_dict_names_its_type(read):
+    message = r"^`config` must be a dict \(a Hugging Face config\.json\), got list\.$"
+    with pytest.raises(TypeError, match=message):
+        read([{"head_dim": 64}])
+
+
+def test_where_the_original_context_length_comes_from():
+    """A top-level `original_max_position_embeddings` wins over the RoPE dict's (flat configs only),
+    then Phi-3's class default 4096, then `max_position_embeddings`; 1 is a valid length."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    flat = {"head_dim": 8, "original_max_position_embeddings": 8192, "rope_scaling": yarn}
+    assert hf_rotary_kwargs(flat)["original_length"] == 8192
+    nested = {"head_dim": 8, "original_max_position_embeddings": 8192,
+              "rope_parameters": {"full_attention": yarn, "sliding_attention": {"rope_type": "default"}}}
+    assert hf_rotary_kwargs(nested, "full_attention")["original_length"] == 2048
+    phi3 = {"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 8,
+            "max_position_embeddings": 32768,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}}
+    options = hf_rotary_kwargs(phi3)
+    assert (options["original_length"], options["scaling_factor"]) == (4096, 8.0)
+    llama3 = {"model_type": "llama", "head_dim": 8, "max_position_embeddings": 4096, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
+    assert hf_rotary_kwargs(llama3)["original_length"] == 4096
+    one = {"head_dim": 8, "rope_scaling": {**yarn, "original_max_position_embeddings": 1}}
+    assert hf_rotary_kwargs(one)["original_length"] == 1
+
+
+def test_a_factor_at_its_minimum_is_accepted():
+    options = hf_rotary_kwargs({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 1.0}})
+    assert (options["scaling"], options["scaling_factor"]) == ("linear", 1.0)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.5, 2.0, 40.0])
+def test_yarn_attention_factor_without_and_with_extension(factor):
+    """transformers' `get_mscale`: 1 for a factor <= 1, else 0.1 ln s + 1."""
+    assert rotary_attention_factor("yarn", factor) == pytest.approx(_mscale(factor), rel=1e-15)

@@ -2,6 +2,8 @@
 
     python tools/mutation.py keras_posenc/layers/rope_scaling.py          # run, then report
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --report # report the last run
+    python tools/mutation.py keras_posenc/layers/rope_scaling.py --resume # go on with the last run
+    python tools/mutation.py keras_posenc/layers/rope_scaling.py --survivors  # re-test its survivors
     python tools/mutation.py --list                                       # the modules configured
 
 tools/mutation.toml names, per module, the test files that cover it and the surviving mutants that
@@ -9,12 +11,15 @@ are equivalent (with the reason). The run happens in a copy of the package and t
 .cache/mutation/<module>/ (mutmut then mutates its own copy, mutants/, inside it): TensorFlow's
 autograph re-reads source files while it traces, so nothing the tool writes may touch the checkout.
 mutmut runs with one worker (`--max-children 1`), each mutant against only the configured tests that
-executed the mutated function.
+executed the mutated function. `--resume` and `--survivors` keep the work dir and its results (the
+module must be unchanged since), copy the current tests into it and run the mutants not yet tested,
+or again the ones that survived (after tests were added).
 
 The report: killed (timeouts count as killed), survived, no tests (mutants in code that no
-configured test runs: counted as survivors), equivalent, and the score
-killed / (total - equivalent). Exit status 1 when a mutant survives that is not listed as equivalent,
-or when an equivalent one listed is no longer a survivor (the list is stale).
+configured test runs: counted as survivors), equivalent, not run yet (an interrupted run), and the
+score killed / (run - equivalent). Exit status 1 when a mutant survives that is not listed as
+equivalent, when an equivalent one listed is no longer a survivor (the list is stale), or when
+mutants were not run.
 """
 
 import argparse
@@ -79,12 +84,26 @@ def prepare(module, entry):
     return work
 
 
-def run_mutmut(work):
+def refresh_tests(module):
+    """The last run's work dir with the checkout's current tests; the module must be the same."""
+    work = work_dir(module)
+    copy = work / module
+    if not copy.is_file():
+        sys.exit(f"error: no earlier run of {module} to go on with: run it without --resume first")
+    if copy.read_bytes() != (ROOT / module).read_bytes():
+        sys.exit(f"error: {module} changed since its last run: run it again without --resume")
+    shutil.rmtree(work / "tests")
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return work
+
+
+def run_mutmut(work, names=()):
     env = dict(os.environ)
     site = str(ROOT / ".cache" / "mutmut-site")
     env["PYTHONPATH"] = site
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", "1"], cwd=work, env=env)
+    return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", "1", *names], cwd=work,
+                           env=env)
 
 
 def results(work, module):
@@ -97,28 +116,34 @@ def results(work, module):
 
 def report(module, entry, codes):
     equivalent = dict(entry.get("equivalent", {}))
+    untested = sorted(k for k, c in codes.items() if c is None)
     killed = sorted(k for k, c in codes.items() if c in KILLED)
-    survived = sorted(k for k, c in codes.items() if c not in KILLED)
+    survived = sorted(k for k, c in codes.items() if c is not None and c not in KILLED)
     unexplained = [k for k in survived if k not in equivalent]
-    stale = sorted(k for k in equivalent if k not in survived)
-    counted = len(codes) - len(equivalent.keys() & set(survived))
+    stale = sorted(k for k in equivalent if k not in survived and k not in untested)
+    tested = len(codes) - len(untested)
+    counted = tested - len(equivalent.keys() & set(survived))
     score = 100.0 * len(killed) / counted if counted else 100.0
     print(f"\n{module}: {len(killed)} killed / {counted} counted ({len(codes)} mutants, "
-          f"{len(codes) - counted} equivalent): score {score:.1f}%")
+          f"{tested - counted} equivalent, {len(untested)} not run yet): score {score:.1f}%")
+    if untested:
+        print(f"  incomplete: {len(untested)} mutants not run yet (--resume goes on)")
     for name in unexplained:
         status = "no tests" if codes[name] in NO_TESTS else ("survived" if codes[name] in SURVIVED
                                                             else f"exit {codes[name]}")
         print(f"  {status}: {name}")
     for name in stale:
         print(f"  listed as equivalent but {'killed' if name in codes else 'not a mutant'}: {name}")
-    print(f"| `{module}` | {len(killed)} / {counted} | {score:.1f}% | {len(codes) - counted} |")
-    return 1 if unexplained or stale else 0
+    print(f"| `{module}` | {len(killed)} / {counted} | {score:.1f}% | {tested - counted} | {len(untested)} |")
+    return 1 if unexplained or stale or untested else 0
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module", nargs="?", help="e.g. keras_posenc/layers/rope_scaling.py")
     parser.add_argument("--report", action="store_true", help="only report the last run's results")
+    parser.add_argument("--resume", action="store_true", help="go on with the last run (same module source)")
+    parser.add_argument("--survivors", action="store_true", help="re-test the last run's survivors")
     parser.add_argument("--list", action="store_true", help="list the configured modules")
     args = parser.parse_args(argv)
     modules = load_config()
@@ -132,8 +157,17 @@ def main(argv=None):
     entry = modules[args.module]
     work = work_dir(args.module)
     if not args.report:
-        work = prepare(args.module, entry)
-        status = run_mutmut(work)
+        names = ()
+        if args.resume or args.survivors:
+            work = refresh_tests(args.module)
+            if args.survivors:
+                names = sorted(k for k, c in results(work, args.module).items()
+                               if c is not None and c not in KILLED)
+                if not names:
+                    print("no survivors to re-test")
+        else:
+            work = prepare(args.module, entry)
+        status = run_mutmut(work, names) if names or not args.survivors else 0
         if status != 0:
             print(f"error: mutmut exited with status {status}", file=sys.stderr)
             return status
