@@ -21,6 +21,7 @@ from keras_posenc.layers.rope_scaling import (
     hf_layer_types,
     hf_rotary_kwargs,
     rotary_attention_factor,
+    rotary_frequencies,
 )
 
 
@@ -316,7 +317,8 @@ def test_flat_config_accepts_a_declared_layer_type():
         ({"factor": None},
          r"^The Hugging Face config has no `rope_scaling\['factor'\]`, which its RoPE needs\.$"),
         ({"factor": 0.5}, r"^`rope_scaling\['factor'\]` must be a number >= 1, got 0\.5\.$"),
-        ({"low_freq_factor": "1"}, r"^`rope_scaling\['low_freq_factor'\]` must be a number, got '1'\.$"))),
+        ({"low_freq_factor": "1"}, r"^`rope_scaling\['low_freq_factor'\]` must be a number, got '1'\.$"),
+        ({"high_freq_factor": "4"}, r"^`rope_scaling\['high_freq_factor'\]` must be a number, got '4'\.$"))),
     ({"model_type": "deepseek_v3", "qk_rope_head_dim": 1}, None,
      r"^`config\['qk_rope_head_dim'\]` must be a number >= 2, got 1\.$"),
     ({"head_dim": 1}, None, r"^`config\['head_dim'\]` must be a number >= 2, got 1\.$"),
@@ -336,6 +338,17 @@ def test_flat_config_accepts_a_declared_layer_type():
                                       "long_factor": [1.0] * 4,
                                       "short_mscale": "x", "long_mscale": "x"}}, None,
      r"^`rope_scaling\['short_mscale'\]` must be a number, got 'x'\.$"),
+    *(({"head_dim": 8, "rope_scaling": {"type": "longrope", "factor": 2.0,
+                                        "original_max_position_embeddings": 16,
+                                        "short_factor": [1.0] * 4, **change}}, None, pattern)
+      for change, pattern in (
+          ({}, r"^The Hugging Face config has no `rope_scaling\['long_factor'\]`, which its RoPE needs\.$"),
+          ({"short_factor": [1.0, "a", 1.0, 1.0], "long_factor": [1.0] * 4},
+           r"^`rope_scaling\['short_factor'\]` must be a number, got 'a'\.$"))),
+    ({"head_dim": 8, "rope_scaling": {"type": "longrope", "factor": 0.5,
+                                      "original_max_position_embeddings": 16, "short_factor": [1.0] * 4,
+                                      "long_factor": [1.0] * 4}}, None,
+     r"^`rope_scaling\['factor'\]` must be a number >= 1, got 0\.5\.$"),
     ({"head_dim": 8, "rope_theta": 0.5}, None,
      r"^`rope_scaling\['rope_theta'\]` must be a number >= 1, got 0\.5\.$"),
     ({"head_dim": 8, "rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": "4",
@@ -396,6 +409,9 @@ def test_where_the_original_context_length_comes_from():
             "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}}
     options = hf_rotary_kwargs(phi3)
     assert (options["original_length"], options["scaling_factor"]) == (4096, 8.0)
+    phi3_llama3 = {**phi3, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0}}
+    assert hf_rotary_kwargs(phi3_llama3)["original_length"] == 4096
     llama3 = {"model_type": "llama", "head_dim": 8, "max_position_embeddings": 4096, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
     assert hf_rotary_kwargs(llama3)["original_length"] == 4096
@@ -403,9 +419,14 @@ def test_where_the_original_context_length_comes_from():
     assert hf_rotary_kwargs(one)["original_length"] == 1
 
 
-def test_a_factor_at_its_minimum_is_accepted():
-    options = hf_rotary_kwargs({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 1.0}})
-    assert (options["scaling"], options["scaling_factor"]) == ("linear", 1.0)
+@pytest.mark.parametrize("rope", [
+    {"type": "linear"},
+    {"type": "longrope", "original_max_position_embeddings": 16, "short_factor": [1.0] * 4,
+     "long_factor": [1.0] * 4},
+])
+def test_a_factor_at_its_minimum_is_accepted(rope):
+    options = hf_rotary_kwargs({"head_dim": 8, "rope_scaling": {**rope, "factor": 1.0}})
+    assert (options["scaling"], options["scaling_factor"]) == (rope["type"], 1.0)
 
 
 @pytest.mark.parametrize("factor", [0.5, 1.0, 1.5, 2.0, 40.0])
@@ -495,3 +516,48 @@ _BASE = {"max_wavelength": 10000.0, "layout": "half", "partial_rotary_factor": 1
 def test_every_rope_setting_is_carried_into_the_options(rope, expected):
     """The whole options dict: a setting dropped or defaulted on the way would show here."""
     assert hf_rotary_kwargs({"head_dim": 8, "rope_scaling": rope}) == {**_BASE, **expected}
+
+
+def test_longrope_factor_lists_count_the_rotated_pairs_only():
+    rope = {"type": "longrope", "factor": 2.0, "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 4.0, 5.0]}
+    options = hf_rotary_kwargs({"head_dim": 16, "partial_rotary_factor": 0.5, "rope_scaling": rope})
+    assert (options["partial_rotary_factor"], options["short_factor"]) == (0.5, [1.0, 1.5, 2.0, 3.0])
+
+
+def test_rotary_frequencies_defaults():
+    """base 10000, factor 1, YaRN's betas 32 and 1, Llama 3.1's bounds 1 and 4, when not given."""
+    np.testing.assert_allclose(rotary_frequencies(8), _inv(10000.0, 8), rtol=1e-15)
+    np.testing.assert_allclose(rotary_frequencies(8, scaling="linear"), _inv(10000.0, 8), rtol=1e-15)
+    yarn = rotary_frequencies(64, scaling="yarn", scaling_factor=4.0, original_length=4096)
+    np.testing.assert_allclose(yarn, _yarn(10000.0, 64, 4.0, 4096), rtol=1e-12)
+    np.testing.assert_allclose(rotary_frequencies(64, 5e5, scaling="llama3", scaling_factor=8.0,
+                                                  original_length=8192),
+                               _llama3(5e5, 64, 8.0, 8192, 1.0, 4.0), rtol=1e-12)
+
+
+def test_rotary_frequencies_of_the_smallest_and_odd_widths():
+    np.testing.assert_allclose(rotary_frequencies(2, 100.0), [1.0], rtol=0)
+    with pytest.raises(ValueError, match=r"^`dim` must be >= 2, got dim=1\.$"):
+        rotary_frequencies(1)
+    with pytest.raises(ValueError, match=r"^The rotated dimension must be even, got dim=3\.$"):
+        rotary_frequencies(3)
+
+
+
+@pytest.mark.parametrize("options, pattern", [
+    ({"scaling": "yarn", "beta_slow": 40.0},
+     r"^`beta_slow` and `beta_fast` must satisfy 0 < beta_slow < beta_fast, got beta_slow=40\.0 and "
+     r"beta_fast=32\.0\.$"),
+    ({"scaling": "llama3", "low_freq_factor": 5.0},
+     r"^`low_freq_factor` and `high_freq_factor` must satisfy 0 < low_freq_factor <= high_freq_factor, "
+     r"got low_freq_factor=5\.0 and high_freq_factor=4\.0\.$"),
+    ({"scaling": "llama3", "high_freq_factor": 0.5},
+     r"^`low_freq_factor` and `high_freq_factor` must satisfy 0 < low_freq_factor <= high_freq_factor, "
+     r"got low_freq_factor=1\.0 and high_freq_factor=0\.5\.$"),
+    ({"scaling": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 4},
+     r"^`short_factor` must have one factor per rotated pair \(4\), got 3\.$"),
+])
+def test_rotary_frequencies_checks_every_scaling_argument(options, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        rotary_frequencies(8, scaling_factor=2.0, original_length=64, **options)
