@@ -8,6 +8,9 @@
 #   make venv-keras3 bootstrap .venv-keras3 (Python 3.12) from requirements/tf221.txt
 #   make test-thorough the property tests (tests/test_properties*.py) with hypothesis's `thorough`
 #                    profile (10x the examples of `make test`, fresh ones each run), on every stack
+#   make mutation MODULE=keras_posenc/layers/rope_scaling.py
+#                    mutation testing of one module against its tests (tools/mutation.toml), mutmut
+#                    pinned in requirements/mutation.txt; `make mutation` alone lists the modules
 #   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache),
 #                    and .litertlm bundles on LiteRT-LM's engine, exported on Keras 2 (.venv) and
 #                    on Keras 3 (.venv-keras3)
@@ -72,10 +75,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
-        pytest-keras3 test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice
+        pytest-keras3 test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice \
+        mutation
 
 help:
-	@sed -n '3,23p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,26p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
@@ -187,6 +191,23 @@ test-thorough: venv venv-keras3
 	  $(PROPERTY_TESTS) $(PYTEST_ARGS)
 	HYPOTHESIS_PROFILE=thorough KERAS_BACKEND=jax $(KERAS3_VENV)/bin/python -m pytest -q \
 	  $(filter $(PROPERTY_TESTS),$(KERAS3_JAX_TESTS)) $(PYTEST_ARGS)
+
+# --- mutation testing (a developer tool, not part of `make test` or CI) -------------------
+# mutmut and its own dependencies (requirements/mutation.txt, pinned) go with --no-deps into
+# .cache/mutmut-site and run on .venv's interpreter, so the lock's pytest is the one used. The run
+# happens in .cache/mutation/<module>/, a copy of the package and tests (tools/mutation.py).
+MUTATION_SITE := .cache/mutmut-site
+MUTATION_LOCK := requirements/mutation.txt
+MODULE ?=
+MUTATION_ARGS ?=
+
+$(MUTATION_SITE)/.stamp: $(MUTATION_LOCK) $(VENV)/.lock-stamp
+	rm -rf $(MUTATION_SITE)
+	$(VENV)/bin/python -m pip install --quiet --no-deps --target $(MUTATION_SITE) -r $(MUTATION_LOCK)
+	touch $@
+
+mutation: venv $(MUTATION_SITE)/.stamp
+	$(VENV)/bin/python tools/mutation.py $(MODULE) $(MUTATION_ARGS)
 
 # --- edge GPU runtimes -------------------------------------------------------------------
 # tests/edge/runtime/bootstrap.sh fills .edge-cache/ (Mesa lavapipe, ai-edge-litert, mediapipe's GL delegate,

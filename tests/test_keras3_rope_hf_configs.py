@@ -17,7 +17,7 @@ from layer_test_helper import to_numpy
 from keras_posenc import Encoder
 from keras_posenc.backend import is_tensorflow
 from keras_posenc.layers import RotaryEmbedding
-from keras_posenc.layers.rope_scaling import hf_rotary_kwargs
+from keras_posenc.layers.rope_scaling import hf_rotary_kwargs, rotary_frequencies
 
 
 def _ramp_keep(i, dim, base, original, beta_fast, beta_slow, truncate=True):
@@ -279,3 +279,17 @@ def test_encoder_takes_the_options_of_a_hf_config():
     clone(ids)
     clone.set_weights(encoder.get_weights())
     np.testing.assert_array_equal(to_numpy(clone(ids)), out)
+
+
+@pytest.mark.parametrize("base, original, beta_fast", [
+    (100.0, 100000, 2000.0),  # the beta_slow dimension (8.4) is past dim - 1: the ramp ends at 7
+    (10000.0, 4, 32.0),       # both dimensions clamp to 0: the references' 0.001-wide ramp
+    (100.0, 988000, 32.0),    # floor(7.38) == dim - 1 == the clamped end: the 0.001-wide ramp there
+])
+def test_yarn_ramp_at_its_clamps(base, original, beta_fast):
+    dim, factor = 8, 4.0
+    inv = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    keep = np.array([_ramp_keep(i, dim, base, original, beta_fast, 1.0) for i in range(dim // 2)])
+    got = rotary_frequencies(dim, base, scaling="yarn", scaling_factor=factor, original_length=original,
+                             beta_fast=beta_fast, beta_slow=1.0)
+    np.testing.assert_allclose(got, inv / factor * (1 - keep) + inv * keep, rtol=1e-12, atol=0)

@@ -16,7 +16,13 @@ import pytest
 from layer_test_helper import to_numpy
 
 from keras_posenc.layers import RotaryEmbedding
-from keras_posenc.layers.rope_scaling import HFRopeConfigError, hf_layer_types, hf_rotary_kwargs
+from keras_posenc.layers.rope_scaling import (
+    HFRopeConfigError,
+    hf_layer_types,
+    hf_rotary_kwargs,
+    rotary_attention_factor,
+    rotary_frequencies,
+)
 
 
 def _inv(base, dim):
@@ -263,7 +269,7 @@ def test_flat_config_accepts_a_declared_layer_type():
 
 @pytest.mark.parametrize("config, layer_type, pattern", [
     (_GEMMA3_NESTED, None, r"one RoPE per attention type \(\['full_attention', 'sliding_attention'\]\): "
-                           r"pass `layer_type`"),
+                           r"pass `layer_type` \(or use RotaryEmbedding\.from_hf_config_per_layer_type\)\.$"),
     (_GEMMA3_1B, None, "pass `layer_type`"),
     (_GEMMA3_NESTED, "global", r"`layer_type`='global' is not an attention type"),
     ({"head_dim": 64, "layer_types": ["full_attention", "linear_attention"],
@@ -277,7 +283,10 @@ def test_flat_config_accepts_a_declared_layer_type():
      r"`rope_scaling\['mrope_section'\]`=\[16, 24, 24\] is a RoPE setting from_hf_config does not know"),
     ({"head_dim": 64, "rope_scaling": {"rope_type": "proportional"}}, None,
      r"`rope_scaling\['rope_type'\]`='proportional' is not supported"),
-    ({"model_type": "mistral4", "head_dim": 64}, None, r"`model_type`='mistral4' is not a RoPE family"),
+    ({"model_type": "mistral4", "head_dim": 64}, None,
+     r"^`model_type`='mistral4' is not a RoPE family from_hf_config knows, so which features its rotary "
+     r"pairs is not known: pass layout='half' \(pairs \(k, k \+ d/2\), rotate_half\) or "
+     r"layout='interleave' \(pairs \(2k, 2k \+ 1\)\)\.$"),
     ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 2, "alibi": True}, None,
      r"`alibi`=True: this model has ALiBi"),
     ({"head_dim": 64, "position_embedding_type": "absolute"}, None, r"`position_embedding_type`='absolute'"),
@@ -296,6 +305,68 @@ def test_flat_config_accepts_a_declared_layer_type():
      None, r"`rope_scaling\['factor'\]` must be a number >= 1, got '4'"),
     ({"head_dim": 64, "rope_scaling": [1, 2]}, None, r"`rope_scaling` must be a dict, got \[1, 2\]"),
     ({"head_dim": 64, "rope_theta": "big"}, None, r"`rope_scaling\['rope_theta'\]` must be a number"),
+    ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, None,
+     r"^The Hugging Face config has no `config\['max_position_embeddings'\]`, which its RoPE needs\.$"),
+    *(({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": bad}}, None,
+       rf"^`original_max_position_embeddings` must be an int >= 1, got {bad!r}\.$")
+      for bad in (0, True, 4096.0)),
+    *(({"head_dim": 64, "rope_scaling": {"rope_type": "llama3", "original_max_position_embeddings": 8192,
+                                         "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         **change}}, None, pattern) for change, pattern in (
+        ({"factor": None},
+         r"^The Hugging Face config has no `rope_scaling\['factor'\]`, which its RoPE needs\.$"),
+        ({"factor": 0.5}, r"^`rope_scaling\['factor'\]` must be a number >= 1, got 0\.5\.$"),
+        ({"low_freq_factor": "1"}, r"^`rope_scaling\['low_freq_factor'\]` must be a number, got '1'\.$"),
+        ({"high_freq_factor": "4"}, r"^`rope_scaling\['high_freq_factor'\]` must be a number, got '4'\.$"))),
+    ({"model_type": "deepseek_v3", "qk_rope_head_dim": 1}, None,
+     r"^`config\['qk_rope_head_dim'\]` must be a number >= 2, got 1\.$"),
+    ({"head_dim": 1}, None, r"^`config\['head_dim'\]` must be a number >= 2, got 1\.$"),
+    ({"model_type": 3, "head_dim": 8}, None, r"^`model_type` must be a string, got 3\.$"),
+    ({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 0.5}}, None,
+     r"^`rope_scaling\['factor'\]` must be a number >= 1, got 0\.5\.$"),
+    ({"head_dim": 8, "rope_scaling": {"type": "dynamic"}}, None,
+     r"^The Hugging Face config has no `rope_scaling\['factor'\]`, which its RoPE needs\.$"),
+    ({"head_dim": 8, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, None,
+     r"^The Hugging Face config has no `config\['max_position_embeddings'\]`, which its RoPE needs\.$"),
+    *(({"head_dim": 8, "rope_scaling": {"original_max_position_embeddings": 16, **rope}}, None,
+       r"^The Hugging Face config has no `config\['max_position_embeddings'\]`, which its RoPE needs\.$")
+      for rope in ({"rope_type": "yarn"},
+                   {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4})),
+    ({"head_dim": 8, "rope_scaling": {"type": "longrope", "factor": 2.0,
+                                      "original_max_position_embeddings": 16, "short_factor": [1.0] * 4,
+                                      "long_factor": [1.0] * 4,
+                                      "short_mscale": "x", "long_mscale": "x"}}, None,
+     r"^`rope_scaling\['short_mscale'\]` must be a number, got 'x'\.$"),
+    *(({"head_dim": 8, "rope_scaling": {"type": "longrope", "factor": 2.0,
+                                        "original_max_position_embeddings": 16,
+                                        "short_factor": [1.0] * 4, **change}}, None, pattern)
+      for change, pattern in (
+          ({}, r"^The Hugging Face config has no `rope_scaling\['long_factor'\]`, which its RoPE needs\.$"),
+          ({"short_factor": [1.0, "a", 1.0, 1.0], "long_factor": [1.0] * 4},
+           r"^`rope_scaling\['short_factor'\]` must be a number, got 'a'\.$"))),
+    ({"head_dim": 8, "rope_scaling": {"type": "longrope", "factor": 0.5,
+                                      "original_max_position_embeddings": 16, "short_factor": [1.0] * 4,
+                                      "long_factor": [1.0] * 4}}, None,
+     r"^`rope_scaling\['factor'\]` must be a number >= 1, got 0\.5\.$"),
+    ({"head_dim": 8, "rope_theta": 0.5}, None,
+     r"^`rope_scaling\['rope_theta'\]` must be a number >= 1, got 0\.5\.$"),
+    ({"head_dim": 8, "rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": "4",
+                                                            "original_max_position_embeddings": 16},
+                                         "sliding_attention": {"rope_type": "default"}}}, "full_attention",
+     r"^`rope_parameters\['full_attention'\]\['factor'\]` must be a number >= 1, got '4'\.$"),
+    ({"head_dim": 8, "rope_scaling": {"type": "su", "bogus": 1}}, None,
+     r"^`rope_scaling\['bogus'\]`=1 is a RoPE setting from_hf_config does not know \(rope_type 'longrope' "
+     r"reads \['attention_factor', 'factor', 'long_factor', 'long_mscale', "
+     r"'original_max_position_embeddings', 'partial_rotary_factor', 'rope_theta', 'rope_type', "
+     r"'short_factor', 'short_mscale', 'type'\]\)\.$"),
+    ({"head_dim": 64, "rope_parameters": [1, 2]}, None,
+     r"^`rope_parameters` must be a dict, got \[1, 2\]\.$"),
+    *((config, None, rf"^The Hugging Face config has no `config\['{key}'\]`, which its RoPE needs\.$")
+      for config, key in (({"num_attention_heads": 8}, "hidden_size"),
+                          ({"hidden_size": 64}, "num_attention_heads"))),
+    *(({"head_dim": 64, "partial_rotary_factor": bad}, None,
+       rf"^`partial_rotary_factor` must be in \(0, 1\], got {bad}\.$") for bad in (0, 1.5)),
 ])
 def test_what_it_cannot_reproduce_raises_naming_the_key(config, layer_type, pattern):
     with pytest.raises(HFRopeConfigError, match=pattern) as caught:
@@ -309,3 +380,184 @@ def test_layout_override_and_constructor_arguments():
     assert (layer.layout, layer.max_length, layer.name) == ("interleave", 16, "q_rope")
     clone = RotaryEmbedding.from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
+
+
+@pytest.mark.parametrize("read", [hf_rotary_kwargs, hf_layer_types])
+def test_a_config_that_is_not_a_dict_names_its_type(read):
+    message = r"^`config` must be a dict \(a Hugging Face config\.json\), got list\.$"
+    with pytest.raises(TypeError, match=message):
+        read([{"head_dim": 64}])
+
+
+def test_where_the_original_context_length_comes_from():
+    """A top-level `original_max_position_embeddings` wins over the RoPE dict's (flat configs only),
+    then Phi-3's class default 4096, then `max_position_embeddings`; 1 is a valid length."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    flat = {"head_dim": 8, "original_max_position_embeddings": 8192, "rope_scaling": yarn}
+    assert hf_rotary_kwargs(flat)["original_length"] == 8192
+    nested = {"head_dim": 8, "original_max_position_embeddings": 8192,
+              "rope_parameters": {"full_attention": yarn, "sliding_attention": {"rope_type": "default"}}}
+    assert hf_rotary_kwargs(nested, "full_attention")["original_length"] == 2048
+    for rope in ({"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0] * 4,
+                  "long_factor": [1.0] * 4},
+                 {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}):
+        per_type = {**nested, "rope_parameters": {**nested["rope_parameters"], "full_attention": {
+            **rope, "original_max_position_embeddings": 2048}}}
+        assert hf_rotary_kwargs(per_type, "full_attention")["original_length"] == 2048
+    phi3 = {"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 8,
+            "max_position_embeddings": 32768,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}}
+    options = hf_rotary_kwargs(phi3)
+    assert (options["original_length"], options["scaling_factor"]) == (4096, 8.0)
+    phi3_llama3 = {**phi3, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0}}
+    assert hf_rotary_kwargs(phi3_llama3)["original_length"] == 4096
+    llama3 = {"model_type": "llama", "head_dim": 8, "max_position_embeddings": 4096, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
+    assert hf_rotary_kwargs(llama3)["original_length"] == 4096
+    one = {"head_dim": 8, "rope_scaling": {**yarn, "original_max_position_embeddings": 1}}
+    assert hf_rotary_kwargs(one)["original_length"] == 1
+
+
+@pytest.mark.parametrize("rope", [
+    {"type": "linear"},
+    {"type": "longrope", "original_max_position_embeddings": 16, "short_factor": [1.0] * 4,
+     "long_factor": [1.0] * 4},
+])
+def test_a_factor_at_its_minimum_is_accepted(rope):
+    options = hf_rotary_kwargs({"head_dim": 8, "rope_scaling": {**rope, "factor": 1.0}})
+    assert (options["scaling"], options["scaling_factor"]) == (rope["type"], 1.0)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.5, 2.0, 40.0])
+def test_yarn_attention_factor_without_and_with_extension(factor):
+    """transformers' `get_mscale`: 1 for a factor <= 1, else 0.1 ln s + 1."""
+    assert rotary_attention_factor("yarn", factor) == pytest.approx(_mscale(factor), rel=1e-15)
+
+
+@pytest.mark.parametrize("config, partial", [
+    ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": 2}, 2 / 32),  # the smallest width
+    ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": 32}, 1.0),  # the whole head
+    ({"head_dim": 64, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}, 0.25),
+    ({"head_dim": 64, "partial_rotary_factor": 0.5,  # the RoPE dict's wins over the config's
+      "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}, 0.25),
+    ({"head_dim": 64, "partial_rotary_factor": 1}, 1.0),
+])
+def test_rotated_width_at_its_bounds_and_sources(config, partial):
+    assert hf_rotary_kwargs(config)["partial_rotary_factor"] == partial
+
+
+@pytest.mark.parametrize("config", [{"model_type": "deepseek_v3", "qk_rope_head_dim": 2}, {"head_dim": 2}])
+def test_the_smallest_head_is_one_pair(config):
+    assert hf_rotary_kwargs(config)["head_dim"] == 2
+
+
+def test_gpt_neox_base_from_rotary_emb_base():
+    config = {"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 2, "rotary_emb_base": 1e5}
+    options = hf_rotary_kwargs(config)
+    assert (options["max_wavelength"], options["partial_rotary_factor"]) == (1e5, 0.25)
+
+
+@pytest.mark.parametrize("outer, base", [
+    ({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 2.0}}, 10000.0),
+    ({"head_dim": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}, 1e5),
+    ({"head_dim": 8, "rope_theta": 1e5}, 1e5),
+    ({"hidden_size": 64, "num_attention_heads": 8}, 10000.0),
+])
+def test_a_config_with_rope_keys_of_its_own_is_read_not_its_text_config(outer, base):
+    options = hf_rotary_kwargs({**outer, "text_config": {"head_dim": 16, "rope_theta": 3e4}})
+    assert (options["head_dim"], options["max_wavelength"]) == (8, base)
+
+
+@pytest.mark.parametrize("theta, expected", [({}, 10000.0), ({"rope_theta": 5e5}, 5e5)])
+def test_nested_rope_parameters_take_the_config_base_or_10000(theta, expected):
+    config = {"head_dim": 8, **theta, "rope_parameters": {"full_attention": {"rope_type": "default"},
+                                                          "sliding_attention": {"rope_type": "default"}}}
+    for layer_type in ("full_attention", "sliding_attention"):
+        assert hf_rotary_kwargs(config, layer_type)["max_wavelength"] == expected
+
+
+def test_gemma3_legacy_base_keys_per_attention_type():
+    config = {"model_type": "gemma3_text", "head_dim": 8, "rope_theta": 2e6, "rope_local_base_freq": 5e4}
+    assert hf_rotary_kwargs(config, "full_attention")["max_wavelength"] == 2e6
+    assert hf_rotary_kwargs(config, "sliding_attention")["max_wavelength"] == 5e4
+
+
+@pytest.mark.parametrize("embedding", ["rope", "rotary"])
+def test_position_embedding_type_naming_rope_is_read(embedding):
+    options = hf_rotary_kwargs({"head_dim": 8, "rope_theta": 5e5, "position_embedding_type": embedding})
+    assert (options["head_dim"], options["max_wavelength"]) == (8, 5e5)
+
+
+def test_a_base_just_above_one_is_read():
+    assert hf_rotary_kwargs({"head_dim": 8, "rope_theta": 1.5})["max_wavelength"] == 1.5
+
+
+_BASE = {"max_wavelength": 10000.0, "layout": "half", "partial_rotary_factor": 1.0, "head_dim": 8}
+
+
+@pytest.mark.parametrize("rope, expected", [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 16,
+      "beta_slow": 2, "truncate": False, "mscale": 0.8, "mscale_all_dim": 0.6, "attention_factor": 1.3},
+     {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 16, "beta_fast": 16.0, "beta_slow": 2.0,
+      "truncate": False, "mscale": 0.8, "mscale_all_dim": 0.6, "attention_factor": 1.3}),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": None},
+     {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+      "truncate": True, "mscale": None, "mscale_all_dim": None, "attention_factor": None}),
+    ({"type": "longrope", "factor": 2.0, "original_max_position_embeddings": 16, "attention_factor": 1.2,
+      "short_factor": [1, 1.5, 2, 3], "long_factor": [2, 3, 4, 5]},
+     {"scaling": "longrope", "scaling_factor": 2.0, "original_length": 16, "attention_factor": 1.2,
+      "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 4.0, 5.0]}),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16, "low_freq_factor": 2,
+      "high_freq_factor": 3},
+     {"scaling": "llama3", "scaling_factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 3.0,
+      "original_length": 16}),
+])
+def test_every_rope_setting_is_carried_into_the_options(rope, expected):
+    """The whole options dict: a setting dropped or defaulted on the way would show here."""
+    assert hf_rotary_kwargs({"head_dim": 8, "rope_scaling": rope}) == {**_BASE, **expected}
+
+
+def test_longrope_factor_lists_count_the_rotated_pairs_only():
+    rope = {"type": "longrope", "factor": 2.0, "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 4.0, 5.0]}
+    options = hf_rotary_kwargs({"head_dim": 16, "partial_rotary_factor": 0.5, "rope_scaling": rope})
+    assert (options["partial_rotary_factor"], options["short_factor"]) == (0.5, [1.0, 1.5, 2.0, 3.0])
+
+
+def test_rotary_frequencies_defaults():
+    """base 10000, factor 1, YaRN's betas 32 and 1, Llama 3.1's bounds 1 and 4, when not given."""
+    np.testing.assert_allclose(rotary_frequencies(8), _inv(10000.0, 8), rtol=1e-15)
+    np.testing.assert_allclose(rotary_frequencies(8, scaling="linear"), _inv(10000.0, 8), rtol=1e-15)
+    yarn = rotary_frequencies(64, scaling="yarn", scaling_factor=4.0, original_length=4096)
+    np.testing.assert_allclose(yarn, _yarn(10000.0, 64, 4.0, 4096), rtol=1e-12)
+    np.testing.assert_allclose(rotary_frequencies(64, 5e5, scaling="llama3", scaling_factor=8.0,
+                                                  original_length=8192),
+                               _llama3(5e5, 64, 8.0, 8192, 1.0, 4.0), rtol=1e-12)
+
+
+def test_rotary_frequencies_of_the_smallest_and_odd_widths():
+    np.testing.assert_allclose(rotary_frequencies(2, 100.0), [1.0], rtol=0)
+    with pytest.raises(ValueError, match=r"^`dim` must be >= 2, got dim=1\.$"):
+        rotary_frequencies(1)
+    with pytest.raises(ValueError, match=r"^The rotated dimension must be even, got dim=3\.$"):
+        rotary_frequencies(3)
+
+
+
+@pytest.mark.parametrize("options, pattern", [
+    ({"scaling": "yarn", "beta_slow": 40.0},
+     r"^`beta_slow` and `beta_fast` must satisfy 0 < beta_slow < beta_fast, got beta_slow=40\.0 and "
+     r"beta_fast=32\.0\.$"),
+    ({"scaling": "llama3", "low_freq_factor": 5.0},
+     r"^`low_freq_factor` and `high_freq_factor` must satisfy 0 < low_freq_factor <= high_freq_factor, "
+     r"got low_freq_factor=5\.0 and high_freq_factor=4\.0\.$"),
+    ({"scaling": "llama3", "high_freq_factor": 0.5},
+     r"^`low_freq_factor` and `high_freq_factor` must satisfy 0 < low_freq_factor <= high_freq_factor, "
+     r"got low_freq_factor=1\.0 and high_freq_factor=0\.5\.$"),
+    ({"scaling": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 4},
+     r"^`short_factor` must have one factor per rotated pair \(4\), got 3\.$"),
+])
+def test_rotary_frequencies_checks_every_scaling_argument(options, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        rotary_frequencies(8, scaling_factor=2.0, original_length=64, **options)

@@ -1,0 +1,178 @@
+"""Mutation testing of one module against the tests that cover it (`make mutation MODULE=...`).
+
+    python tools/mutation.py keras_posenc/layers/rope_scaling.py          # run, then report
+    python tools/mutation.py keras_posenc/layers/rope_scaling.py --report # report the last run
+    python tools/mutation.py keras_posenc/layers/rope_scaling.py --resume # go on with the last run
+    python tools/mutation.py keras_posenc/layers/rope_scaling.py --survivors  # re-test its survivors
+    python tools/mutation.py --list                                       # the modules configured
+
+tools/mutation.toml names, per module, the test files that cover it and the surviving mutants that
+are equivalent (with the reason). The run happens in a copy of the package and the tests,
+.cache/mutation/<module>/ (mutmut then mutates its own copy, mutants/, inside it): TensorFlow's
+autograph re-reads source files while it traces, so nothing the tool writes may touch the checkout.
+mutmut runs with one worker (`--max-children 1`), each mutant against only the configured tests that
+executed the mutated function. `--resume` and `--survivors` keep the work dir and its results (the
+module must be unchanged since), copy the current tests into it and run the mutants not yet tested,
+or again the ones that survived (after tests were added).
+
+The report: killed (timeouts count as killed), survived, no tests (mutants in code that no
+configured test runs: counted as survivors), equivalent, not run yet (an interrupted run), and the
+score killed / (run - equivalent). Exit status 1 when a mutant survives that is not listed as
+equivalent, when an equivalent one listed is no longer a survivor (the list is stale), or when
+mutants were not run.
+"""
+
+import argparse
+import configparser
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "tools" / "mutation.toml"
+WORK = ROOT / ".cache" / "mutation"
+KILLED = {1, 3, 24, -24, 152, 255, 36}  # mutmut: test failure, pytest internal error, timeouts
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def load_config():
+    with open(CONFIG, "rb") as f:
+        return tomllib.load(f)["modules"]
+
+
+def work_dir(module):
+    return WORK / module.replace("/", "__").removesuffix(".py")
+
+
+def prepare(module, entry):
+    """A fresh copy of the package, the tests and setup.cfg with the module's [mutmut] section."""
+    work = work_dir(module)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "keras_posenc", work / "keras_posenc", ignore=ignore)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "setup.cfg")
+    missing = [t for t in entry["tests"] if not (ROOT / t).is_file()]
+    if missing:
+        sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module}: no such test file: {', '.join(missing)}")
+    cfg["mutmut"] = {
+        "source_paths": "keras_posenc",
+        "only_mutate": module,
+        "also_copy": "\ntests\nsetup.cfg",
+        "pytest_add_cli_args_test_selection": "\n" + "\n".join(entry["tests"]),
+        "pytest_add_cli_args": "\n-p\nno:cacheprovider",
+        "use_git_change_detection": "false",
+        # TensorFlow's runtime does not survive a fork once it has run ops (its thread pools stay in
+        # the parent): the fork server forks every mutant from a process that has only imported
+        # the test modules (pytest --collect-only), and the stats and clean runs run in children.
+        "process_isolation": "forkserver",
+        "forkserver_warmup": "collect",
+    }
+    # The [tool:pytest] of the package stays (markers, filterwarnings); doctests are not run.
+    if cfg.has_section("tool:pytest"):
+        cfg.remove_option("tool:pytest", "addopts")
+    with open(work / "setup.cfg", "w", encoding="utf-8") as f:
+        cfg.write(f)
+    return work
+
+
+def refresh_tests(module):
+    """The last run's work dir with the checkout's current tests; the module must be the same."""
+    work = work_dir(module)
+    copy = work / module
+    if not copy.is_file():
+        sys.exit(f"error: no earlier run of {module} to go on with: run it without --resume first")
+    if copy.read_bytes() != (ROOT / module).read_bytes():
+        sys.exit(f"error: {module} changed since its last run: run it again without --resume")
+    shutil.rmtree(work / "tests")
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return work
+
+
+def run_mutmut(work, names=()):
+    env = dict(os.environ)
+    site = str(ROOT / ".cache" / "mutmut-site")
+    env["PYTHONPATH"] = site
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", "1", *names], cwd=work,
+                           env=env)
+
+
+def results(work, module):
+    meta = work / "mutants" / (module + ".meta")
+    if not meta.is_file():
+        sys.exit(f"error: no results for {module} ({meta.relative_to(ROOT)} missing): run it first")
+    with open(meta, encoding="utf-8") as f:
+        return json.load(f)["exit_code_by_key"]
+
+
+def report(module, entry, codes):
+    equivalent = dict(entry.get("equivalent", {}))
+    untested = sorted(k for k, c in codes.items() if c is None)
+    killed = sorted(k for k, c in codes.items() if c in KILLED)
+    survived = sorted(k for k, c in codes.items() if c is not None and c not in KILLED)
+    unexplained = [k for k in survived if k not in equivalent]
+    stale = sorted(k for k in equivalent if k not in survived and k not in untested)
+    tested = len(codes) - len(untested)
+    counted = tested - len(equivalent.keys() & set(survived))
+    score = 100.0 * len(killed) / counted if counted else 100.0
+    print(f"\n{module}: {len(killed)} killed / {counted} counted ({len(codes)} mutants, "
+          f"{tested - counted} equivalent, {len(untested)} not run yet): score {score:.1f}%")
+    if untested:
+        print(f"  incomplete: {len(untested)} mutants not run yet (--resume goes on)")
+    for name in unexplained:
+        status = "no tests" if codes[name] in NO_TESTS else ("survived" if codes[name] in SURVIVED
+                                                            else f"exit {codes[name]}")
+        print(f"  {status}: {name}")
+    for name in stale:
+        print(f"  listed as equivalent but {'killed' if name in codes else 'not a mutant'}: {name}")
+    print(f"| `{module}` | {len(killed)} / {counted} | {score:.1f}% | {tested - counted} | {len(untested)} |")
+    return 1 if unexplained or stale or untested else 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("module", nargs="?", help="e.g. keras_posenc/layers/rope_scaling.py")
+    parser.add_argument("--report", action="store_true", help="only report the last run's results")
+    parser.add_argument("--resume", action="store_true", help="go on with the last run (same module source)")
+    parser.add_argument("--survivors", action="store_true", help="re-test the last run's survivors")
+    parser.add_argument("--list", action="store_true", help="list the configured modules")
+    args = parser.parse_args(argv)
+    modules = load_config()
+    if args.list or not args.module:
+        for name, entry in modules.items():
+            print(f"{name}: {' '.join(entry['tests'])}")
+        return 0
+    if args.module not in modules:
+        sys.exit(f"error: {args.module} is not in {CONFIG.relative_to(ROOT)}; configured: "
+                 + ", ".join(modules))
+    entry = modules[args.module]
+    work = work_dir(args.module)
+    if not args.report:
+        names = ()
+        if args.resume or args.survivors:
+            work = refresh_tests(args.module)
+            if args.survivors:
+                names = sorted(k for k, c in results(work, args.module).items()
+                               if c is not None and c not in KILLED)
+                if not names:
+                    print("no survivors to re-test")
+        else:
+            work = prepare(args.module, entry)
+        status = run_mutmut(work, names) if names or not args.survivors else 0
+        if status != 0:
+            print(f"error: mutmut exited with status {status}", file=sys.stderr)
+            return status
+    return report(args.module, entry, results(work, args.module))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
