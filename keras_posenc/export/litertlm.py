@@ -108,7 +108,7 @@ class _ShaderEngineGraphs(_EngineGraphs):
         self.own_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
         self.cache_spec = [1, 1, cache_length, encoder.d_model]
 
-    def _steps(self, tokens, input_pos, cache):
+    def _call(self, tokens, input_pos, cache):
         keys = [tf.reshape(buffer, self.own_spec) for buffer in cache[0::2]]
         values = [tf.reshape(buffer, self.own_spec) for buffer in cache[1::2]]
         ids = tf.cast(tokens, tf.float32)
@@ -121,20 +121,7 @@ class _ShaderEngineGraphs(_EngineGraphs):
         for i in range(self.layers):
             outputs[contract.kv_cache_name("key", i)] = tf.reshape(keys[i], self.cache_spec)
             outputs[contract.kv_cache_name("value", i)] = tf.reshape(values[i], self.cache_spec)
-        return logits, outputs
-
-    def prefill_function(self):
-        def prefill(tokens, input_pos, *cache):
-            return self._steps(tokens, input_pos, cache)[1]
-
-        return tf.function(prefill, input_signature=self._signature(self.prompt_length))
-
-    def decode_function(self):
-        def decode(tokens, input_pos, *cache):
-            logits, outputs = self._steps(tokens, input_pos, cache)
-            return {LOGITS: tf.reshape(logits, [1, 1, -1]), **outputs}
-
-        return tf.function(decode, input_signature=self._signature(1))
+        return tf.reshape(logits, [1, 1, -1]), outputs  # the last step's: the decode's [1, 1, V]
 
 
 def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu"):
