@@ -292,7 +292,7 @@ def test_cpu_file_lists_its_missing_gl_ops(fp32_model):
     line = export.verdict_line(flat, "gl")
     assert line.startswith("OpenGL ES (Jetson + tflite-runtime): NOT fully accelerated")
     assert "MEAN (over channels)" in line and "ADD (int or bool tensors)" in line and "GATHER" in line
-    assert export.gpu_incompatible_ops(flat, "webgpu") == ["GATHER", "SELECT_V2"]
+    assert export.gpu_incompatible_ops(flat, "webgpu") == ["EMBEDDING_LOOKUP", "GATHER", "SELECT_V2"]
 
 
 def test_keras_attention_mask_ops_are_flagged_by_the_gpu_verdicts():
@@ -381,8 +381,8 @@ def test_unknown_target_and_quantize_mode(fp32_model):
         export.to_tflite(fp32_model, sequence_length=LENGTH, target="vulkan")
     with pytest.raises(ValueError, match=r"target='tensorrt' exports ONNX: use to_onnx"):
         export.to_tflite(fp32_model, sequence_length=LENGTH, target="tensorrt")
-    with pytest.raises(ValueError, match=r"`quantize` must be one of .*got quantize='int4'"):
-        export.to_tflite(fp32_model, sequence_length=LENGTH, quantize="int4")
+    with pytest.raises(ValueError, match=r"`quantize` must be one of .*got quantize='int2'"):
+        export.to_tflite(fp32_model, sequence_length=LENGTH, quantize="int2")
 
 
 def test_missing_and_unnamed_inputs():

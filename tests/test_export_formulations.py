@@ -119,15 +119,16 @@ def test_the_formulation_table_names_one_function_per_target_and_layer_class():
     assert table[("gpu", EncoderLayer)] is gpu.encoder_layer
     assert table[("gl", EncoderLayer)] is gl.encoder_layer
     assert table[("gpu", PositionEmbeddingBase)] is gl.position is table[("gl", PositionEmbeddingBase)]
-    assert table[("cpu", TokenAndPositionEmbedding)] is gather.embedding
+    assert table[("cpu", TokenAndPositionEmbedding)] is gather.embedding_lookup
+    assert table[("tensorrt", TokenAndPositionEmbedding)] is gather.embedding
     assert ("cpu", EncoderLayer) not in table  # the layer runs as it is
     assert all(table[(name, CausalLM)] is gather.causal_lm for name in targets.TARGETS)
     # The table is the module's docstring table, row by row.
     documented = {}
     for line in formulations.__doc__.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0] and not cells[0].startswith(("layer", "-")):
-            for names, cell in zip((("cpu", "tensorrt"), ("gl",), ("gpu",)), cells[1:]):
+        if len(cells) == 5 and cells[0] and not cells[0].startswith(("layer", "-")):
+            for names, cell in zip((("cpu",), ("tensorrt",), ("gl",), ("gpu",)), cells[1:]):
                 for name in names:
                     documented[(name, cells[0])] = cell
     assert documented == {

@@ -6,13 +6,13 @@ nearest base class (`PositionEmbeddingBase` covers every position layer); a laye
 entry on the way (Dense, LayerNormalization, ...) runs as it is. Each key appears once: no order
 decides between two functions.
 
-| layer class              | cpu, tensorrt       | gl                   | gpu                  |
-|--------------------------|---------------------|----------------------|----------------------|
-| PositionEmbeddingBase    | gather.position     | gl.position          | gl.position          |
-| TokenAndPositionEmbedding| gather.embedding    | gl.embedding         | gl.embedding         |
-| EncoderLayer             | (the layer itself)  | gl.encoder_layer     | gpu.encoder_layer    |
-| Encoder                  | gather.encoder      | gl.encoder           | gpu.encoder          |
-| CausalLM                 | gather.causal_lm    | gather.causal_lm     | gather.causal_lm     |
+| layer class              | cpu                    | tensorrt         | gl              | gpu              |
+|--------------------------|------------------------|------------------|-----------------|------------------|
+| PositionEmbeddingBase    | gather.position        | gather.position  | gl.position     | gl.position      |
+| TokenAndPositionEmbedding| gather.embedding_lookup| gather.embedding | gl.embedding    | gl.embedding     |
+| EncoderLayer             | (the layer itself)     | (the layer itself)| gl.encoder_layer| gpu.encoder_layer|
+| Encoder                  | gather.encoder         | gather.encoder   | gl.encoder      | gpu.encoder      |
+| CausalLM                 | gather.causal_lm       | gather.causal_lm | gather.causal_lm| gather.causal_lm |
 """
 
 from keras_posenc.export import gather, gl, gpu
@@ -26,7 +26,7 @@ __all__ = ["ENTRIES", "FORMULATIONS"]
 
 ENTRIES = (
     ("cpu", PositionEmbeddingBase, gather.position),
-    ("cpu", TokenAndPositionEmbedding, gather.embedding),
+    ("cpu", TokenAndPositionEmbedding, gather.embedding_lookup),
     ("cpu", Encoder, gather.encoder),
     ("cpu", CausalLM, gather.causal_lm),
     ("tensorrt", PositionEmbeddingBase, gather.position),

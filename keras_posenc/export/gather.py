@@ -1,7 +1,10 @@
-"""The `cpu` and `tensorrt` formulations: plain lookups (GATHER), the cheapest graph for XNNPACK and TensorRT.
+"""The `cpu` and `tensorrt` formulations: plain lookups, the cheapest graph for XNNPACK and TensorRT.
 
 Each function is `(context, layer, inputs, **call_arguments)` (`keras_posenc.export.formulation`);
 `causal_lm` is the language model on every target (its encoder's formulation, then the head).
+Position rows are GATHERed; the token table is an EMBEDDING_LOOKUP on `cpu` (`embedding_lookup`:
+the lookup LiteRT Quantizer quantizes, GATHER it leaves float32) and a GATHER on `tensorrt`
+(`embedding`).
 """
 
 import math
@@ -13,7 +16,7 @@ from keras_posenc.export.constants import exclusive_count_matrix, static_structu
 from keras_posenc.layers.encoder_layer import merge_attention_masks
 from keras_posenc.positions import position_ids as derive_position_ids
 
-__all__ = ["causal_lm", "embedding", "encoder", "position"]
+__all__ = ["causal_lm", "embedding", "embedding_lookup", "encoder", "position"]
 
 
 def _positions_int(mask, position_ids, segment_ids, length):
@@ -70,6 +73,32 @@ def embedding(context, layer, token_ids, position_ids=None, language_ids=None, s
     table = layer.token_embedding.embeddings
     return _embed(context, layer, token_ids, position_ids, language_ids, segment_ids,
                   lambda ids: tf.gather(table, ids))
+
+
+def embedding_lookup(context, layer, token_ids, position_ids=None, language_ids=None, segment_ids=None,
+                     training=None):
+    """`embedding` with the token rows looked up by TFLite's EMBEDDING_LOOKUP.
+
+    The lookup is a function that implements TensorFlow's "embedding_matmul" composite, which the
+    TFLite converter replaces by one EMBEDDING_LOOKUP of the constant table (its body, a one-hot
+    product, is what TensorFlow itself would run).
+    """
+    table = layer.token_embedding.embeddings
+    width = layer.d_model
+
+    def lookup(ids):
+        rows = _embedding_matmul(tf.convert_to_tensor(table), tf.reshape(ids, [-1]))
+        return tf.reshape(rows, tf.concat([tf.shape(ids), [width]], 0))
+
+    return _embed(context, layer, token_ids, position_ids, language_ids, segment_ids, lookup)
+
+
+@tf.function(experimental_implements="embedding_matmul", autograph=False)
+def _embedding_matmul(table, ids):
+    # The converter matches this body (a static range, EXPAND_DIMS, EQUAL, CAST, MATMUL); other
+    # spellings of the same one-hot product are left as they are.
+    one_hot = tf.cast(tf.equal(tf.expand_dims(ids, 1), tf.range(0, table.shape[0], 1)), tf.float32)
+    return tf.matmul(one_hot, table)
 
 
 def encoder(context, layer, token_ids, position_ids=None, language_ids=None, segment_ids=None,
