@@ -150,6 +150,16 @@ def save_npy(path, array):
         np.save(temp, array)
 
 
+def save_npz(path, arrays):
+    """`np.savez(path, **arrays)` atomically; `path` must end with `.npz` (np.savez would add it)."""
+    import numpy as np
+
+    if not str(path).endswith(".npz"):
+        raise ValueError(f"save_npz writes .npz files: path must end with '.npz', got {path!r}")
+    with atomic_path(path) as temp:
+        np.savez(temp, **arrays)
+
+
 def _flush_to_disk(path):
     with open(path, "rb+") as f:
         os.fsync(f.fileno())

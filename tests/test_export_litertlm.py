@@ -12,7 +12,7 @@ import pytest
 
 from keras_posenc.app import cli
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import contract, litertlm, litertlm_bundle
+from keras_posenc.export import contract, litert_python, litertlm, litertlm_bundle
 from keras_posenc.layers.rope_scaling import ROTARY_SCALINGS
 from keras_posenc.models import CausalLM
 
@@ -177,14 +177,27 @@ def test_the_default_probes_include_a_chunked_prefill_and_a_second_turn(tmp_path
 
 
 def test_without_the_builder_the_bundle_is_refused_with_the_install_line(monkeypatch):
-    monkeypatch.delenv(litertlm_bundle.ENGINE_PYTHON_ENV, raising=False)
-    if litertlm_bundle.runtime_python() is not None:
+    for name in (litert_python.PYTHON_ENV, litert_python.LEGACY_PYTHON_ENV):
+        monkeypatch.delenv(name, raising=False)
+    if litert_python.runtime_python() is not None:
         pytest.skip("litert-lm-builder is importable in this Python")
     with pytest.raises(ValueError, match="litert-lm-builder, which is not installed here: .*pip install "
-                                         "litert-lm-api==0.18.1"):
+                                         "litert-lm-api==0.18.1 litert-lm-builder==0.18.1 litert-quantizer"):
         litertlm_bundle.export_litertlm(_model(), b"", prompt_length=4, cache_length=8)
     with pytest.raises(ValueError, match="'/no/such/python' is not an executable file"):
-        litertlm_bundle.runtime_python("/no/such/python")
+        litert_python.runtime_python("/no/such/python")
+
+
+@pytest.mark.parametrize("variable", ["KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"])
+def test_the_litert_python_comes_from_either_variable(monkeypatch, tmp_path, variable):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    for name in (litert_python.PYTHON_ENV, litert_python.LEGACY_PYTHON_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, str(python))
+    assert litert_python.runtime_python() == str(python)
+    assert litert_python.runtime_python("/bin/sh") == "/bin/sh"  # an explicit one first
 
 
 @pytest.mark.parametrize("flags,match", [

@@ -4,6 +4,8 @@ Kept beside run_tflite.py and run_generate.py (copy them to the device together)
 only the runtime that is asked for.
 """
 
+from kit_contract import fail
+
 
 def compiled_model(path, accelerator, threads, precision):
     """ai-edge-litert's `CompiledModel` of `path`: CPU (XNNPACK), or GPU-only on the LiteRT GPU
@@ -45,10 +47,46 @@ def interpreter(path, delegate, threads):
     return Interpreter(model_path=path, experimental_delegates=delegates, **kwargs), name
 
 
-def open_runtime(args, litert, classic):
+# The oldest TensorFlow whose TFLite kernels were seen to compute every quantized export right
+# (FILE.json's quantization runtime "litert"): TFLite 2.12's compute some hybrid CONV_2D of the
+# gpu/gl int8 files wrong and run no 4-bit weights.
+LITERT_RUNTIME_TENSORFLOW = (2, 21)
+
+
+def classic_version():
+    """`(name, (major, minor))` of the classic Interpreter's package: tflite-runtime's, else TensorFlow's."""
+    try:
+        import tflite_runtime as package
+        name = "tflite_runtime"
+    except ImportError:
+        try:
+            import tensorflow as package
+        except ImportError:
+            return None, None
+        name = "tensorflow"
+    parts = getattr(package, "__version__", "0.0").split(".")
+    return name, tuple(int(part) for part in parts[:2] if part.isdigit())
+
+
+def check_classic(export, delegate):
+    """Refuses a quantized file that only LiteRT 2.x computes right on an older classic Interpreter's CPU."""
+    recipe = export.get("quantization") or {}
+    if recipe.get("runtime") != "litert" or delegate:
+        return
+    name, version = classic_version()
+    if name == "tflite_runtime" or (version or (0, 0)) < LITERT_RUNTIME_TENSORFLOW:
+        shown = ".".join(str(part) for part in version or ())
+        fail(f"{export.model} holds {recipe.get('precision')} weights ({recipe.get('weights')}) that "
+             f"{name} {shown} does not compute right on the CPU: run it with ai-edge-litert "
+             "(pip install ai-edge-litert; the default --runtime auto uses it) or TensorFlow >= "
+             f"{'.'.join(str(part) for part in LITERT_RUNTIME_TENSORFLOW)}, or with --delegate on the GPU.")
+
+
+def open_runtime(args, litert, classic, export=None):
     """The runtime the command line asks for: `litert(model, accelerator, threads, precision)` for
     ai-edge-litert (the default when it is installed and no `--delegate` is given), else
-    `classic(model, delegate, threads)` for the Interpreter, with the delegate only on the GPU."""
+    `classic(model, delegate, threads)` for the Interpreter, with the delegate only on the GPU
+    (`check_classic` first, with the model's `export`)."""
     if args.runtime == "litert" or (args.runtime == "auto" and not args.delegate):
         try:
             return litert(args.model, args.accelerator, args.threads, args.precision)
@@ -58,4 +96,7 @@ def open_runtime(args, litert, classic):
     if args.accelerator == "gpu" and not args.delegate:
         raise SystemExit("--accelerator gpu without ai-edge-litert needs --delegate "
                          "libtensorflowlite_gpu_delegate.so (see export/jetson/README.md).")
-    return classic(args.model, args.delegate if args.accelerator == "gpu" else None, args.threads)
+    delegate = args.delegate if args.accelerator == "gpu" else None
+    if export is not None:
+        check_classic(export, delegate)
+    return classic(args.model, delegate, args.threads)

@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 from kit_contract import fail, open_export, stdout_to_stderr
+from kit_embeddings import HostTable
 from kit_runtime import compiled_model, open_runtime
 from kit_runtime import interpreter as open_interpreter
 
@@ -48,7 +49,7 @@ def typed(feeds, dtypes, table, tensors=None):
     for name, dtype in dtypes.items():
         if name == tensors.embeddings:
             ids = feeds[tensors.token_ids] if tensors.token_ids in feeds else feeds[tensors.token_id]
-            arrays[name] = table[ids]
+            arrays[name] = table.rows(ids)
         else:
             arrays[name] = np.asarray(feeds[name]).astype(dtype)
     return arrays
@@ -256,22 +257,14 @@ def parse_args(argv):
 
 
 def embedding_table(meta):
-    """The token table of a file that takes looked-up `embeddings` (FILE.embeddings.npy), else None."""
-    name = meta.get("embedding_table")
-    if not name:
-        return None
-    path = meta.path(name)
-    if not os.path.isfile(path):
-        fail(f"{meta.model} takes looked-up `embeddings` (exported with --embedding host): copy {name} from "
-             "`keras-posenc export` beside it.")
-    meta.verify(path)
-    return np.load(path)
+    """The token table of a file that takes looked-up `embeddings` (`kit_embeddings.HostTable`), else None."""
+    return HostTable(meta) if meta.get("embedding_table") else None
 
 
 def make_session(args):
     if args.model.endswith(".onnx"):
         return OnnxSession(args.model)
-    return open_runtime(args, LiteRtSession, InterpreterSession)
+    return open_runtime(args, LiteRtSession, InterpreterSession, EXPORT)
 
 
 def main(argv=None):

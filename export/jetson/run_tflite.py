@@ -33,6 +33,7 @@ import sys
 
 import numpy as np
 from kit_contract import fail, open_export, stdout_to_stderr
+from kit_embeddings import HostTable
 from kit_report import print_summary, summarize, time_runs
 from kit_runtime import compiled_model, interpreter, open_runtime
 
@@ -123,23 +124,9 @@ def token_ids(shape, args, export):
     return np.random.default_rng(args.seed).integers(1, vocab, size=shape)
 
 
-def embedding_table(export):
-    """The token table of a file exported with `--embedding host` (FILE.embeddings.npy, checked)."""
-    name = export["embedding_table"]
-    path = export.path(name)
-    if not os.path.isfile(path):
-        fail(f"{export.model} takes looked-up `embeddings` (exported with --embedding host): copy "
-             f"{name} from `keras-posenc export` beside it.")
-    export.verify(path)
-    return np.load(path)
-
-
 def embedding_rows(ids, export):
-    """`table[ids]` for a file exported with `--embedding host`, the table from FILE.embeddings.npy."""
-    table = embedding_table(export)
-    if ids.min() < 0 or ids.max() >= len(table):
-        fail(f"Token ids must lie in [0, {len(table)}), got ids from {ids.min()} to {ids.max()}.")
-    return table[ids]
+    """`table[ids]` of a file exported with `--embedding host` (`kit_embeddings.HostTable`)."""
+    return HostTable(export).rows(ids)
 
 
 def make_inputs(inputs, args, export):
@@ -163,8 +150,8 @@ def make_inputs(inputs, args, export):
     return arrays
 
 
-def make_runner(args):
-    return open_runtime(args, LiteRtRunner, InterpreterRunner)
+def make_runner(args, export=None):
+    return open_runtime(args, LiteRtRunner, InterpreterRunner, export)
 
 
 def main(argv=None):
@@ -174,7 +161,7 @@ def main(argv=None):
     export.verify(args.model, tflite=True)
     with stdout_to_stderr(args.json):  # native runtimes print on fd 1: keep it for the JSON line
         try:
-            runner = make_runner(args)
+            runner = make_runner(args, export)
         except RuntimeError as error:  # LiteRT: e.g. "Some ops are not accelerated" on a GPU-only compile
             fail(f"{args.accelerator.upper()} compilation failed: {error}")
         runner.set_inputs(make_inputs(runner.inputs, args, export))

@@ -377,8 +377,10 @@ def _add_export_parser(subparsers):
     parser.add_argument("--batch-size", type=_positive_int, default=1,
                         help="fixed batch (gpu, cpu, tensorrt; gl runs batch 1 only) (default: 1)")
     parser.add_argument("--quantize", choices=[mode for mode in QUANTIZE_MODES if mode],
-                        help="float16 weights (GPU) or int8 dynamic-range weights (CPU) (default: none, "
-                             "float32)")
+                        help="float16, int8 or int4 weights (dynamic_int8: the older name of int8), made "
+                             "by the quantizer measured best for the target (keras_posenc/export/"
+                             "quantization.py; int4: LiteRT Quantizer, not on gl) and checked on held-out "
+                             "text (default: none, float32)")
     parser.add_argument("--target", choices=TARGETS, default="gpu",
                         help="gpu: LiteRT GPU accelerator / OpenCL delegate; gl: OpenGL ES delegate (float "
                              "inputs); cpu: XNNPACK with GATHER; tensorrt: ONNX for trtexec (default: gpu)")
@@ -403,6 +405,11 @@ def _add_export_parser(subparsers):
     parser.add_argument("--max-loss-increase", type=_nonnegative_float, default=0.01,
                         help="with --quantize: fail when the held-out cross-entropy rises by more than this "
                              "fraction over the float32 file's (default: 0.01, 1%%)")
+    parser.add_argument("--litert-python", "--litertlm-python", dest="litert_python",
+                        help="a Python with LiteRT's tools (litert-lm-builder, litert-lm-api 0.18.1, "
+                             "litert-quantizer 0.11.0): --format litertlm, --quantize int4, and the checks "
+                             "of files only LiteRT 2.x computes right (default: "
+                             "$KERAS_POSENC_LITERT_PYTHON, else this one)")
     generation = parser.add_argument_group(
         "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
                       "outputs, for export/jetson/run_generate.py (CausalLM; --target gl: "
@@ -425,9 +432,6 @@ def _add_export_parser(subparsers):
     generation.add_argument("--probe-prompt", action="append", dest="probe_prompts",
                             help="--format litertlm: a prompt of the engine check, repeatable (default: "
                                  "texts of the vocabulary, one longer than the prefill, and a second turn)")
-    generation.add_argument("--litertlm-python",
-                            help="--format litertlm: a Python with litert-lm-builder and litert-lm-api "
-                                 "0.18.1 (default: $KERAS_POSENC_LITERTLM_PYTHON, else this one)")
 
 
 # Held-out rows a quantized export's cross-entropy is measured on (at most).
@@ -506,7 +510,7 @@ def _token_rows(sp_model, examples, sequence_length):
 
 def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=None, target="gpu",
                     require_gpu=False, tolerance=None, token_ids=None, embedding=None, eval_corpus=None,
-                    max_loss_increase=0.01):
+                    max_loss_increase=0.01, litert_python=None):
     """`keras-posenc export` (and the end of `demo`): `export.export_and_check`, printed; the exit status.
 
     `token_ids`: optional path of an int `.npy` `[n, sequence_length]` for the parity; default
@@ -529,11 +533,12 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
         ids = _corpus_token_ids(model_path, sequence_length, rows=4 * batch_size)
     if eval_corpus is not None and quantize is None:
         raise _Error("--eval-corpus measures a quantized file: it needs --quantize.")
+    export.recipe_for(target, quantize, "window", litert_python=litert_python)  # refused before anything runs
     eval_ids = _eval_token_ids(model_path, sequence_length, eval_corpus) if quantize is not None else None
     result = export.export_and_check(model, sequence_length=sequence_length, target=target,
                                      batch_size=batch_size, quantize=quantize, embedding=embedding,
                                      token_ids=ids, eval_token_ids=eval_ids,
-                                     max_loss_increase=max_loss_increase)
+                                     max_loss_increase=max_loss_increase, litert_python=litert_python)
     return _save_and_print(result, out, tolerance=tolerance, require_gpu=require_gpu)
 
 
@@ -558,8 +563,7 @@ def _host_embedding_refusal(target, allows):
 
 
 def _run_export(args):
-    given = [flag for flag, value in (("--spm", args.spm), ("--probe-prompt", args.probe_prompts),
-                                      ("--litertlm-python", args.litertlm_python)) if value]
+    given = [flag for flag, value in (("--spm", args.spm), ("--probe-prompt", args.probe_prompts)) if value]
     if args.format != "litertlm" and given:
         raise _Error(f"{', '.join(given)} is for --format litertlm.")
     if args.format == "litertlm" and not args.generate:
@@ -569,9 +573,10 @@ def _run_export(args):
     if args.sequence_length is None:
         raise _Error("export needs --sequence-length (or --generate with --cache-length).")
     return _export_command(args.model, args.out, args.sequence_length, batch_size=args.batch_size,
-                        quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
-                        tolerance=args.tolerance, token_ids=args.token_ids, embedding=args.embedding,
-                        eval_corpus=args.eval_corpus, max_loss_increase=args.max_loss_increase)
+                           quantize=args.quantize, target=args.target, require_gpu=args.require_gpu,
+                           tolerance=args.tolerance, token_ids=args.token_ids, embedding=args.embedding,
+                           eval_corpus=args.eval_corpus, max_loss_increase=args.max_loss_increase,
+                           litert_python=args.litert_python)
 
 
 def _export_generator(args):
@@ -579,13 +584,16 @@ def _export_generator(args):
 
     if args.cache_length is None:
         raise _Error("--generate needs --cache-length C (prompt + generated tokens).")
-    given = (("--sequence-length", args.sequence_length), ("--quantize", args.quantize),
-             ("--token-ids", args.token_ids), ("--eval-corpus", args.eval_corpus))
+    given = (("--sequence-length", args.sequence_length), ("--token-ids", args.token_ids))
     ignored = [flag for flag, value in given if value is not None]
     if ignored or args.batch_size != 1:
-        raise _Error("--generate exports batch 1 in float32 and takes no "
+        raise _Error("--generate exports batch 1 and takes no "
                      f"{', '.join(ignored) or '--batch-size'}.")
+    if args.eval_corpus is not None and args.quantize is None:
+        raise _Error("--eval-corpus measures a quantized file: it needs --quantize.")
     prompt_length = args.prompt_length or max(1, args.cache_length // 2)
+    kind = "litertlm" if args.format == "litertlm" else "prefill_decode"
+    export.recipe_for(args.target, args.quantize, kind, litert_python=args.litert_python)
     model = export.load_model(args.model)
     longest = export.longest_sequence(model)
     if longest is not None and args.cache_length > longest:
@@ -593,14 +601,18 @@ def _export_generator(args):
                      "cache holds the prompt and every generated token).")
     if args.embedding == "host" and not export.target_of(args.target).generation_host_embedding:
         raise _Error(_host_embedding_refusal(args.target, lambda t: t.generation_host_embedding))
+    eval_ids = (_eval_token_ids(args.model, args.cache_length, args.eval_corpus)
+                if args.quantize is not None else None)
     if args.format == "litertlm":
-        return _export_litertlm(args, model, prompt_length)
+        return _export_litertlm(args, model, prompt_length, eval_ids)
     result = export.export_generation(model, prompt_length=prompt_length, cache_length=args.cache_length,
-                                      target=args.target, embedding=args.embedding)
+                                      target=args.target, embedding=args.embedding, quantize=args.quantize,
+                                      eval_token_ids=eval_ids, max_loss_increase=args.max_loss_increase,
+                                      litert_python=args.litert_python)
     return _save_and_print(result, args.out, tolerance=args.tolerance)
 
 
-def _export_litertlm(args, model, prompt_length):
+def _export_litertlm(args, model, prompt_length, eval_ids=None):
     """`--generate --format litertlm`: `litertlm_bundle.export_litertlm`, printed; the exit status."""
     from keras_posenc.app import text_generation
     from keras_posenc.export import litertlm_bundle
@@ -616,7 +628,9 @@ def _export_litertlm(args, model, prompt_length):
     try:
         result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=prompt_length,
                                                  cache_length=args.cache_length, target=args.target,
-                                                 probes=probes, python=args.litertlm_python)
+                                                 probes=probes, python=args.litert_python,
+                                                 quantize=args.quantize, eval_token_ids=eval_ids,
+                                                 max_loss_increase=args.max_loss_increase)
     except RuntimeError as error:  # the builder's process failed: its last lines are in the message
         raise _Error(str(error)) from error
     return _save_and_print(result, args.out, tolerance=args.tolerance)

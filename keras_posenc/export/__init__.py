@@ -12,6 +12,10 @@ Read in this order:
 - `formulations`: the table `{(target, layer class): function}`, applied by `formulation`; the
   functions in `gather` (cpu, tensorrt), `gl`, `gpu`, from the building blocks of `shader_ops`
   (also used by `gl_generate`, the shader prefill/decode graphs);
+- `quantization`: the table of quantization recipes per target and file kind (`--quantize`),
+  `host_table` (the host token table in the export's precision), `quality` (a quantized file's
+  held-out loss and greedy agreement against float32), `litert_python` (LiteRT's tools in their
+  own Python) and `litert_runtime` (what runs there: LiteRT Quantizer, an interpreter server);
 - `parity`, `cost`, `verdicts`, `flatbuffer`: the checks and figures of a file.
 """
 
@@ -45,6 +49,7 @@ from keras_posenc.export.parity import (
                                             weight_bytes,
 )
 from keras_posenc.export.pipeline import EXPORT_TOLERANCE, ExportResult, export_and_check, export_generation
+from keras_posenc.export.quantization import PRECISIONS, RECIPES, Recipe, recipe_for
 from keras_posenc.export.targets import TARGETS, Target, target_of
 from keras_posenc.export.verdicts import (
                                             BACKENDS,
@@ -59,10 +64,11 @@ __all__ = [
     "BACKENDS", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "TfliteFile", "export_and_check",
     "export_generation",
     "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
-    "QUANTIZE_MODES", "TARGETS", "Target", "ModelSpec", "analyzer_report", "check_onnx_parity",
+    "PRECISIONS", "QUANTIZE_MODES", "RECIPES", "Recipe", "TARGETS", "Target", "ModelSpec", "analyzer_report",
+    "check_onnx_parity",
     "check_parity", "cost_summary", "default_embedding", "export_report", "format_cost", "format_report",
     "gpu_incompatible_ops", "graph_cost", "host_embedding_table", "interpreter_class", "load_model",
     "longest_sequence",
     "onnx_cost", "op_counts", "operators", "run_interpreter", "run_onnx", "runtime_metadata",
-    "sample_token_batch", "target_of", "to_onnx", "to_tflite", "verdict_line", "weight_bytes",
+    "recipe_for", "sample_token_batch", "target_of", "to_onnx", "to_tflite", "verdict_line", "weight_bytes",
 ]

@@ -9,7 +9,8 @@ refuses a file without its contract (one exported before the contract existed): 
 import hashlib
 import os
 
-__all__ = ["CONTRACT_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS", "LITERTLM_SUFFIX", "METADATA_SUFFIX", "SIGNATURES",
+__all__ = ["CONTRACT_SUFFIX", "EMBEDDINGS_QUANTIZED_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS", "LITERTLM_SUFFIX",
+           "METADATA_SUFFIX", "SIGNATURES",
            "TENSORS", "VERSION", "contract_path", "document", "embeddings_path", "file_record",
            "kv_cache_name", "metadata_path", "model_paths", "past_name", "present_name", "present_to_past"]
 
@@ -39,6 +40,8 @@ KEYS = {name: name for name in (
     # every export
     "kind", "target", "accelerators", "input_dtype", "vocab_size", "pad_id", "embedding", "embedding_table",
     "files", "bytes", "sha256",
+    # a quantized export: its recipe ({"precision", "tool", "weights", "runtime"}) and measured quality
+    "quantization",
     # a window export
     "sequence_length", "batch_size", "num_languages", "inputs", "quantize", "cost", "quality",
     # a prefill/decode export
@@ -51,7 +54,9 @@ KINDS = {"window": "window", "prefill_decode": "prefill_decode"}
 SIGNATURES = ("prefill", "decode")
 METADATA_SUFFIX = ".json"
 CONTRACT_SUFFIX = ".contract.json"
-EMBEDDINGS_SUFFIX = ".embeddings.npy"
+EMBEDDINGS_SUFFIX = ".embeddings.npy"  # float32 (or float16 with --quantize float16)
+# int8 / int4 rows: `codes`, `scales`, `bits`, `block` (keras_posenc.export.host_table)
+EMBEDDINGS_QUANTIZED_SUFFIX = ".embeddings.npz"
 LITERTLM_SUFFIX = ".litertlm"
 
 
@@ -83,8 +88,9 @@ def contract_path(out):
     return out + CONTRACT_SUFFIX
 
 
-def embeddings_path(out):
-    return out + EMBEDDINGS_SUFFIX
+def embeddings_path(out, quantized=False):
+    """The host table beside an export to `out`: `.embeddings.npy`, or `.embeddings.npz` for int rows."""
+    return out + (EMBEDDINGS_QUANTIZED_SUFFIX if quantized else EMBEDDINGS_SUFFIX)
 
 
 def model_paths(out, suffix, per_signature):
@@ -122,6 +128,8 @@ def document():
     return {"version": VERSION, "tensors": dict(TENSORS), "keys": dict(KEYS), "kinds": dict(KINDS),
             "signatures": list(SIGNATURES),
             "files": {"metadata_suffix": METADATA_SUFFIX, "contract_suffix": CONTRACT_SUFFIX,
-                      "embeddings_suffix": EMBEDDINGS_SUFFIX, "litertlm_suffix": LITERTLM_SUFFIX,
+                      "embeddings_suffix": EMBEDDINGS_SUFFIX,
+                      "embeddings_quantized_suffix": EMBEDDINGS_QUANTIZED_SUFFIX,
+                      "litertlm_suffix": LITERTLM_SUFFIX,
                       "tflite_identifier": "TFL3",
                       "tflite_identifier_offset": 4}}

@@ -36,6 +36,7 @@ from keras_posenc.backend import is_functional, keras, model_input_names
 from keras_posenc.export import contract
 from keras_posenc.export.formulation import ExportContext, formulate
 from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.quantization import QUANTIZE_MODES, quantize_onnx, quantize_tflite, recipe_for
 from keras_posenc.export.targets import TARGETS, target_of
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
@@ -45,10 +46,8 @@ from keras_posenc.validation import check_choice, check_positive_int
 
 __all__ = ["EMBEDDINGS", "HOST_EMBEDDINGS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec",
            "convert_onnx", "convert_tflite", "default_embedding", "host_embedding_table", "load_model",
-           "longest_sequence",
-           "rebuild", "to_onnx", "to_tflite"]
+           "longest_sequence", "onnx_opset", "rebuild", "to_onnx", "to_tflite"]
 
-QUANTIZE_MODES = (None, "float16", "dynamic_int8")
 EMBEDDINGS = ("graph", "host")
 ONNX_OPSET = 17
 
@@ -66,7 +65,8 @@ def default_embedding(model, target):
         any(isinstance(layer, TokenAndPositionEmbedding) for layer in _all_layers(model)))
 
 
-def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding="graph"):
+def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding="graph",
+              litert_python=None):
     """Converts a Keras model built on keras_posenc layers to a TFLite flatbuffer for `target`.
 
     The model is rebuilt with fixed input shapes `[batch_size, sequence_length]`
@@ -88,13 +88,17 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
         target: one of `TARGETS` ("gpu", "gl", "cpu"; "tensorrt" is
             `to_onnx`), see the module docstring.
         batch_size: int, the fixed batch size (1 for `target="gl"`).
-        quantize: None (float32), "float16" (float16 weights, float32 compute)
-            or "dynamic_int8" (int8 weights, dynamic-range kernels on CPU).
+        quantize: None (float32), "float16" (float16 weights, float32 compute),
+            "int8" (int8 weights, float activations; "dynamic_int8" is its older name) or
+            "int4" (4-bit weights; not on `gl`): the recipe of
+            `keras_posenc.export.quantization.RECIPES` for the target.
         embedding: "graph" (the file looks the token ids up) or "host" (gpu and
             gl: the file takes the rows `host_embedding_table(model)[token_ids]`
             as a float32 input `embeddings` `[batch, T, d_model]`, after its
             other inputs; the token ids still come first, for the padding mask).
             `default_embedding` says which is faster on a GPU.
+        litert_python: the Python with LiteRT Quantizer, for int4 (default
+            `litert_python.runtime_python`).
 
     Returns:
         The `.tflite` flatbuffer as bytes.
@@ -104,8 +108,8 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
             int.
         ValueError: the model is not built, has no keras_posenc position layer
             or layers of other packages, `sequence_length` exceeds its
-            `max_length`, `target` or `quantize` is unknown, or conversion with
-            builtin ops fails.
+            `max_length`, `target` or `quantize` is unknown or refused for the
+            target, or conversion with builtin ops fails.
 
     Example:
 
@@ -134,18 +138,18 @@ def to_tflite(model, *, sequence_length, target="gpu", batch_size=1, quantize=No
           the `quantize` modes.
     """
     spec = ModelSpec.of(model, sequence_length, batch_size)
-    return convert_tflite(spec, target=target, quantize=quantize, embedding=embedding)
+    return convert_tflite(spec, target=target, quantize=quantize, embedding=embedding,
+                          litert_python=litert_python)
 
 
-def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph"):
+def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph", litert_python=None):
     """`to_tflite` for a `ModelSpec` (its model, sequence length and batch size)."""
     model = spec.model
     target = target_of(target)
     if target.file_format != "tflite":
         raise ValueError(f"target={target.name!r} exports {target.file_format.upper()}: use "
                          "to_onnx(model, sequence_length=...).")
-    if quantize not in QUANTIZE_MODES:
-        raise ValueError(f"`quantize` must be one of {QUANTIZE_MODES}, got quantize={quantize!r}.")
+    recipe = recipe_for(target, quantize, "window", litert_python=litert_python)
     check_batch_size(spec.batch_size, target)
     check_choice("embedding", embedding, EMBEDDINGS)
     if embedding == "host":
@@ -171,18 +175,18 @@ def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph"):
             converter.unfold_batchmatmul = False
         else:  # TF 2.12: the same switch, private
             converter._experimental_disable_batchmatmul_unfold = True
-    if quantize is not None:
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    if quantize == "float16":
-        converter.target_spec.supported_types = [tf.float16]
+    if recipe is not None:
+        recipe.configure(converter)
     try:
-        return converter.convert()
+        flat = converter.convert()
     except Exception as error:  # the converter raises its own ConverterError type
         raise ValueError(
             f"TFLite conversion with builtin ops only failed for model '{model.name}': {error}") from error
+    return quantize_tflite(flat, recipe, litert_python=litert_python)
 
 
-def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding="graph"):
+def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding="graph", quantize=None,
+            calibration=None):
     """Converts the model to ONNX for TensorRT (`target="tensorrt"`): static shapes, int32 ids.
 
     Uses tf2onnx: 1.16.1 on TF 2.12 (the last release tested there; it pins
@@ -198,6 +202,9 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
             (the file takes `host_embedding_table(model)[token_ids]` as a
             float32 input `embeddings` `[batch, T, d_model]` after its int32
             inputs, and holds no token table; export/jetson/run_tensorrt.py feeds it).
+        quantize: None, "float16", "int8" or "int4" (`quantization.RECIPES["tensorrt"]`).
+        calibration: int8: int token rows `[n, sequence_length]` of real text whose activations
+            set the QDQ scales (`export_and_check` passes its parity rows).
 
     Returns:
         The serialized ONNX `ModelProto` as bytes.
@@ -206,11 +213,13 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
         ImportError: tf2onnx is not installed (the message says how).
         ValueError: as in `to_tflite`, or `opset` < 17.
     """
-    return convert_onnx(ModelSpec.of(model, sequence_length, batch_size), opset=opset, embedding=embedding)
+    spec = ModelSpec.of(model, sequence_length, batch_size)
+    return convert_onnx(spec, opset=opset, embedding=embedding, recipe=recipe_for("tensorrt", quantize),
+                        calibration=calibration)
 
 
-def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph"):
-    """`to_onnx` for a `ModelSpec`."""
+def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph", recipe=None, calibration=None):
+    """`to_onnx` for a `ModelSpec`; `recipe`: the `quantization.Recipe` of its precision, or None."""
     check_positive_int("opset", opset, minimum=17)
     check_choice("embedding", embedding, EMBEDDINGS)
     if embedding == "host":
@@ -230,7 +239,33 @@ def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph"):
         signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
     proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=opset)
-    return proto.SerializeToString()
+    feeds = _calibration_feeds(spec, calibration, embedding) if recipe is not None else ()
+    return quantize_onnx(proto.SerializeToString(), recipe, feeds)
+
+
+def _calibration_feeds(spec, token_ids, embedding):
+    """One feed dict per exported batch of `token_ids`, by the ONNX input names (int8's calibration)."""
+    if token_ids is None:
+        raise ValueError("an int8 ONNX export needs `calibration`: int token rows [n, sequence_length] of "
+                         "real text, whose activations set the QDQ scales.")
+    token_ids, language_ids = np.asarray(token_ids, np.int32), None
+    if spec.needs_languages:
+        shape = token_ids.shape if spec.language_rank == 2 else token_ids.shape[:1]
+        language_ids = np.zeros(shape, np.int32)
+    arrays = dict(zip(spec.roles, spec.feeds(token_ids, language_ids=language_ids)))
+    if embedding == "host":
+        arrays[HOST_EMBEDDINGS] = host_embedding_table(spec.model)[arrays["token_ids"]]
+    rows = (len(token_ids) // spec.batch_size) * spec.batch_size
+    return [{name: array[start:start + spec.batch_size] for name, array in arrays.items()}
+            for start in range(0, rows, spec.batch_size)]
+
+
+def onnx_opset(model_bytes):
+    """The default-domain opset of a serialized ONNX model."""
+    import onnx
+
+    model = onnx.load_from_string(bytes(model_bytes))
+    return next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
 
 
 def _host_embeddings_spec(clone, spec):

@@ -42,6 +42,21 @@ from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_functio
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.export.formulation import ExportContext
 from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.host_table import dequantized_table
+from keras_posenc.export.quality import (
+    DEFAULT_MAX_LOSS_INCREASE,
+    format_generation_quality,
+    next_token_cross_entropy,
+    quality_prompts,
+)
+from keras_posenc.export.quantization import (
+    interpreter_for,
+    precision_of,
+    quantize_onnx,
+    quantize_tflite,
+    recipe_for,
+    stored_host_table,
+)
 from keras_posenc.export.result import ExportResult
 from keras_posenc.export.targets import TARGETS, target_of
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
@@ -53,6 +68,7 @@ PREFILL, DECODE = contract.SIGNATURES
 
 __all__ = ["OnnxSession", "TfliteSession", "cache_bytes", "cached_forward", "check_export",
            "check_generation", "check_generator_parity", "convert_signatures", "export_generation",
+           "generation_quality",
            "export_generator", "frozen_signature", "generator_metadata", "greedy_generate", "onnx_paths",
            "past", "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
 
@@ -199,7 +215,8 @@ class _ShaderGenerator(_Generator):
         return tf.function(decode, input_signature=signature)
 
 
-def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", embedding=None):
+def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", embedding=None, quantize=None,
+                        litert_python=None):
     """Converts a `CausalLM` to one TFLite file with `prefill` and `decode` signatures.
 
     Args:
@@ -210,6 +227,9 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
         target: "cpu", "gpu" or "gl" (see the module docstring).
         embedding: `gpu`/`gl` only: "host" (the signatures take the rows `embeddings`, see
             `host_embedding_table`) or "graph" (token ids); default `default_embedding`.
+        quantize: None (float32), "float16", "int8" or "int4": the recipe of
+            `quantization.RECIPES[(target, "prefill_decode")]`.
+        litert_python: the Python with LiteRT Quantizer (int4).
 
     Returns:
         The `.tflite` flatbuffer as bytes; for `gl` the pair `(prefill, decode)` of one-signature
@@ -235,6 +255,7 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     if target.file_format != "tflite":
         raise ValueError(f"target={target.name!r} exports {target.file_format.upper()}: use "
                          "to_onnx_generator(model, ...).")
+    recipe = recipe_for(target, quantize, "prefill_decode", litert_python=litert_python)
     embedding = _embedding(model, target, embedding)
     # A float32 clone (RoPE frozen at the cache length): the shader graphs read its weights, the
     # others run `Encoder.cached_step` with the target's token lookup.
@@ -249,20 +270,24 @@ def to_tflite_generator(model, *, prompt_length, cache_length, target="cpu", emb
     signatures = {key: frozen_signature(function, module.output_names)
                   for key, function in zip(contract.SIGNATURES, functions)}
     if target.file_per_signature:  # see the module docstring
-        return tuple(convert_signatures({key: signature}) for key, signature in signatures.items())
-    return convert_signatures(signatures)
+        return tuple(convert_signatures({key: signature}, recipe, litert_python)
+                     for key, signature in signatures.items())
+    return convert_signatures(signatures, recipe, litert_python)
 
 
-def convert_signatures(signatures):
-    """The frozen signatures as one TFLite file, builtin ops only."""
+def convert_signatures(signatures, recipe=None, litert_python=None):
+    """The frozen signatures as one TFLite file, builtin ops only, quantized by `recipe` (or float32)."""
     with tempfile.TemporaryDirectory(prefix="keras_posenc_generator_") as folder:
         tf.saved_model.save(tf.Module(), folder, signatures=signatures)
         converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=list(signatures))
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        if recipe is not None:
+            recipe.configure(converter)
         try:
-            return converter.convert()
+            flat = converter.convert()
         except Exception as error:  # the converter raises its own ConverterError type
             raise ValueError(f"TFLite conversion of the prefill/decode graphs failed: {error}") from error
+    return quantize_tflite(flat, recipe, litert_python=litert_python)
 
 
 def _embedding(model, target, embedding):
@@ -276,10 +301,12 @@ def _embedding(model, target, embedding):
     return embedding
 
 
-def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
+def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET, recipe=None):
     """The prefill and decode graphs as two ONNX models (`target="tensorrt"`), static shapes.
 
     Same inputs, outputs and names as the `.tflite` signatures. Needs tf2onnx (see `to_onnx`).
+    `recipe`: an ONNX `quantization.Recipe` (int8: its activations calibrated on the feeds of the
+    float32 models' greedy runs over `calibration_prompts`).
 
     Returns:
         `(prefill, decode)`: serialized ONNX `ModelProto`s.
@@ -298,7 +325,40 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET):
         proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature,
                                                  opset=opset)
         protos.append(proto.SerializeToString())
-    return tuple(protos)
+    if recipe is None:
+        return tuple(protos)
+    calibration = {}
+    if recipe.precision == "int8":
+        calibration = recorded_feeds(OnnxSession(*protos), calibration_prompts(model, prompt_length),
+                                     cache_length, model.encoder.pad_id)
+    return tuple(quantize_onnx(proto, recipe, calibration.get(key, ()))
+                 for proto, key in zip(protos, contract.SIGNATURES))
+
+
+def calibration_prompts(model, prompt_length, count=4):
+    """Prompts of ordinary ids (after the reserved ones) whose greedy runs calibrate int8 activations."""
+    vocab = model.encoder.vocab_size
+    ordinary = list(range(special_ids.NUM_RESERVED_IDS, vocab)) or list(range(vocab))
+    length = max(1, min(prompt_length, 8))
+    return [[ordinary[(7 * row + 13 * i) % len(ordinary)] for i in range(length)] for row in range(count)]
+
+
+def recorded_feeds(session, prompts, cache_length, pad_id):
+    """`{signature: [feeds of each call]}` of greedy runs of `session` on `prompts` (filling the cache)."""
+    calls = {key: [] for key in contract.SIGNATURES}
+    run = session.run
+
+    def recording(signature, feeds):
+        calls[signature].append({name: np.asarray(value) for name, value in feeds.items()})
+        return run(signature, feeds)
+
+    session.run = recording
+    try:
+        for prompt in prompts:
+            greedy_generate(session, prompt, cache_length - len(prompt) + 1, pad_id=pad_id)
+    finally:
+        session.run = run
+    return calls
 
 
 def frozen_signature(function, output_names):
@@ -370,7 +430,7 @@ class OnnxSession:
         return dict(zip([o.name for o in session.get_outputs()], values))
 
 
-def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=None):
+def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=None, forced_ids=None):
     """Greedy generation through a `TfliteSession` or `OnnxSession`.
 
     Args:
@@ -379,9 +439,12 @@ def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=No
         max_new_tokens: int >= 1.
         pad_id: int, the padding id (right padding; never generated).
         stop_id: optional int ending generation.
+        forced_ids: optional list of `max_new_tokens` ints fed back instead of the file's own
+            picks (teacher forcing: the file's pick at each step of another run's sequence).
 
     Returns:
-        `(ids, logits)`: the generated ids (list) and the logits `[steps, vocab]` that chose them.
+        `(ids, logits)`: the generated ids (list; with `forced_ids`, the file's pick at each
+        step) and the logits `[steps, vocab]` that chose them.
 
     Raises:
         ValueError: an empty prompt, one longer than the prefill, a token id outside the
@@ -408,9 +471,10 @@ def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=No
         masked[pad_id] = -np.inf
         chosen.append(logits)
         ids.append(int(np.argmax(masked)))
-        if ids[-1] == stop_id or step == max_new_tokens - 1:
+        fed = ids[-1] if forced_ids is None else int(forced_ids[step])
+        if fed == stop_id or step == max_new_tokens - 1:
             break
-        feeds = {TOKEN_ID: np.array([[ids[-1]]], np.int32), POSITION: np.array([n + step], np.int32)}
+        feeds = {TOKEN_ID: np.array([[fed]], np.int32), POSITION: np.array([n + step], np.int32)}
         outputs = session.run(DECODE, {**feeds, **past(outputs)})
         logits = outputs[LOGITS][0]
     return ids, np.stack(chosen)
@@ -462,52 +526,123 @@ def onnx_paths(out):
     return tuple(contract.model_paths(out, ".onnx", per_signature=True))
 
 
+def generation_quality(model, float_session, quantized_session, prompts, max_new_tokens, eval_token_ids=None):
+    """A quantized prefill/decode file against the float32 file of the same target.
+
+    Args:
+        model: the `CausalLM` both were exported from (its pad id).
+        float_session, quantized_session: `generator.TfliteSession`s (or `OnnxSession`s).
+        prompts: lists of token ids.
+        max_new_tokens: int, greedy tokens per prompt.
+        eval_token_ids: optional int `[n, T]` held-out rows: the prefill logits' cross-entropy
+            on their first `P` tokens.
+
+    Returns:
+        dict: `prompts`, `greedy_tokens` (generated per file), `same_greedy_tokens` (the
+        quantized file's greedy tokens are float32's on every prompt), `generation_agreement`
+        (share of steps where the quantized file, fed float32's tokens, picks float32's token),
+        and with `eval_token_ids` the keys of `quality.quantization_quality` (prefill logits).
+    """
+    pad_id = model.encoder.pad_id
+    hits, steps, same = 0, 0, True
+    for prompt in prompts:
+        reference, _ = greedy_generate(float_session, prompt, max_new_tokens, pad_id=pad_id)
+        own, _ = greedy_generate(quantized_session, prompt, max_new_tokens, pad_id=pad_id)
+        forced, _ = greedy_generate(quantized_session, prompt, len(reference), pad_id=pad_id,
+                                    forced_ids=reference)
+        same = same and own == reference
+        hits += sum(a == b for a, b in zip(forced, reference))
+        steps += len(reference)
+    quality = {"prompts": len(prompts), "greedy_tokens": max_new_tokens, "same_greedy_tokens": bool(same),
+               "generation_agreement": hits / steps}
+    if eval_token_ids is None:
+        return quality
+    length = float_session.prompt_length
+    rows = np.full([len(eval_token_ids), length], pad_id, np.int32)
+    width = min(length, np.asarray(eval_token_ids).shape[1])
+    rows[:, :width] = np.asarray(eval_token_ids)[:, :width]
+    rows = rows[(rows[:, 1:] != pad_id).any(axis=1)]
+    logits = [np.stack([session.run(PREFILL, {TOKEN_IDS: row[None]})["logits"][0] for row in rows])
+              for session in (float_session, quantized_session)]
+    loss_float, tokens = next_token_cross_entropy(logits[0], rows, pad_id)
+    loss_quantized, _ = next_token_cross_entropy(logits[1], rows, pad_id)
+    real = rows != pad_id
+    return dict(quality, rows=int(len(rows)), tokens=tokens, loss_float=loss_float,
+                loss_quantized=loss_quantized,
+                loss_increase=loss_quantized / loss_float - 1.0,
+                agreement=float((logits[0].argmax(-1) == logits[1].argmax(-1))[real].mean()),
+                max_abs_diff=float(np.abs(logits[0].astype(np.float64) - logits[1])[real].max()))
+
+
 def check_generation(model, *, prompt_length, cache_length, target="cpu", embedding=None, check_prompt=None,
-                     check_tokens=16):
+                     check_tokens=16, quantize=None, eval_token_ids=None, litert_python=None):
     """The prefill/decode export of `model`, checked against `model.generate` (`pipeline.export_generation`).
+
+    With `quantize`, the file is also measured against a float32 export of the same target
+    (`generation_quality`): held-out cross-entropy of the prefill logits on
+    `eval_token_ids`, and, on the check prompt and the first tokens of held-out rows, whether
+    its greedy tokens are float32's and how often it picks float32's token when fed them.
 
     Returns:
         dict: `models` (the file contents: one, or one per signature), `metadata`, `host_table`
-        (or None), `same_tokens` (bool), `parity` (max abs logit difference), `tokens_checked`.
+        (as stored, or None), `same_tokens` (bool), `parity` (max abs logit difference),
+        `tokens_checked`, `recipe` and `quality` (None without `quantize`).
     """
     target = check_export(model, prompt_length, cache_length, target)
-    table = None
-    if target.file_format == "onnx":
-        models = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length)
-        session = OnnxSession(*models)
-        costs = [onnx_cost(proto) for proto in models]
-    else:
-        embedding = _embedding(model, target, embedding)
-        flat = to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
-                                   target=target.name, embedding=embedding)
-        table = conversion.host_embedding_table(model) if embedding == "host" else None
-        session = TfliteSession(flat, table=table)
-        if target.file_per_signature:
-            models = flat
-            costs = [graph_cost(content, signature=key) for content, key in zip(flat, contract.SIGNATURES)]
-        else:
-            models = (flat,)
-            costs = [graph_cost(flat, signature=key) for key in contract.SIGNATURES]
+    recipe = recipe_for(target, quantize, "prefill_decode", litert_python=litert_python)
     vocab = model.encoder.vocab_size
     prompt = list(check_prompt or [min(i, vocab - 1) for i in (5, 6, 7)])[:prompt_length]
     tokens = max(1, min(check_tokens, cache_length - len(prompt) + 1, model.encoder.max_length - len(prompt)))
-    same, parity = check_generator_parity(model, session, prompt, tokens)
+    stored = None
+    with interpreter_for(recipe, litert_python) as interpreter:
+        if target.file_format == "onnx":
+            models = to_onnx_generator(model, prompt_length=prompt_length, cache_length=cache_length,
+                                       recipe=recipe)
+            session = OnnxSession(*models)
+            costs = [onnx_cost(proto) for proto in models]
+            float_session = (lambda: OnnxSession(*to_onnx_generator(model, prompt_length=prompt_length,
+                                                                    cache_length=cache_length)))
+        else:
+            embedding = _embedding(model, target, embedding)
+            options = dict(prompt_length=prompt_length, cache_length=cache_length, target=target.name,
+                           embedding=embedding)
+            flat = to_tflite_generator(model, quantize=quantize, litert_python=litert_python, **options)
+            if embedding == "host":
+                stored = stored_host_table(conversion.host_embedding_table(model), recipe)
+            rows = None if stored is None else dequantized_table(stored)
+            session = TfliteSession(flat, interpreter=interpreter, table=rows)
+            float_table = None if rows is None else conversion.host_embedding_table(model)
+            float_session = (lambda: TfliteSession(to_tflite_generator(model, **options),
+                                                   interpreter=interpreter, table=float_table))
+            if target.file_per_signature:
+                models = flat
+                costs = [graph_cost(content, signature=key)
+                         for content, key in zip(flat, contract.SIGNATURES)]
+            else:
+                models = (flat,)
+                costs = [graph_cost(flat, signature=key) for key in contract.SIGNATURES]
+        same, parity = check_generator_parity(model, session, prompt, tokens)
+        quality = None
+        if recipe is not None:
+            prompts = [prompt] + quality_prompts(eval_token_ids, model.encoder.pad_id, prompt_length)
+            quality = generation_quality(model, float_session(), session, prompts, tokens, eval_token_ids)
     metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
                                   target=target.name)
-    metadata["embedding"] = "graph" if table is None else "host"
+    metadata["embedding"] = "graph" if stored is None else "host"
     metadata["input_dtype"] = target.input_dtype
     metadata["prefill_multiply_adds"], metadata["decode_multiply_adds"] = (c["multiply_adds"] for c in costs)
-    return {"models": tuple(models), "metadata": metadata, "host_table": table, "same_tokens": same,
-            "parity": parity, "tokens_checked": tokens}
+    return {"models": tuple(models), "metadata": metadata, "host_table": stored, "same_tokens": same,
+            "parity": parity, "tokens_checked": tokens, "recipe": recipe, "quality": quality}
 
 
 def export_generation(model, *, prompt_length, cache_length, target="cpu", embedding=None, check_prompt=None,
-                      check_tokens=16):
+                      check_tokens=16, quantize=None, eval_token_ids=None,
+                      max_loss_increase=DEFAULT_MAX_LOSS_INCREASE, litert_python=None):
     """Exports a `CausalLM` as prefill + decode and checks the file against `model.generate`.
 
     `cpu` and `gpu` give one `.tflite` with two signatures, `gl` one file per signature, and
     `tensorrt` the two ONNX models (checked on onnxruntime); `gpu`/`gl` with `embedding="host"`
-    also the table the runner reads (`host_table`).
+    also the table the runner reads (`host_table`, in the export's precision).
 
     Args:
         model: a built `CausalLM`.
@@ -515,14 +650,25 @@ def export_generation(model, *, prompt_length, cache_length, target="cpu", embed
         check_prompt: optional list of int, the prompt of the check (default: ids 5, 6, 7 clipped
             to the vocabulary).
         check_tokens: int, the tokens generated by the check (fewer if the cache is shorter).
+        quantize: None, "float16", "int8" or "int4" (`quantization.RECIPES`).
+        eval_token_ids: int `[n, T]` held-out rows: the quantized file's prefill cross-entropy
+            against float32's, and their first tokens as more greedy prompts.
+        max_loss_increase: float >= 0, the largest relative rise of that cross-entropy.
+        litert_python: the Python with LiteRT Quantizer (int4).
 
     Returns:
-        An `ExportResult`: `report` has `same_tokens`, `parity` (max abs logit difference) and
-        `tokens_checked`; `metadata` what `export/jetson/run_generate.py` reads.
+        An `ExportResult`: `report` has `same_tokens`, `parity` (max abs logit difference),
+        `tokens_checked` and, quantized, `quality`; `metadata` what `export/jetson/run_generate.py`
+        reads.
     """
+    if not max_loss_increase >= 0:
+        raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
+    precision = precision_of(quantize)
     checked = check_generation(model, prompt_length=prompt_length, cache_length=cache_length, target=target,
-                               embedding=embedding, check_prompt=check_prompt, check_tokens=check_tokens)
-    metadata = checked["metadata"]
+                               embedding=embedding, check_prompt=check_prompt, check_tokens=check_tokens,
+                               quantize=precision, eval_token_ids=eval_token_ids, litert_python=litert_python)
+    metadata, recipe, quality = checked["metadata"], checked["recipe"], checked["quality"]
+    metadata["quantize"] = precision
     report = {"same_tokens": checked["same_tokens"], "parity": checked["parity"],
               "tokens_checked": checked["tokens_checked"], "verdicts": {}}
     lines = [f"Multiply-adds: prefill of {prompt_length} tokens {metadata['prefill_multiply_adds']:,}, one "
@@ -530,10 +676,17 @@ def export_generation(model, *, prompt_length, cache_length, target="cpu", embed
              f"Greedy parity over {report['tokens_checked']} tokens: "
              f"{'same tokens' if report['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
              f"max abs logit diff {report['parity']:.3g}"]
+    if recipe is not None:
+        metadata[contract.KEYS["quantization"]] = recipe.describe()
+        metadata[contract.KEYS["quality"]] = quality
+        report.update(quality=quality, max_loss_increase=max_loss_increase)
+        lines.insert(0, f"Quantized by {recipe.tool}: {recipe.weights}")
+        lines.append(format_generation_quality(quality, max_loss_increase))
     description = (f"target {metadata['target']}: prefill [1, {prompt_length}], decode [1, 1], cache "
-                   f"{metadata['cache_length']} slots = {metadata['cache_bytes']} bytes")
-    return ExportResult(metadata["target"], None, metadata["embedding"], tuple(checked["models"]), report,
-                        lines, metadata, description, checked["host_table"])
+                   f"{metadata['cache_length']} slots = {metadata['cache_bytes']} bytes"
+                   + (f", {precision} weights" if precision else ""))
+    return ExportResult(metadata["target"], precision, metadata["embedding"], tuple(checked["models"]),
+                        report, lines, metadata, description, checked["host_table"])
 
 
 def export_generator(model, out, **options):

@@ -34,6 +34,7 @@ from keras_posenc.export import contract, generator, gl_generate
 from keras_posenc.export.conversion import ModelSpec, rebuild
 from keras_posenc.export.formulation import ExportContext
 from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.quantization import recipe_for
 from keras_posenc.export.targets import TARGETS
 
 __all__ = ["EngineFeeder", "check_litertlm", "engine_greedy", "kv_cache_names", "to_litertlm_tflite"]
@@ -124,7 +125,8 @@ class _ShaderEngineGraphs(_EngineGraphs):
         return tf.reshape(logits, [1, 1, -1]), outputs  # the last step's: the decode's [1, 1, V]
 
 
-def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu"):
+def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu", quantize=None,
+                       litert_python=None):
     """The prefill/decode `.tflite` of a `CausalLM` in LiteRT-LM's executor contract (module docstring).
 
     Args:
@@ -133,8 +135,12 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu"):
             chunks).
         cache_length: int, `C >= P`, the cache slots (the bundle's `max_num_tokens`), at most the
             model's `max_length`.
-        target: "cpu" (XNNPACK, GATHER lookups; `Encoder.cached_step`) or "gpu" (LiteRT-LM's GPU
-            backend: the shader-only graphs of `gl_generate`, fp16-safe, cache length at most 2048).
+        target: "cpu" (XNNPACK, EMBEDDING_LOOKUP and GATHER lookups; `Encoder.cached_step`) or
+            "gpu" (LiteRT-LM's GPU backend: the shader-only graphs of `gl_generate`, fp16-safe,
+            cache length at most 2048).
+        quantize: None (float32), "float16", "int8" or "int4": the recipe of
+            `quantization.RECIPES[(target, "litertlm")]`.
+        litert_python: the Python with LiteRT Quantizer (int4).
 
     Returns:
         The flatbuffer as bytes.
@@ -155,12 +161,13 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu"):
     True
     """
     target = check_litertlm(model, prompt_length, cache_length, target)
+    recipe = recipe_for(target, quantize, "litertlm", litert_python=litert_python)
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     graphs = (_ShaderEngineGraphs if target.shader_generation else _EngineGraphs)(clone, prompt_length,
                                                                                    cache_length, target)
     signatures = {PREFILL: generator.frozen_signature(graphs.prefill_function(), graphs.cache_names),
                   DECODE: generator.frozen_signature(graphs.decode_function(), [LOGITS] + graphs.cache_names)}
-    return generator.convert_signatures(signatures)
+    return generator.convert_signatures(signatures, recipe, litert_python)
 
 
 def check_litertlm(model, prompt_length, cache_length, target):
@@ -182,10 +189,12 @@ class EngineFeeder:
 
     Args:
         flat: the `.tflite` bytes of `to_litertlm_tflite`.
+        interpreter: the interpreter class (default `tf.lite.Interpreter`;
+            `quantization.interpreter_for` gives LiteRT 2.x's where a quantized file needs it).
     """
 
-    def __init__(self, flat):
-        interpreter = tf.lite.Interpreter(model_content=flat)
+    def __init__(self, flat, interpreter=None):
+        interpreter = (interpreter or tf.lite.Interpreter)(model_content=flat)
         self.runners = {key: interpreter.get_signature_runner(key) for key in contract.SIGNATURES}
         details = self.runners[PREFILL].get_input_details()
         self.prompt_length = int(details[INPUT_POS]["shape"][0])
@@ -224,7 +233,7 @@ class EngineFeeder:
         return logits[0, 0]
 
 
-def engine_greedy(feeder, turns, max_new_tokens, *, pad_id=0, stop_id=None):
+def engine_greedy(feeder, turns, max_new_tokens, *, pad_id=0, stop_id=None, forced=None):
     """Greedy turns through an `EngineFeeder` (one session): the generated ids of each turn.
 
     Args:
@@ -234,19 +243,22 @@ def engine_greedy(feeder, turns, max_new_tokens, *, pad_id=0, stop_id=None):
         pad_id: int, never generated (as in `CausalLM.generate`).
         stop_id: optional int ending a turn (kept: it is fed first by the next turn, as the
             engine does).
+        forced: optional list per turn of the ids to feed back instead of the file's picks
+            (teacher forcing; the turn then runs `len(forced[i])` steps).
 
     Returns:
-        list of lists of int.
+        list of lists of int: the file's pick at each step.
     """
     generated = []
-    for ids in turns:
+    for turn, ids in enumerate(turns):
         feeder.prefill(ids)
         new = []
-        for _ in range(max_new_tokens):
+        steps = max_new_tokens if forced is None else len(forced[turn])
+        for step in range(steps):
             logits = np.array(feeder.decode(), np.float64)
             logits[pad_id] = -np.inf
-            feeder.held = int(np.argmax(logits))
-            new.append(feeder.held)
+            new.append(int(np.argmax(logits)))
+            feeder.held = new[-1] if forced is None else int(forced[turn][step])
             if feeder.held == stop_id:
                 break
         generated.append(new)

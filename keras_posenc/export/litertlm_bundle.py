@@ -11,59 +11,28 @@ generated protos need protobuf >= 6.31 and the TF 2.12 stack pins 4.25. Without 
 bundle is still written and the report says "engine not installed: ..." (never a silent pass).
 """
 
-import json
 import os
 import subprocess
-import sys
 import tempfile
+
+import numpy as np
 
 from keras_posenc import special_ids
 from keras_posenc.export import contract, generator, litertlm
 from keras_posenc.export.cost import graph_cost
+from keras_posenc.export.litert_python import INSTALL_HINT, run_script, runtime_python
+from keras_posenc.export.quality import (
+    DEFAULT_MAX_LOSS_INCREASE,
+    format_generation_quality,
+    next_token_cross_entropy,
+)
+from keras_posenc.export.quantization import interpreter_for, precision_of, recipe_for
 from keras_posenc.export.result import ExportResult
 
-__all__ = ["ENGINE_PYTHON_ENV", "INSTALL_HINT", "check_probes", "engine_texts", "export_litertlm",
-           "keras_texts", "pack_bundle", "probe_texts", "runtime_python"]
+__all__ = ["bundle_quality", "check_probes", "engine_texts", "export_litertlm", "feeder_texts", "keras_texts",
+           "pack_bundle", "probe_texts"]
 
-# The Python with litert-lm-builder + litert-lm-api (tests/edge/runtime/bootstrap.sh builds one).
-ENGINE_PYTHON_ENV = "KERAS_POSENC_LITERTLM_PYTHON"
-INSTALL_HINT = ("python3 -m venv venv-litertlm && venv-litertlm/bin/pip install litert-lm-api==0.18.1 "
-                f"litert-lm-builder==0.18.1, then set {ENGINE_PYTHON_ENV}=venv-litertlm/bin/python "
-                "(or pass --litertlm-python)")
-_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "litertlm_runtime.py")
-
-
-def runtime_python(python=None):
-    """The Python that runs `litertlm_runtime.py`: `python`, else `$KERAS_POSENC_LITERTLM_PYTHON`, else this
-    one when it imports `litert_lm_builder`; None when there is none.
-
-    Raises:
-        ValueError: `python` (or the variable) names no executable file.
-    """
-    python = python or os.environ.get(ENGINE_PYTHON_ENV)
-    if python:
-        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-            raise ValueError(f"the LiteRT-LM Python {python!r} is not an executable file: {INSTALL_HINT}.")
-        return python
-    try:
-        import litert_lm_builder  # noqa: F401
-    except ImportError:
-        return None
-    return sys.executable
-
-
-def _run_script(python, command, spec, timeout, env=None):
-    with tempfile.TemporaryDirectory(prefix="keras_posenc_litertlm_") as folder:
-        path = os.path.join(folder, "spec.json")
-        with open(path, "w") as f:
-            json.dump(spec, f)
-        done = subprocess.run([python, _SCRIPT, command, path], capture_output=True, text=True,
-                              timeout=timeout, env=env)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise RuntimeError(f"LiteRT-LM `{command}` failed (exit {done.returncode}): "
-                           + " | ".join(lines[-3:]))
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+_SCRIPT = "litertlm_runtime.py"
 
 
 def pack_bundle(flat, sp_model, *, cache_length, pad_id, activation, python, timeout=600):
@@ -82,10 +51,10 @@ def pack_bundle(flat, sp_model, *, cache_length, pad_id, activation, python, tim
         for name, content in (("model.tflite", flat), ("spm.model", sp_model)):
             with open(paths[name], "wb") as f:
                 f.write(content)
-        _run_script(python, "pack", {"tflite": paths["model.tflite"], "spm": paths["spm.model"],
-                                     "out": paths["out.litertlm"], "start_id": special_ids.BOS_ID,
-                                     "stop_ids": [special_ids.EOS_ID], "pad_id": int(pad_id),
-                                     "max_num_tokens": int(cache_length), "activation": activation}, timeout)
+        spec = {"tflite": paths["model.tflite"], "spm": paths["spm.model"], "out": paths["out.litertlm"],
+                "start_id": special_ids.BOS_ID, "stop_ids": [special_ids.EOS_ID], "pad_id": int(pad_id),
+                "max_num_tokens": int(cache_length), "activation": activation}
+        run_script(python, _SCRIPT, "pack", spec, timeout)
         with open(paths["out.litertlm"], "rb") as f:
             return f.read()
 
@@ -107,9 +76,9 @@ def engine_texts(bundle_path, sessions, max_new_tokens, *, backend="cpu", python
     Raises:
         RuntimeError: the engine failed (its last log lines in the message).
     """
-    result, log = _run_script(python, "generate", {"bundle": os.path.abspath(bundle_path), "backend": backend,
-                                                   "turns": sessions, "max_new_tokens": max_new_tokens,
-                                                   "benchmark": benchmark, "threads": threads}, timeout, env)
+    spec = {"bundle": os.path.abspath(bundle_path), "backend": backend, "turns": sessions,
+            "max_new_tokens": max_new_tokens, "benchmark": benchmark, "threads": threads}
+    result, log = run_script(python, _SCRIPT, "generate", spec, timeout, env)
     return result["turns"], result["benchmark"], log
 
 
@@ -182,7 +151,8 @@ def check_probes(sp_model, sessions, cache_length, max_new_tokens):
 
 
 def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu", probes=None,
-                    max_new_tokens=8, python=None, check_tokens=16, activation=None, engine_env=None):
+                    max_new_tokens=8, python=None, check_tokens=16, activation=None, engine_env=None,
+                    quantize=None, eval_token_ids=None, max_loss_increase=DEFAULT_MAX_LOSS_INCREASE):
     """Exports a `CausalLM` as a `.litertlm` bundle and checks it against `CausalLM.generate`.
 
     Args:
@@ -192,18 +162,25 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
         probes: sessions of turns (list of lists of str) for the engine check (default
             `probe_texts`: one prompt longer than `P`, and a second turn).
         max_new_tokens: int, tokens per turn of the engine check.
-        python: the Python with `litert-lm-builder` / `litert-lm-api` (default `runtime_python`).
+        python: the LiteRT Python, with `litert-lm-builder` / `litert-lm-api` (default
+            `litert_python.runtime_python`); LiteRT Quantizer too for int4.
         check_tokens: int, tokens of the emulated-engine check.
         activation: "fp32" or "fp16", the activation type the bundle asks the engine for
             (default: the target's `litertlm_activation`).
         engine_env: optional environment of the engine check's process (`gpu`: where Vulkan
             finds the GPU driver; default this process's).
+        quantize: None (float32), "float16", "int8" or "int4" (`quantization.RECIPES`).
+        eval_token_ids: int `[n, T]` held-out rows: with `quantize`, the model's cross-entropy
+            fed them one token a step, as the engine decodes, against the float32 model's.
+        max_loss_increase: float >= 0, the largest relative rise of that cross-entropy.
 
     Returns:
         An `ExportResult` with the bundle; `report` has `same_tokens` (the emulated engine's
         tokens, with a chunked prefill and a second turn, equal Keras'), `parity` (0.0 or 1.0:
         the emulated check compares tokens), `engine_same_text` (None without the engine),
-        `engine` (the texts, or why it did not run).
+        `engine` (the texts, or why it did not run) and, quantized, `quality`
+        (`bundle_quality`); a quantized bundle's engine text is compared with the text its
+        own model generates on LiteRT's interpreter.
 
     Raises:
         ValueError: as `to_litertlm_tflite`, a probe that does not fit in the cache
@@ -212,15 +189,26 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
         RuntimeError: the builder's process failed (its last log lines in the message).
     """
     target = litertlm.check_litertlm(model, prompt_length, cache_length, target)
+    if not max_loss_increase >= 0:
+        raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
     python = runtime_python(python)
     if python is None:
         raise ValueError(f"a .litertlm bundle is built with litert-lm-builder, which is not installed here: "
                          f"{INSTALL_HINT}.")
+    precision = precision_of(quantize)
+    recipe = recipe_for(target, precision, "litertlm", litert_python=python)
     sessions = probes or probe_texts(sp_model, prompt_length, cache_length, max_new_tokens)
     check_probes(sp_model, sessions, cache_length, max_new_tokens)  # before the conversion: fails fast
-    flat = litertlm.to_litertlm_tflite(model, prompt_length=prompt_length, cache_length=cache_length,
-                                       target=target.name)
-    same, tokens = _emulated_check(model, flat, prompt_length, cache_length, check_tokens)
+    options = dict(prompt_length=prompt_length, cache_length=cache_length, target=target.name)
+    flat = litertlm.to_litertlm_tflite(model, quantize=precision, litert_python=python, **options)
+    quality = expected = None
+    with interpreter_for(recipe, python) as interpreter:
+        same, tokens = _emulated_check(model, flat, prompt_length, cache_length, check_tokens, interpreter)
+        if recipe is not None:
+            quality = bundle_quality(model, litertlm.to_litertlm_tflite(model, **options), flat,
+                                     eval_token_ids, interpreter=interpreter)
+            expected = feeder_texts(flat, sp_model, sessions, max_new_tokens, model.encoder.pad_id,
+                                    interpreter=interpreter)
     bundle = pack_bundle(flat, sp_model, cache_length=cache_length, pad_id=model.encoder.pad_id,
                          activation=activation or target.litertlm_activation, python=python)
     metadata = generator.generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
@@ -229,10 +217,12 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
     metadata[keys["format"]] = "litertlm"
     metadata[keys["max_num_tokens"]] = cache_length
     metadata[keys["embedding"]], metadata[keys["input_dtype"]] = "graph", "int32"
+    metadata[keys["quantize"]] = precision
     costs = [graph_cost(flat, signature=key) for key in contract.SIGNATURES]
     metadata[keys["prefill_multiply_adds"]], metadata[keys["decode_multiply_adds"]] = (
         c["multiply_adds"] for c in costs)
-    engine = _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python, engine_env)
+    engine = _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python, engine_env,
+                           expected)
     report = {"same_tokens": same, "parity": 0.0 if same else 1.0, "tokens_checked": tokens, "verdicts": {},
               "engine_same_text": engine["same_text"], "engine": engine}
     lines = [f"Multiply-adds: prefill of {prompt_length} tokens {metadata['prefill_multiply_adds']:,}, one "
@@ -240,13 +230,103 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
              f"Greedy parity, fed as LiteRT-LM feeds it (chunked prefill, second turn), {tokens} tokens: "
              f"{'same tokens' if same else 'TOKENS DIFFER'} as CausalLM.generate",
              engine["line"]]
+    if recipe is not None:
+        metadata[keys["quantization"]] = recipe.describe()
+        metadata[keys["quality"]] = quality
+        report.update(quality=quality, max_loss_increase=max_loss_increase)
+        lines.insert(0, f"Quantized by {recipe.tool}: {recipe.weights}; the model is {len(flat):,} bytes "
+                        "of the bundle")
+        lines.append(format_generation_quality(quality, max_loss_increase))
     description = (f"LiteRT-LM bundle, target {target.name}: prefill [1, {prompt_length}], decode [1, 1], "
-                   f"max_num_tokens {cache_length}")
-    return ExportResult(target.name, None, "graph", (bundle,), report, lines, metadata, description,
+                   f"max_num_tokens {cache_length}" + (f", {precision} weights" if precision else ""))
+    return ExportResult(target.name, precision, "graph", (bundle,), report, lines, metadata, description,
                         suffix=contract.LITERTLM_SUFFIX)
 
 
-def _emulated_check(model, flat, prompt_length, cache_length, check_tokens):
+def bundle_quality(model, float_flat, quantized_flat, eval_token_ids=None, *, interpreter=None, prompts=4,
+                   max_new_tokens=16, rows=32):
+    """A quantized bundle model against the float32 one, fed as LiteRT-LM's engine feeds them.
+
+    Greedy runs from `prompts` prompts (BOS and ordinary ids) compare the files' tokens and,
+    feeding float32's tokens to the quantized file, how often it picks float32's token; the
+    cross-entropy is that of each file's decode logits over the first `rows` held-out rows,
+    one token a step (the engine's decode).
+
+    Returns:
+        dict with the keys of `quality.generation_quality`.
+    """
+    pad = model.encoder.pad_id
+    vocab = model.encoder.vocab_size
+    ordinary = list(range(special_ids.NUM_RESERVED_IDS, vocab)) or list(range(vocab))
+    hits = steps = 0
+    same = True
+    cache = litertlm.EngineFeeder(float_flat, interpreter).cache_length
+    new = max(1, min(max_new_tokens, cache // 2 - 1))
+    for row in range(prompts):
+        prompt = [special_ids.BOS_ID] + [ordinary[(3 + 7 * row + 11 * i) % len(ordinary)] for i in range(4)]
+        reference = litertlm.engine_greedy(litertlm.EngineFeeder(float_flat, interpreter), [prompt], new,
+                                           pad_id=pad)[0]
+        own = litertlm.engine_greedy(litertlm.EngineFeeder(quantized_flat, interpreter), [prompt], new,
+                                     pad_id=pad)[0]
+        forced = litertlm.engine_greedy(litertlm.EngineFeeder(quantized_flat, interpreter), [prompt], new,
+                                        pad_id=pad, forced=[reference])[0]
+        same = same and own == reference
+        hits += sum(a == b for a, b in zip(forced, reference))
+        steps += len(reference)
+    quality = {"prompts": prompts, "greedy_tokens": new, "same_greedy_tokens": bool(same),
+               "generation_agreement": hits / steps}
+    if eval_token_ids is None:
+        return quality
+    texts = [[int(t) for t in row if t != pad][:cache] for row in np.asarray(eval_token_ids)[:rows]]
+    texts = [text for text in texts if len(text) > 1]
+    logits = []
+    for flat in (float_flat, quantized_flat):
+        per_row = []
+        for text in texts:
+            feeder = litertlm.EngineFeeder(flat, interpreter)
+            feeder.prefill(text[:1])
+            steps_logits = []
+            for token in text[1:]:
+                steps_logits.append(feeder.decode())
+                feeder.held = token
+            per_row.append(np.stack(steps_logits + [steps_logits[-1]]))
+        logits.append(per_row)
+    width = max(len(text) for text in texts)
+    ids = np.full([len(texts), width], pad, np.int32)
+    padded = [np.zeros([len(texts), width, vocab]) for _ in logits]
+    for i, text in enumerate(texts):
+        ids[i, :len(text)] = text
+        for array, per_row in zip(padded, logits):
+            array[i, :len(text)] = per_row[i]
+    loss_float, tokens = next_token_cross_entropy(padded[0], ids, pad)
+    loss_quantized, _ = next_token_cross_entropy(padded[1], ids, pad)
+    real = ids[:, 1:] != pad
+    return dict(quality, rows=len(texts), tokens=tokens, loss_float=loss_float, loss_quantized=loss_quantized,
+                loss_increase=loss_quantized / loss_float - 1.0,
+                agreement=float((padded[0][:, :-1].argmax(-1) == padded[1][:, :-1].argmax(-1))[real].mean()),
+                max_abs_diff=float(np.abs(padded[0][:, :-1] - padded[1][:, :-1])[real].max()))
+
+
+def feeder_texts(flat, sp_model, sessions, max_new_tokens, pad_id, *, interpreter=None):
+    """The greedy text of each session's turns from a bundle's model, fed as the engine feeds it.
+
+    The turns are tokenized as `keras_texts` does (BOS and the first turn's pieces, then each
+    turn's pieces); generation stops at EOS.
+    """
+    processor = _processor(sp_model)
+    texts = []
+    for turns in sessions:
+        feeder = litertlm.EngineFeeder(flat, interpreter)
+        ids = [[special_ids.BOS_ID] + list(processor.EncodeAsIds(turns[0]))]
+        ids += [list(processor.EncodeAsIds(text)) for text in turns[1:]]
+        generated = litertlm.engine_greedy(feeder, ids, max_new_tokens, pad_id=pad_id,
+                                           stop_id=special_ids.EOS_ID)
+        texts.append([processor.DecodeIds([i for i in new if i >= special_ids.NUM_RESERVED_IDS
+                                           or i == special_ids.UNK_ID]) for new in generated])
+    return texts
+
+
+def _emulated_check(model, flat, prompt_length, cache_length, check_tokens, interpreter=None):
     """The file fed as the engine feeds it: a prompt longer than `P`, then a second turn; tokens vs Keras."""
     vocab = model.encoder.vocab_size
     ordinary = list(range(special_ids.NUM_RESERVED_IDS, vocab)) or list(range(vocab))
@@ -255,15 +335,19 @@ def _emulated_check(model, flat, prompt_length, cache_length, check_tokens):
     prompt = [special_ids.BOS_ID] + [ordinary[(5 + 3 * i) % len(ordinary)] for i in range(first - 1)]
     second = [ordinary[(11 + 5 * i) % len(ordinary)] for i in range(max(1, first // 2))]
     pad = model.encoder.pad_id
-    got = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [prompt, second], tokens, pad_id=pad)
+    feeder = litertlm.EngineFeeder(flat, interpreter)
+    got = litertlm.engine_greedy(feeder, [prompt, second], tokens, pad_id=pad)
     keras_first = model.generate(prompt, tokens).ids[0].tolist()
     keras_second = model.generate(prompt + keras_first + second, tokens).ids[0].tolist()
     return got == [keras_first, keras_second], 2 * tokens
 
 
-def _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python, env):
-    """LiteRT-LM's Engine on the bundle vs `keras_texts`: `{"same_text", "line", "texts", "keras"}`."""
-    expected, _ = keras_texts(model, sp_model, sessions, max_new_tokens)
+def _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, python, env, expected=None):
+    """LiteRT-LM's Engine on the bundle vs `expected` (default `keras_texts`): `{"same_text", "line", "texts",
+    "keras"}`."""
+    reference = "CausalLM.generate" if expected is None else "its model on LiteRT's interpreter"
+    if expected is None:
+        expected, _ = keras_texts(model, sp_model, sessions, max_new_tokens)
     backend = target.litertlm_backend
     with tempfile.TemporaryDirectory(prefix="keras_posenc_litertlm_") as folder:
         path = os.path.join(folder, "check.litertlm")
@@ -283,4 +367,4 @@ def _engine_check(model, sp_model, bundle, sessions, max_new_tokens, target, pyt
     return {"same_text": same, "texts": texts, "keras": expected,
             "line": f"LiteRT-LM Engine ({backend}) greedy text over {len(sessions)} sessions, {turns} turns "
                     f"(a prompt longer than the prefill, a second turn): "
-                    + ("same text as CausalLM.generate" if same else "TEXT DIFFERS from CausalLM.generate")}
+                    + (f"same text as {reference}" if same else f"TEXT DIFFERS from {reference}")}

@@ -19,7 +19,8 @@ from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
 __all__ = ["check_onnx_parity", "check_parity", "cost_summary", "export_report", "format_cost",
            "format_report", "interpreter_class", "parity", "report_of", "run_interpreter", "run_onnx",
-           "runtime_metadata", "sample_batch", "sample_token_batch", "spec_metadata", "weight_bytes"]
+           "runtime_metadata", "sample_batch", "sample_token_batch", "spec_metadata", "weight_bytes",
+           "with_host_rows", "with_host_rows_of"]
 
 def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
                  ignore_padding=True):
@@ -77,7 +78,7 @@ def check_onnx_parity(model, onnx_bytes, token_ids, language_ids=None, *, positi
 
 
 def parity(spec, exported, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
-           runtime="tflite"):
+           runtime="tflite", table=None, interpreter=None):
     """`(max abs diff on real tokens, max abs diff everywhere)`: one Keras pass, one runtime pass.
 
     Args:
@@ -87,6 +88,9 @@ def parity(spec, exported, token_ids, language_ids=None, *, position_ids=None, s
         token_ids, language_ids, position_ids, segment_ids: as in
             `check_parity`.
         runtime: "tflite" (the interpreter) or "onnx" (onnxruntime).
+        table: the float32 token table whose rows an `embedding="host"` file is fed (default
+            `host_embedding_table(spec.model)`; a quantized export's dequantized table).
+        interpreter: the interpreter class of `run_interpreter` (default `interpreter_class()`).
 
     Returns:
         Two Python floats.
@@ -96,11 +100,11 @@ def parity(spec, exported, token_ids, language_ids=None, *, position_ids=None, s
                        segment_ids=segment_ids)
     expected = np.asarray(spec.caller(spec.model)(*[tf.constant(f) for f in feeds]), np.float64)
     if runtime == "onnx":
-        feeds, roles = _with_rows_of(spec.model, onnx_input_names(exported), feeds, spec.roles)
+        feeds, roles = with_host_rows_of(spec.model, onnx_input_names(exported), feeds, spec.roles, table)
         got = run_onnx(exported, feeds, roles)
     else:
-        feeds, roles = with_host_rows(spec.model, exported, feeds, spec.roles)
-        got = run_interpreter(exported, feeds, roles)
+        feeds, roles = with_host_rows(spec.model, exported, feeds, spec.roles, table)
+        got = run_interpreter(exported, feeds, roles, interpreter=interpreter)
     difference = np.abs(got.astype(np.float64).reshape(expected.shape) - expected)
     every = float(np.max(difference)) if difference.size else 0.0
     if spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
@@ -124,19 +128,23 @@ def _checked_ids(token_ids):
     return token_ids
 
 
-def with_host_rows(model, tflite_bytes, feeds, roles):
-    """`(feeds, roles)` plus the looked-up rows `table[token_ids]` when the file takes `embeddings`."""
-    return _with_rows_of(model, input_names(tflite_bytes), feeds, roles)
+def with_host_rows(model, tflite_bytes, feeds, roles, table=None):
+    """`(feeds, roles)` plus the looked-up rows `table[token_ids]` when the file takes `embeddings`.
+
+    `table`: float32 `[vocab, d_model]`, default `host_embedding_table(model)`.
+    """
+    return with_host_rows_of(model, input_names(tflite_bytes), feeds, roles, table)
 
 
-def _with_rows_of(model, names, feeds, roles):
+def with_host_rows_of(model, names, feeds, roles, table=None):
+    """`with_host_rows` for a file whose input names are `names` (an ONNX model's, say)."""
     if not any(role_of(name) == HOST_EMBEDDINGS for name in names):
         return feeds, list(roles)
-    table = host_embedding_table(model)
+    table = host_embedding_table(model) if table is None else np.asarray(table, np.float32)
     return list(feeds) + [table[feeds[0]]], list(roles) + [HOST_EMBEDDINGS]
 
 
-def run_interpreter(tflite_bytes, feeds, roles=None):
+def run_interpreter(tflite_bytes, feeds, roles=None, interpreter=None):
     """Runs the TFLite model on `feeds` (one array per input), in chunks of its batch size.
 
     Args:
@@ -146,6 +154,8 @@ def run_interpreter(tflite_bytes, feeds, roles=None):
             exported batch size.
         roles: the input roles of `feeds` (`ModelSpec.roles`); default
             token ids, then language ids.
+        interpreter: the interpreter class, called with `model_content=` (default
+            `interpreter_class()`; `litert_python.RemoteRuntime.interpreter` runs LiteRT 2.x).
 
     Returns:
         A numpy array: the model's first output for all rows, concatenated.
@@ -158,7 +168,7 @@ def run_interpreter(tflite_bytes, feeds, roles=None):
     [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
     """
     tflite_bytes = getattr(tflite_bytes, "bytes", tflite_bytes)  # a TfliteFile's flatbuffer
-    interpreter = interpreter_class()(model_content=bytes(tflite_bytes))
+    interpreter = (interpreter or interpreter_class())(model_content=bytes(tflite_bytes))
     interpreter.allocate_tensors()
     # Token ids first, language ids second, whatever order the converter gave the inputs.
     inputs = _in_role_order(interpreter.get_input_details(), lambda detail: detail["name"], roles)

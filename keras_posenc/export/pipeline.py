@@ -13,15 +13,16 @@ import numpy as np
 from keras_posenc.export import contract, generator
 from keras_posenc.export.conversion import (
     EMBEDDINGS,
-    ONNX_OPSET,
     ModelSpec,
     convert_onnx,
     convert_tflite,
     default_embedding,
     host_embedding_table,
+    onnx_opset,
 )
 from keras_posenc.export.cost import onnx_cost
 from keras_posenc.export.flatbuffer import TfliteFile
+from keras_posenc.export.host_table import dequantized_table
 from keras_posenc.export.parity import (
     cost_summary,
     format_cost,
@@ -33,6 +34,7 @@ from keras_posenc.export.parity import (
     weight_bytes,
 )
 from keras_posenc.export.quality import DEFAULT_MAX_LOSS_INCREASE, format_quality, quantization_quality
+from keras_posenc.export.quantization import interpreter_for, precision_of, recipe_for, stored_host_table
 from keras_posenc.export.result import EXPORT_TOLERANCE, ExportResult
 from keras_posenc.export.targets import target_of
 from keras_posenc.validation import check_choice
@@ -45,7 +47,7 @@ export_generation = generator.export_generation
 
 def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding=None,
                      token_ids=None, language_ids=None, eval_token_ids=None,
-                     max_loss_increase=DEFAULT_MAX_LOSS_INCREASE):
+                     max_loss_increase=DEFAULT_MAX_LOSS_INCREASE, litert_python=None):
     """Exports `model` and checks the file, every analysis once.
 
     Builds the `ModelSpec` once, converts (`to_tflite`, or `to_onnx` for
@@ -72,13 +74,19 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
             (the report says so).
         max_loss_increase: float >= 0, the largest relative rise of the
             held-out cross-entropy a quantized file may cost (default 1 %).
+        litert_python: the Python with LiteRT Quantizer (int4; default
+            `litert_python.runtime_python`). Its files are checked by
+            ai-edge-litert's interpreter (TFLite 2.12's computes them wrong).
 
     Returns:
-        An `ExportResult`.
+        An `ExportResult`. With `quantize`, the host table of an
+        `embedding="host"` export is stored in the same precision and the
+        checks feed its dequantized rows, as the kit does.
 
     Raises:
-        ValueError: as `to_tflite`, a `token_ids` of another shape, or
-            `embedding="host"` with target "cpu".
+        ValueError: as `to_tflite`, a `token_ids` of another shape, a
+            quantization the target's runtime cannot run (before converting),
+            or `embedding="host"` with target "cpu".
 
     Example:
 
@@ -93,49 +101,82 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
     target = target_of(target)
     if not max_loss_increase >= 0:
         raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
+    precision = precision_of(quantize)
+    recipe = recipe_for(target, precision, "window", litert_python=litert_python)
     spec = ModelSpec.of(model, sequence_length, batch_size)
     token_ids, language_ids = _parity_batch(spec, token_ids, language_ids)
+    embedding = embedding or ("graph" if target.file_format == "onnx" else default_embedding(model, target))
+    check_choice("embedding", embedding, EMBEDDINGS)
+    stored = stored_host_table(host_embedding_table(model), recipe) if embedding == "host" else None
+    rows = None if stored is None else dequantized_table(stored)
     if target.file_format == "onnx":
-        embedding = embedding or "graph"
-        exported = convert_onnx(spec, embedding=embedding)
-        parities = parity(spec, exported, token_ids, language_ids, runtime="onnx")
+        exported = convert_onnx(spec, embedding=embedding, recipe=recipe, calibration=token_ids)
+        parities = parity(spec, exported, token_ids, language_ids, runtime="onnx", table=rows)
         report = {"parity": parities[0], "parity_all": parities[1], "verdicts": {},
-                  "cost": cost_summary(onnx_cost(exported), weight_bytes(model))}
-        lines = [f"ONNX opset {ONNX_OPSET}, static shapes, int32 ids (trtexec --onnx=FILE --fp16)",
+                  "cost": cost_summary(onnx_cost(exported), weight_bytes(model)), "file_bytes": len(exported)}
+        lines = [f"ONNX opset {onnx_opset(exported)}, static shapes, int32 ids (trtexec --onnx=FILE"
+                 f"{'' if recipe else ' --fp16'})",
                  f"Parity onnxruntime vs Keras: max abs diff {parities[0]:.3g} on real tokens",
                  format_cost(report["cost"])]
+        runtime = "onnx"
     else:
-        embedding = embedding or default_embedding(model, target)
-        check_choice("embedding", embedding, EMBEDDINGS)
-        exported = convert_tflite(spec, target=target, quantize=quantize, embedding=embedding)
-        tflite = TfliteFile(exported)
-        report = report_of(spec, tflite, parity(spec, tflite, token_ids, language_ids), target=target)
+        exported = convert_tflite(spec, target=target, quantize=precision, embedding=embedding,
+                                  litert_python=litert_python)
+        with interpreter_for(recipe, litert_python) as interpreter:
+            tflite = TfliteFile(exported)
+            report = report_of(spec, tflite, parity(spec, tflite, token_ids, language_ids, table=rows,
+                                                    interpreter=interpreter), target=target)
         lines = format_report(report)
-        if quantize is not None:
-            report["quality"] = _quantization_quality(spec, target, embedding, exported, eval_token_ids)
-            report["max_loss_increase"] = max_loss_increase
-            lines.append(_quality_line(report["quality"], max_loss_increase))
-    host_table = host_embedding_table(model) if embedding == "host" else None
-    if host_table is not None:
-        lines.append("Embedding: host; the runner feeds FILE.embeddings.npy[token_ids] as `embeddings` "
-                     "(export/jetson/run_tflite.py and run_tensorrt.py do)")
-    metadata = dict(spec_metadata(spec, quantize=quantize, target=target, embedding=embedding),
+        runtime = "tflite"
+    if recipe is not None:
+        lines.insert(0, f"Quantized by {recipe.tool}: {recipe.weights}")
+        report["quality"] = _quantization_quality(spec, target, embedding, exported, eval_token_ids, runtime,
+                                                  rows, recipe, litert_python)
+        report["max_loss_increase"] = max_loss_increase
+        lines.append(_quality_line(report["quality"], max_loss_increase))
+    if stored is not None:
+        lines.append(f"Embedding: host ({_table_words(stored)}); the runner feeds the rows of "
+                     f"{_table_name(stored)}[token_ids] as `embeddings` (export/jetson/run_tflite.py and "
+                     "run_tensorrt.py do)")
+    metadata = dict(spec_metadata(spec, quantize=precision, target=target, embedding=embedding),
                     cost=report["cost"])
+    if recipe is not None:
+        metadata[contract.KEYS["quantization"]] = recipe.describe()
     if report.get("quality") is not None:
         metadata[contract.KEYS["quality"]] = report["quality"]
-    description = (f"target {target.name}, quantize={quantize or 'none'}, batch {batch_size} x length "
+    description = (f"target {target.name}, quantize={precision or 'none'}, batch {batch_size} x length "
                    f"{sequence_length}")
-    return ExportResult(target.name, quantize, embedding, (exported,), report, lines, metadata, description,
-                        host_table)
+    return ExportResult(target.name, precision, embedding, (exported,), report, lines, metadata, description,
+                        stored)
 
 
-def _quantization_quality(spec, target, embedding, quantized, eval_token_ids):
-    """The quantized file against a float32 export of the same target on held-out rows, or None."""
+def _table_words(stored):
+    if isinstance(stored, dict):
+        return f"int{int(stored['bits'])} rows, {int(stored['block'])} values a scale"
+    return f"{stored.dtype} rows"
+
+
+def _table_name(stored):
+    return "FILE.embeddings.npz" if isinstance(stored, dict) else "FILE.embeddings.npy"
+
+
+def _quantization_quality(spec, target, embedding, quantized, eval_token_ids, runtime, rows, recipe,
+                          litert_python):
+    """The quantized file against a float32 export of the same target on held-out rows, or None.
+
+    The float32 file is fed the float32 table's rows, the quantized one its own (dequantized).
+    """
     if eval_token_ids is None:
         return None
     eval_token_ids, eval_language_ids = _parity_batch(spec, eval_token_ids, None)
+    if runtime == "onnx":
+        reference = convert_onnx(spec, embedding=embedding)
+        return quantization_quality(spec, reference, quantized, eval_token_ids, eval_language_ids,
+                                    runtime="onnx", quantized_table=rows)
     reference = convert_tflite(spec, target=target, quantize=None, embedding=embedding)
-    return quantization_quality(spec, reference, quantized, eval_token_ids, eval_language_ids)
+    with interpreter_for(recipe, litert_python) as interpreter:
+        return quantization_quality(spec, reference, quantized, eval_token_ids, eval_language_ids,
+                                    quantized_table=rows, interpreter=interpreter)
 
 
 def _quality_line(quality, max_loss_increase):

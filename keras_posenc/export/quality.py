@@ -11,10 +11,16 @@ runs it for every quantized export of a model that outputs next-token logits, an
 
 import numpy as np
 
-from keras_posenc.export.parity import run_interpreter, run_onnx, with_host_rows
+from keras_posenc.export.parity import (
+    onnx_input_names,
+    run_interpreter,
+    run_onnx,
+    with_host_rows,
+    with_host_rows_of,
+)
 
-__all__ = ["DEFAULT_MAX_LOSS_INCREASE", "format_quality", "next_token_cross_entropy",
-           "outputs_next_token_logits", "quantization_quality"]
+__all__ = ["DEFAULT_MAX_LOSS_INCREASE", "format_generation_quality", "format_quality",
+           "next_token_cross_entropy", "outputs_next_token_logits", "quality_prompts", "quantization_quality"]
 
 # The largest relative rise of held-out cross-entropy a quantized export may cost (1 %).
 DEFAULT_MAX_LOSS_INCREASE = 0.01
@@ -56,14 +62,16 @@ def next_token_cross_entropy(logits, token_ids, pad_id):
     return float(losses.mean()), int(real.sum())
 
 
-def _logits(spec, exported, feeds, runtime):
+def _logits(spec, exported, feeds, runtime, table=None, interpreter=None):
     if runtime == "onnx":
-        return run_onnx(exported, feeds, spec.roles)
-    feeds, roles = with_host_rows(spec.model, exported, feeds, spec.roles)
-    return run_interpreter(exported, feeds, roles)
+        feeds, roles = with_host_rows_of(spec.model, onnx_input_names(exported), feeds, spec.roles, table)
+        return run_onnx(exported, feeds, roles)
+    feeds, roles = with_host_rows(spec.model, exported, feeds, spec.roles, table)
+    return run_interpreter(exported, feeds, roles, interpreter=interpreter)
 
 
-def quantization_quality(spec, float_file, quantized_file, token_ids, language_ids=None, *, runtime="tflite"):
+def quantization_quality(spec, float_file, quantized_file, token_ids, language_ids=None, *, runtime="tflite",
+                         quantized_table=None, interpreter=None):
     """The quantized file against the float32 file on held-out rows: losses, greedy agreement, logit error.
 
     Args:
@@ -74,6 +82,9 @@ def quantization_quality(spec, float_file, quantized_file, token_ids, language_i
             `spec.pad_id` (the run's eval split).
         language_ids: as `spec.feeds` needs them.
         runtime: "tflite" or "onnx".
+        quantized_table: the float32 rows an `embedding="host"` quantized file is fed (its
+            table dequantized); the float32 file gets `host_embedding_table(spec.model)`.
+        interpreter: the interpreter class for both files (`quantization.interpreter_for`).
 
     Returns:
         None when the model's output is not next-token logits (`outputs_next_token_logits`),
@@ -86,10 +97,11 @@ def quantization_quality(spec, float_file, quantized_file, token_ids, language_i
         raise ValueError(f"`token_ids` must be an int array [n, {spec.sequence_length}], "
                          f"got shape {token_ids.shape}.")
     feeds = spec.feeds(token_ids, language_ids=language_ids)
-    float_logits = _logits(spec, float_file, feeds, runtime).astype(np.float64)
+    float_logits = _logits(spec, float_file, feeds, runtime, interpreter=interpreter).astype(np.float64)
     if not outputs_next_token_logits(spec, float_logits.shape):
         return None
-    quantized_logits = _logits(spec, quantized_file, feeds, runtime).astype(np.float64)
+    quantized_logits = _logits(spec, quantized_file, feeds, runtime, quantized_table,
+                               interpreter).astype(np.float64)
     loss_float, tokens = next_token_cross_entropy(float_logits, token_ids, spec.pad_id)
     loss_quantized, _ = next_token_cross_entropy(quantized_logits, token_ids, spec.pad_id)
     real = token_ids != spec.pad_id
@@ -111,3 +123,26 @@ def format_quality(quality, max_loss_increase):
             f"{quality['loss_quantized']:.4f} quantized vs {quality['loss_float']:.4f} float32 "
             f"({quality['loss_increase']:+.2%}, limit {max_loss_increase:+.2%}); greedy agreement "
             f"{quality['agreement']:.1%}; max abs logit diff {quality['max_abs_diff']:.3g}")
+
+
+def quality_prompts(eval_token_ids, pad_id, prompt_length, count=4, length=8):
+    """The first `length` real tokens (at most `prompt_length`) of the first `count` held-out rows."""
+    if eval_token_ids is None:
+        return []
+    prompts = []
+    for row in np.asarray(eval_token_ids)[:count]:
+        real = [int(token) for token in row if token != pad_id][:min(length, prompt_length)]
+        if real:
+            prompts.append(real)
+    return prompts
+
+
+def format_generation_quality(quality, max_loss_increase):
+    """The report lines' text of `generation_quality`'s dict."""
+    line = (f"Greedy generation on {quality['prompts']} prompts x {quality['greedy_tokens']} tokens: "
+            f"{'same tokens as' if quality['same_greedy_tokens'] else 'TOKENS DIFFER from'} the float32 "
+            f"file; fed float32's tokens, it picks the same token at {quality['generation_agreement']:.1%} "
+            "of the steps")
+    if "loss_increase" in quality:
+        line += "; " + format_quality(quality, max_loss_increase)
+    return line

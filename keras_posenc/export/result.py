@@ -12,13 +12,18 @@ import os
 
 from keras_posenc import files
 from keras_posenc.export import contract
+from keras_posenc.export.quantization import precision_of
 from keras_posenc.export.targets import target_of
 from keras_posenc.export.verdicts import BACKENDS
 
-__all__ = ["EXPORT_TOLERANCE", "ExportResult"]
+__all__ = ["EXPORT_TOLERANCE", "MIN_GENERATION_AGREEMENT", "ExportResult"]
 
-# The largest parity error accepted per `quantize` mode (int8 weights: reported, not checked).
-EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "dynamic_int8": None}
+# The largest parity error accepted per precision (int8 and int4 weights: reported, not checked;
+# their gate is the held-out loss, `quality.DEFAULT_MAX_LOSS_INCREASE`).
+EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "int8": None, "int4": None}
+# A quantized prefill/decode file whose greedy tokens leave float32's must still pick float32's
+# token at this share of the steps, fed float32's tokens (`quality.generation_quality`).
+MIN_GENERATION_AGREEMENT = 0.95
 
 
 @dataclasses.dataclass
@@ -35,7 +40,8 @@ class ExportResult:
         lines: the report as printable lines (file names as `FILE`, see `report_lines`).
         metadata: the runtime metadata written as `FILE.json`.
         description: what the model files hold, for the `Wrote ...` line.
-        host_table: float32 `[vocab, d_model]` for `embedding="host"`, else None.
+        host_table: for `embedding="host"`, the token table as stored: float32 (or float16)
+            `[vocab, d_model]`, or the int rows of `host_table.quantize_table`; else None.
         suffix: the model file's name ending when it is not the target's (`.litertlm`), else None.
     """
 
@@ -69,17 +75,24 @@ class ExportResult:
         file whose held-out cross-entropy rises above `max_loss_increase`, and with
         `require_gpu` ops that the target's GPU backend does not run."""
         failed = []
-        tolerance = tolerance if tolerance is not None else EXPORT_TOLERANCE[self.quantize]
+        tolerance = tolerance if tolerance is not None else EXPORT_TOLERANCE[precision_of(self.quantize)]
+        quality, limit = self.report.get("quality"), self.report.get("max_loss_increase")
+        agreement = (quality or {}).get("generation_agreement")
         if self.generation and not self.report["same_tokens"]:
-            failed.append("FAILED: the file does not generate what the model generates (greedy tokens "
-                          "differ from CausalLM.generate).")
+            if agreement is None:
+                failed.append("FAILED: the file does not generate what the model generates (greedy tokens "
+                              "differ from CausalLM.generate).")
+            elif not agreement >= MIN_GENERATION_AGREEMENT:
+                failed.append(f"FAILED: the quantized file's greedy tokens differ from float32's, and fed "
+                              f"float32's tokens it picks the same token at {agreement:.1%} of the steps "
+                              f"(at least {MIN_GENERATION_AGREEMENT:.0%} needed).")
         if self.report.get("engine_same_text") is False:
             failed.append("FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
                           "(or did not run the bundle).")
         if tolerance is not None and not self.parity <= tolerance:
             failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
-        quality, limit = self.report.get("quality"), self.report.get("max_loss_increase")
-        if quality is not None and not quality["loss_increase"] <= limit:
+        if quality is not None and limit is not None and "loss_increase" in quality and not (
+                quality["loss_increase"] <= limit):
             failed.append(f"FAILED: the quantized file raises the held-out cross-entropy by "
                           f"{quality['loss_increase']:.2%} ({quality['loss_float']:.4f} -> "
                           f"{quality['loss_quantized']:.4f}), over the limit {limit:.2%}.")
@@ -116,8 +129,12 @@ class ExportResult:
             files.write_bytes(path, content)
         metadata = dict(self.metadata)
         if self.host_table is not None:
-            table = contract.embeddings_path(out)
-            files.save_npy(table, self.host_table)
+            quantized = isinstance(self.host_table, dict)
+            table = contract.embeddings_path(out, quantized=quantized)
+            if quantized:
+                files.save_npz(table, self.host_table)
+            else:
+                files.save_npy(table, self.host_table)
             metadata[keys["embedding_table"]] = os.path.basename(table)
             paths.append(table)
         if len(self.models) > 1:
@@ -136,6 +153,7 @@ class ExportResult:
     def report_lines(self, out):
         """`lines` with the file names of an export to `out` in place of `FILE`."""
         names = {"FILE.embeddings.npy": os.path.basename(contract.embeddings_path(out)),
+                 "FILE.embeddings.npz": os.path.basename(contract.embeddings_path(out, quantized=True)),
                  "--onnx=FILE": f"--onnx={out}"}
         rendered = []
         for line in self.lines:

@@ -13,7 +13,7 @@ import sentencepiece as spm
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import litertlm_bundle
+from keras_posenc.export import litert_python, litertlm_bundle
 from keras_posenc.models import CausalLM
 
 VOCAB = 120
@@ -112,7 +112,7 @@ def test_the_litert_lm_command_line_prints_the_keras_text(bundle, sp_model, edge
 
 
 def test_the_export_command_writes_a_bundle_the_engine_runs(tmp_path, sp_model, edge, capsys, monkeypatch):
-    monkeypatch.setenv(litertlm_bundle.ENGINE_PYTHON_ENV, edge.litertlm_python())
+    monkeypatch.setenv(litert_python.PYTHON_ENV, edge.litertlm_python())
     model = tied_lm(POSITIONS["alibi"])
     save(model, str(tmp_path / "model.keras"))
     (tmp_path / "spm.model").write_bytes(sp_model)
@@ -146,3 +146,45 @@ def test_the_gpu_bundle_runs_fully_on_the_engine_gpu_backend(tmp_path, sp_model,
     assert edge.refusals(log) == [] and "operations will run on the CPU" not in log  # every op on the GPU
     expected, _ = litertlm_bundle.keras_texts(model, sp_model, probes, NEW_TOKENS)
     assert texts == expected
+
+
+def held_out_rows(sp_model, corpus, rows=24):
+    """Corpus lines tokenized as training frames them (BOS + pieces), right-padded to the cache length."""
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    lines = data.read_text_corpus(corpus)[-rows:]
+    ids = [[2] + list(processor.EncodeAsIds(line))[:CACHE_LENGTH - 1] for line in lines]
+    table = [[0] * CACHE_LENGTH for _ in ids]
+    for row, line in zip(table, ids):
+        row[:len(line)] = line
+    return table
+
+
+@pytest.mark.parametrize("target,quantize", [("cpu", "int8"), ("cpu", "int4"), ("gpu", "int8")])
+def test_quantized_bundles_run_on_the_engine_as_on_litert(tmp_path, sp_model, corpus, edge, target, quantize):
+    if is_keras3() and quantize == "int4":
+        pytest.skip("int4 bundles: exported on Keras 2 only (the same LiteRT Quantizer recipe)")
+    model = tied_lm(POSITIONS["rope-yarn"])
+    probes = sessions(sp_model)
+    float32 = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
+                                              cache_length=CACHE_LENGTH, target=target, probes=probes,
+                                              max_new_tokens=NEW_TOKENS, python=edge.litertlm_python(),
+                                              activation="fp32",
+                                              engine_env=edge.lavapipe_environment(str(tmp_path)))
+    result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
+                                             cache_length=CACHE_LENGTH, target=target, probes=probes,
+                                             max_new_tokens=NEW_TOKENS, python=edge.litertlm_python(),
+                                             activation="fp32", engine_env=edge.lavapipe_environment(str(tmp_path)),
+                                             quantize=quantize,
+                                             eval_token_ids=held_out_rows(sp_model, corpus))
+    quality = result.report["quality"]
+    # The engine runs the quantized model as LiteRT's interpreter does (same text).
+    assert result.report["engine_same_text"] is True, result.report["engine"]
+    print(f"{target} {quantize}: bundle {len(result.models[0]) / len(float32.models[0]):.3f}x of float32, loss "
+          f"{quality['loss_increase']:+.2%}, agreement {quality['generation_agreement']:.1%}")
+    assert quality["tokens"] > 200 and quality["loss_float"] > 0
+    assert len(result.models[0]) < len(float32.models[0])
+    if quantize == "int8":
+        assert result.failures() == []
+        assert quality["loss_increase"] <= 0.01
+        assert quality["same_greedy_tokens"] or quality["generation_agreement"] >= 0.95

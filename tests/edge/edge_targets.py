@@ -25,20 +25,41 @@ CASES = {
 KERAS_TOLERANCE = {None: 1e-4, "float16": 2e-2}
 
 
-def train_briefly(model, *, steps=150, length=LENGTH, batch=16, seed=0):
-    """A few Adam steps on a random bigram language, so that the logits look like a real LM's.
+def bigram_language(vocab, seed=0):
+    """`(first, second, rng)`: the successor permutations of `train_briefly`'s bigram language and the
+    generator they were drawn from (which then draws its rows)."""
+    rng = np.random.default_rng(seed)
+    first, second = (np.concatenate([[1], rng.permutation(np.arange(1, vocab))]) for _ in range(2))
+    return first, second, rng
 
-    Each token is followed by its first successor with probability 0.7, by a second one with 0.2
-    and by any token with 0.1 (fixed random permutations): the trained model has a clear winner
-    for most tokens and near-ties only where the language is ambiguous, as a real LM. The logits
-    of an untrained model are no such test: its random head puts the top two within the float16
-    GPU's rounding (3e-3 of max |x|) for about one token in 25, a tie that any runtime decides
-    by rounding. Language ids (if the model takes them) are random per row.
+
+def bigram_rows(language, rng, batch, length=LENGTH):
+    """Rows of a bigram language `(first, second, _)`: each token is followed by its first successor
+    with probability 0.7, by its second with 0.2 and by any token with 0.1; drawn with `rng`."""
+    first, second, _ = language
+    vocab = len(first)
+    ids = np.zeros([batch, length], np.int32)
+    ids[:, 0] = rng.integers(1, vocab, batch)
+    for t in range(1, length):
+        draw = rng.random(batch)
+        ids[:, t] = np.where(draw < 0.7, first[ids[:, t - 1]],
+                             np.where(draw < 0.9, second[ids[:, t - 1]], rng.integers(1, vocab, batch)))
+    return ids
+
+
+def train_briefly(model, *, steps=150, length=LENGTH, batch=16, seed=0):
+    """A few Adam steps on a random bigram language (`bigram_rows`), so that the logits look like a real LM's.
+
+    The trained model has a clear winner for most tokens and near-ties only where the language is
+    ambiguous, as a real LM. The logits of an untrained model are no such test: its random head
+    puts the top two within the float16 GPU's rounding (3e-3 of max |x|) for about one token in
+    25, a tie that any runtime decides by rounding. Language ids (if the model takes them) are
+    random per row.
     """
     vocab = model.encoder_config["vocab_size"]
     languages = model.encoder_config.get("num_languages")
-    rng = np.random.default_rng(seed)
-    first, second = (np.concatenate([[1], rng.permutation(np.arange(1, vocab))]) for _ in range(2))
+    language = bigram_language(vocab, seed)
+    rng = language[2]
     optimizer = keras.optimizers.Adam(1e-2)
 
     @tf.function
@@ -53,12 +74,7 @@ def train_briefly(model, *, steps=150, length=LENGTH, batch=16, seed=0):
         return loss
 
     for _ in range(steps):
-        ids = np.zeros([batch, length], np.int32)
-        ids[:, 0] = rng.integers(1, vocab, batch)
-        for t in range(1, length):
-            draw = rng.random(batch)
-            ids[:, t] = np.where(draw < 0.7, first[ids[:, t - 1]],
-                                 np.where(draw < 0.9, second[ids[:, t - 1]], rng.integers(1, vocab, batch)))
+        ids = bigram_rows(language, rng, batch, length)
         language_ids = np.repeat(rng.integers(0, languages or 1, [batch, 1]), length, axis=1).astype(np.int32)
         step(tf.constant(ids), tf.constant(language_ids))
     return model

@@ -1,0 +1,294 @@
+"""Quantized exports: which quantizer, with which recipe, for each target, file kind and precision.
+
+`--quantize float16 | int8 | int4` (`dynamic_int8` is the older name of int8). Every
+quantization is done by a maintained quantizer, chosen per target by measurement
+(benchmarks/RESULTS.md, "Quantized exports"); `RECIPES` is the one table of those choices, and a
+combination a runtime cannot run is refused there, by `recipe_for`, before anything is converted:
+
+- TFLite files, float16 and int8: the TFLite converter (`Optimize.DEFAULT`; float16 weights, or
+  int8 dynamic-range weights: per channel for CONV_2D, per tensor for FULLY_CONNECTED,
+  EMBEDDING_LOOKUP and GATHER, float32 activations). LiteRT's GPU accelerator and the GL delegate
+  run the int8 files fully on the GPU (dequantizing the weights), XNNPACK runs them with integer
+  kernels, and TFLite 2.12 (Jetson's tflite-runtime) reads them. LiteRT Quantizer's int8 files
+  are larger (a scale and an int64 zero point per output channel of every matrix) and
+  TFLite 2.12 computes them wrong.
+- TFLite files, int4: LiteRT Quantizer (the only quantizer with 4-bit weights): FULLY_CONNECTED
+  weights in blocks of 32 (XNNPACK's blockwise kernels) and the token table's EMBEDDING_LOOKUP
+  per row on `cpu`; per output channel on `gpu` (LiteRT's GPU accelerator runs 4-bit
+  CONV_2D/FULLY_CONNECTED). Its files need LiteRT 2.x (ai-edge-litert, or TensorFlow >= 2.21's
+  interpreter): TFLite 2.12 does not run 4-bit weights. The GL delegate refuses them
+  ("TfLiteGpuDelegate failed to prepare"): int4 on `gl` is refused.
+- ONNX (`tensorrt`): onnxruntime's float16 conversion (float32 inputs and outputs kept) and its
+  static QDQ int8 quantization (TensorRT's explicit-quantization format, calibrated on real rows).
+  Its 4-bit quantizer (weight-only QDQ) quantizes MatMul weights only, so int4 is refused there.
+
+The host embedding table of an `embedding="host"` export takes the same precision
+(`keras_posenc.export.host_table`).
+"""
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc.export import host_table
+from keras_posenc.export.litert_python import INSTALL_HINT, RemoteRuntime, run_script, runtime_python
+
+__all__ = ["ALIASES", "KINDS", "LITERT_QUANTIZER", "PRECISIONS", "QUANTIZE_MODES", "RECIPES", "Recipe",
+           "TFLITE_CONVERTER", "interpreter_for", "precision_of", "quantize_onnx", "quantize_tflite",
+           "recipe_for",
+           "stored_host_table"]
+
+PRECISIONS = ("float16", "int8", "int4")
+ALIASES = {"dynamic_int8": "int8"}
+QUANTIZE_MODES = (None, *PRECISIONS, *ALIASES)
+# The file kinds: a fixed window, the prefill/decode file, the model of a .litertlm bundle.
+KINDS = ("window", "prefill_decode", "litertlm")
+
+TFLITE_CONVERTER = "TFLite converter"
+LITERT_QUANTIZER = "LiteRT Quantizer 0.11"
+ONNXRUNTIME = "onnxruntime.quantization"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How one precision is made for one target and file kind.
+
+    Attributes:
+        precision: "float16", "int8" or "int4".
+        tool: the quantizer (`TFLITE_CONVERTER`, `LITERT_QUANTIZER`, `ONNXRUNTIME`).
+        weights: what the file stores, in words (reports and FILE.json).
+        configs: LiteRT Quantizer's dynamic configs `((op, bits, granularity), ...)`.
+        host_bits: the host embedding table's precision: 16 (float16), 8, 4, or None (float32).
+        runtime: what runs the file correctly: "tflite" (TFLite 2.12 and later), "litert"
+            (LiteRT 2.x: ai-edge-litert, TensorFlow >= 2.21), "onnxruntime".
+    """
+
+    precision: str
+    tool: str
+    weights: str
+    configs: tuple = ()
+    host_bits: object = None
+    runtime: str = "tflite"
+
+    def configure(self, converter):
+        """Sets the TFLite converter's options for a `TFLITE_CONVERTER` recipe (else nothing)."""
+        if self.tool != TFLITE_CONVERTER:
+            return
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if self.precision == "float16":
+            converter.target_spec.supported_types = [tf.float16]
+
+    @property
+    def needs_litert_python(self):
+        """LiteRT Quantizer makes the file, or only LiteRT 2.x checks it and this Python lacks it."""
+        return self.tool == LITERT_QUANTIZER or (self.runtime == "litert" and not _litert_in_process())
+
+    def describe(self):
+        """`{"precision", "tool", "weights", "runtime"}`: what FILE.json records of the recipe."""
+        return {"precision": self.precision, "tool": self.tool, "weights": self.weights,
+                "runtime": self.runtime}
+
+
+_FLOAT16 = Recipe("float16", TFLITE_CONVERTER, "float16 weights, float32 compute", host_bits=16)
+_INT8 = Recipe("int8", TFLITE_CONVERTER, "int8 weights (dynamic range: per channel for CONV_2D, per tensor "
+                                         "otherwise), float32 activations", host_bits=8)
+# The same recipe on the shader graphs of `gpu` and `gl`: the GPU delegates run them, but TFLite
+# 2.12's CPU kernels compute some of their hybrid CONV_2D wrong (logits of 1e14 for the demo's
+# `gl` window and `gpu` prefill/decode files, where LiteRT 2.x agrees with float32 to 0.3).
+_INT8_SHADER = dataclasses.replace(_INT8, runtime="litert")
+_INT4_CPU = Recipe("int4", LITERT_QUANTIZER, "int4 weights: FULLY_CONNECTED in blocks of 32, the token table "
+                                             "(EMBEDDING_LOOKUP) per row; float32 activations",
+                   configs=(("FULLY_CONNECTED", 4, "BLOCKWISE_32"), ("EMBEDDING_LOOKUP", 4, "CHANNELWISE")),
+                   host_bits=4, runtime="litert")
+_INT4_GPU = Recipe("int4", LITERT_QUANTIZER, "int4 weights per output channel (CONV_2D, FULLY_CONNECTED); "
+                                             "float32 activations",
+                   configs=(("FULLY_CONNECTED", 4, "CHANNELWISE"), ("CONV_2D", 4, "CHANNELWISE")),
+                   host_bits=4, runtime="litert")
+_ONNX_FLOAT16 = Recipe("float16", ONNXRUNTIME, "float16 weights and compute, float32 inputs and outputs",
+                       host_bits=16, runtime="onnxruntime")
+_ONNX_INT8 = Recipe("int8", ONNXRUNTIME, "int8 QDQ: weights per channel (MatMul, Gemm, Gather), activations "
+                                         "per tensor, calibrated on the parity rows", host_bits=8,
+                    runtime="onnxruntime")
+_ONNX_INT4 = ("onnxruntime's 4-bit quantizer (weight-only QDQ, TensorRT's int4 form) takes MatMul weights "
+              "only: the Gemm kernels and the token table (Gather) stay float32, and the demo's file is "
+              "0.68x of float32; use --quantize int8")
+
+_GL_INT4 = ("the GL delegate does not run 4-bit weights (TfLiteGpuDelegate \"failed to prepare\" on "
+            "LiteRT Quantizer's int4 files): use --quantize int8 on gl, or --target gpu")
+_NO_INT4_CPU_GENERATION = ("LiteRT Quantizer's int4 prefill/decode file does not run (TFLite "
+                           "\"fully_connected.cc: input->type != kTfLiteFloat32 (INT8 != FLOAT32)\"): use "
+                           "--quantize int8, or the int4 .litertlm bundle (--format litertlm)")
+_NO_INT4_GPU_GENERATION = ("LiteRT Quantizer's int4 weights break the shader prefill/decode graph's constant "
+                           "matrices (prefill logits of 1e7 on LiteRT 2.3): use --quantize int8")
+
+RECIPES = {
+    ("cpu", "window"): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
+    ("gpu", "window"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _INT4_GPU},
+    ("gl", "window"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _GL_INT4},
+    ("tensorrt", "window"): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
+    ("cpu", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8, "int4": _NO_INT4_CPU_GENERATION},
+    ("gpu", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
+    ("gl", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _GL_INT4},
+    ("tensorrt", "prefill_decode"): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
+    ("cpu", "litertlm"): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
+    ("gpu", "litertlm"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
+}
+
+
+def precision_of(quantize):
+    """The precision a `quantize` value names (None: float32); ValueError naming the choices.
+
+    Example:
+
+    >>> precision_of("dynamic_int8"), precision_of(None)
+    ('int8', None)
+    >>> precision_of("int2")  # doctest: +NORMALIZE_WHITESPACE
+    Traceback (most recent call last):
+        ...
+    ValueError: `quantize` must be one of (None, 'float16', 'int8', 'int4', 'dynamic_int8'),
+    got quantize='int2'.
+    """
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(f"`quantize` must be one of {QUANTIZE_MODES}, got quantize={quantize!r}.")
+    return ALIASES.get(quantize, quantize)
+
+
+def recipe_for(target, quantize, kind="window", *, litert_python=None):
+    """The `Recipe` of `quantize` for `target` and file `kind`, None for float32.
+
+    Refused combinations raise before any conversion: a precision the target's runtime cannot
+    run, or a LiteRT Quantizer recipe without the LiteRT Python (`litert_python.INSTALL_HINT`).
+
+    Raises:
+        ValueError: naming the target, the precision and why.
+    """
+    precision = precision_of(quantize)
+    if precision is None:
+        return None
+    name = getattr(target, "name", target)
+    recipes = RECIPES.get((name, kind))
+    if recipes is None:
+        raise ValueError(f"--quantize {quantize} is not available for a {kind} export of target={name!r}.")
+    recipe = recipes[precision]
+    if isinstance(recipe, str):
+        raise ValueError(f"--quantize {quantize} is refused for target={name!r}: {recipe}.")
+    if recipe.needs_litert_python and runtime_python(litert_python, module="litert_quantizer") is None:
+        needs = (f"is made by {recipe.tool}" if recipe.tool == LITERT_QUANTIZER else
+                 "is checked by ai-edge-litert's interpreter (TFLite 2.12 computes it wrong)")
+        raise ValueError(f"--quantize {quantize} on target={name!r} {needs}, which is not installed here: "
+                         f"{INSTALL_HINT}.")
+    return recipe
+
+
+def quantize_tflite(flat, recipe, *, litert_python=None, timeout=900):
+    """A float32 `.tflite` quantized by `recipe` (LiteRT Quantizer recipes; others return `flat`).
+
+    LiteRT Quantizer runs in the LiteRT Python (`litert_runtime.py quantize`), which also puts
+    every buffer inside the flatbuffer and shares identical buffers.
+
+    Raises:
+        RuntimeError: the quantizer failed (its last log lines in the message).
+    """
+    if recipe is None or recipe.tool != LITERT_QUANTIZER:
+        return flat
+    python = runtime_python(litert_python, module="litert_quantizer")
+    with tempfile.TemporaryDirectory(prefix="keras_posenc_quantize_") as folder:
+        source, out = os.path.join(folder, "float.tflite"), os.path.join(folder, "quantized.tflite")
+        with open(source, "wb") as f:
+            f.write(bytes(flat))
+        run_script(python, "litert_runtime.py", "quantize",
+                   {"model": source, "out": out, "configs": [list(c) for c in recipe.configs]}, timeout)
+        with open(out, "rb") as f:
+            return f.read()
+
+
+def stored_host_table(table, recipe):
+    """The host token table as an export of `recipe` stores it (float32 without a recipe).
+
+    float16 exports keep float16 rows; int8 and int4 exports the int rows of
+    `host_table.quantize_table`.
+    """
+    bits = None if recipe is None else recipe.host_bits
+    if bits is None:
+        return np.asarray(table, np.float32)
+    if bits == 16:
+        return np.asarray(table, np.float16)
+    return host_table.quantize_table(table, bits)
+
+
+@contextlib.contextmanager
+def interpreter_for(recipe, litert_python=None):
+    """The interpreter class that runs `recipe`'s files correctly (a context: a server may be started).
+
+    None (the default interpreter) unless the recipe needs LiteRT 2.x and this Python has only
+    TensorFlow's older interpreter: then ai-edge-litert's `Interpreter` in the LiteRT Python
+    (`litert_python.RemoteRuntime`).
+    """
+    if recipe is None or recipe.runtime != "litert" or _litert_in_process():
+        yield None
+        return
+    with RemoteRuntime(runtime_python(litert_python, module="litert_quantizer")) as runtime:
+        yield runtime.interpreter
+
+
+def _litert_in_process():
+    try:
+        import ai_edge_litert.interpreter  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def quantize_onnx(model_bytes, recipe, calibration=()):
+    """A float32 ONNX model in `recipe`'s precision (None: as it is), by onnxruntime's tools.
+
+    float16: `onnxruntime.transformers.float16` (float32 inputs and outputs kept). int8:
+    `quant_pre_process` (constant folding: the attention kernels become Gemm initializers), then
+    `quantize_static` in QDQ form (int8 weights per channel, activations per tensor, symmetric),
+    calibrated on `calibration`.
+
+    Args:
+        model_bytes: the serialized float32 `ModelProto`.
+        recipe: an ONNX `Recipe` of `RECIPES`, or None.
+        calibration: int8 only: feed dicts `{input name: array}` of real rows, which calibrate the
+            activations' scales.
+
+    Returns:
+        The serialized model.
+    """
+    if recipe is None:
+        return model_bytes
+    import onnx
+
+    model = onnx.load_from_string(bytes(model_bytes))
+    if recipe.precision == "float16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        return convert_float_to_float16(model, keep_io_types=True).SerializeToString()
+    from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
+
+    with tempfile.TemporaryDirectory(prefix="keras_posenc_quantize_") as folder:
+        source, folded, out = (os.path.join(folder, name)
+                               for name in ("float.onnx", "folded.onnx", "int8.onnx"))
+        onnx.save(model, source)
+        quant_pre_process(source, folded, skip_symbolic_shape=True)
+        quantize_static(folded, out, _Calibration(calibration), quant_format=QuantFormat.QDQ,
+                        per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul", "Gemm", "Gather"],
+                        extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": True})
+        with open(out, "rb") as f:
+            return f.read()
+
+
+class _Calibration:
+    """onnxruntime's `CalibrationDataReader` over a list of feed dicts."""
+
+    def __init__(self, feeds):
+        self.feeds = iter(list(feeds))
+
+    def get_next(self):
+        return next(self.feeds, None)
