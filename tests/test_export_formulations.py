@@ -25,7 +25,11 @@ PACKAGE = ROOT / "keras_posenc"
 WING = sorted((PACKAGE / "export").glob("*.py"))
 # Not Keras: TF 2.12's TFLiteConverter has only this private switch for what TF >= 2.16 calls
 # `unfold_batchmatmul` (the gpu target keeps BATCH_MATMUL); it is set only where the public one is missing.
-ALLOWED = {"export/conversion.py": ["converter._experimental_disable_batchmatmul_unfold"]}
+# TF 2.21's converter has no public switch for per-tensor FULLY_CONNECTED int8 weights, the op version
+# the GL delegate runs (quantization.Recipe.dense_per_tensor; TF 2.12 writes them per tensor anyway).
+ALLOWED = {"export/conversion.py": ["converter._experimental_disable_batchmatmul_unfold"],
+           "export/quantization.py": [
+               "converter._experimental_disable_per_channel_quantization_for_dense_layers"]}
 
 
 def _foreign_writes(tree):

@@ -65,6 +65,9 @@ class Recipe:
         host_bits: the host embedding table's precision: 16 (float16), 8, 4, or None (float32).
         runtime: what runs the file correctly: "tflite" (TFLite 2.12 and later), "litert"
             (LiteRT 2.x: ai-edge-litert, TensorFlow >= 2.21), "onnxruntime".
+        dense_per_tensor: bool, FULLY_CONNECTED weights get one scale (TF 2.12's converter
+            always does; TF 2.21's gives one per output channel, an op version the GL delegate
+            refuses: "FULLY_CONNECTED: Max version supported: 9. Requested version 12.").
     """
 
     precision: str
@@ -73,6 +76,7 @@ class Recipe:
     configs: tuple = ()
     host_bits: object = None
     runtime: str = "tflite"
+    dense_per_tensor: bool = False
 
     def configure(self, converter):
         """Sets the TFLite converter's options for a `TFLITE_CONVERTER` recipe (else nothing)."""
@@ -81,6 +85,9 @@ class Recipe:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         if self.precision == "float16":
             converter.target_spec.supported_types = [tf.float16]
+        switch = "_experimental_disable_per_channel_quantization_for_dense_layers"  # TF >= 2.13, private
+        if self.dense_per_tensor and hasattr(converter, switch):
+            converter._experimental_disable_per_channel_quantization_for_dense_layers = True
 
     @property
     def needs_litert_python(self):
@@ -95,11 +102,13 @@ class Recipe:
 
 _FLOAT16 = Recipe("float16", TFLITE_CONVERTER, "float16 weights, float32 compute", host_bits=16)
 _INT8 = Recipe("int8", TFLITE_CONVERTER, "int8 weights (dynamic range: per channel for CONV_2D, per tensor "
-                                         "otherwise), float32 activations", host_bits=8)
+                                         "or channel for FULLY_CONNECTED as the converter chooses), float32 "
+                                         "activations", host_bits=8)
 # The same recipe on the shader graphs of `gpu` and `gl`: the GPU delegates run them, but TFLite
 # 2.12's CPU kernels compute some of their hybrid CONV_2D wrong (logits of 1e14 for the demo's
 # `gl` window and `gpu` prefill/decode files, where LiteRT 2.x agrees with float32 to 0.3).
 _INT8_SHADER = dataclasses.replace(_INT8, runtime="litert")
+_INT8_GL = dataclasses.replace(_INT8_SHADER, dense_per_tensor=True)
 _INT4_CPU = Recipe("int4", LITERT_QUANTIZER, "int4 weights: FULLY_CONNECTED in blocks of 32, the token table "
                                              "(EMBEDDING_LOOKUP) per row; float32 activations",
                    configs=(("FULLY_CONNECTED", 4, "BLOCKWISE_32"), ("EMBEDDING_LOOKUP", 4, "CHANNELWISE")),
@@ -128,11 +137,11 @@ _NO_INT4_GPU_GENERATION = ("LiteRT Quantizer's int4 weights break the shader pre
 RECIPES = {
     ("cpu", "window"): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
     ("gpu", "window"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _INT4_GPU},
-    ("gl", "window"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _GL_INT4},
+    ("gl", "window"): {"float16": _FLOAT16, "int8": _INT8_GL, "int4": _GL_INT4},
     ("tensorrt", "window"): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
     ("cpu", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8, "int4": _NO_INT4_CPU_GENERATION},
     ("gpu", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
-    ("gl", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _GL_INT4},
+    ("gl", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8_GL, "int4": _GL_INT4},
     ("tensorrt", "prefill_decode"): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
     ("cpu", "litertlm"): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
     ("gpu", "litertlm"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
@@ -249,7 +258,7 @@ def quantize_onnx(model_bytes, recipe, calibration=()):
     float16: `onnxruntime.transformers.float16` (float32 inputs and outputs kept). int8:
     `quant_pre_process` (constant folding: the attention kernels become Gemm initializers), then
     `quantize_static` in QDQ form (int8 weights per channel, activations per tensor, symmetric),
-    calibrated on `calibration`.
+    calibrated on `calibration`, with short tensor names (`_short_names`).
 
     Args:
         model_bytes: the serialized float32 `ModelProto`.
@@ -280,8 +289,34 @@ def quantize_onnx(model_bytes, recipe, calibration=()):
                         per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
                         op_types_to_quantize=["MatMul", "Gemm", "Gather"],
                         extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": True})
-        with open(out, "rb") as f:
-            return f.read()
+        quantized = onnx.load(out)
+    return _short_names(quantized).SerializeToString()
+
+
+def _short_names(model):
+    """`model` with every value and node named by its index (`v12`, `n7`); inputs and outputs keep theirs.
+
+    onnxruntime's quantizer names each tensor it adds after the float tensor it quantizes (a
+    third of the int8 demo file was names); runtimes read none of them.
+    """
+    graph = model.graph
+    kept = {value.name for value in list(graph.input) + list(graph.output)}
+    names = {}
+
+    def short(name):
+        if not name or name in kept:
+            return name
+        return names.setdefault(name, f"v{len(names)}")
+
+    for initializer in graph.initializer:
+        initializer.name = short(initializer.name)
+    for index, node in enumerate(graph.node):
+        node.name = f"n{index}"
+        node.input[:] = [short(name) for name in node.input]
+        node.output[:] = [short(name) for name in node.output]
+    for value in graph.value_info:
+        value.name = short(value.name)
+    return model
 
 
 class _Calibration:

@@ -174,14 +174,15 @@ def test_quantized_bundles_run_on_the_engine_as_on_litert(tmp_path, sp_model, co
     result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
                                              cache_length=CACHE_LENGTH, target=target, probes=probes,
                                              max_new_tokens=NEW_TOKENS, python=edge.litertlm_python(),
-                                             activation="fp32", engine_env=edge.lavapipe_environment(str(tmp_path)),
-                                             quantize=quantize,
+                                             activation="fp32", quantize=quantize,
+                                             engine_env=edge.lavapipe_environment(str(tmp_path)),
                                              eval_token_ids=held_out_rows(sp_model, corpus))
     quality = result.report["quality"]
     # The engine runs the quantized model as LiteRT's interpreter does (same text).
     assert result.report["engine_same_text"] is True, result.report["engine"]
-    print(f"{target} {quantize}: bundle {len(result.models[0]) / len(float32.models[0]):.3f}x of float32, loss "
-          f"{quality['loss_increase']:+.2%}, agreement {quality['generation_agreement']:.1%}")
+    ratio = len(result.models[0]) / len(float32.models[0])
+    print(f"{target} {quantize}: bundle {ratio:.3f}x of float32, loss {quality['loss_increase']:+.2%}, "
+          f"agreement {quality['generation_agreement']:.1%}")
     assert quality["tokens"] > 200 and quality["loss_float"] > 0
     assert len(result.models[0]) < len(float32.models[0])
     if quantize == "int8":
