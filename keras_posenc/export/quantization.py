@@ -6,12 +6,15 @@ quantization is done by a maintained quantizer, chosen per target by measurement
 combination a runtime cannot run is refused there, by `recipe_for`, before anything is converted:
 
 - TFLite files, float16 and int8: the TFLite converter (`Optimize.DEFAULT`; float16 weights, or
-  int8 dynamic-range weights: per channel for CONV_2D, per tensor for FULLY_CONNECTED,
-  EMBEDDING_LOOKUP and GATHER, float32 activations). LiteRT's GPU accelerator and the GL delegate
-  run the int8 files fully on the GPU (dequantizing the weights), XNNPACK runs them with integer
-  kernels, and TFLite 2.12 (Jetson's tflite-runtime) reads them. LiteRT Quantizer's int8 files
-  are larger (a scale and an int64 zero point per output channel of every matrix) and
-  TFLite 2.12 computes them wrong.
+  int8 dynamic-range weights, float32 activations: per output channel for CONV_2D; per tensor for
+  FULLY_CONNECTED and the token table on TF 2.12, per channel on TF 2.21 except on `gl`, whose
+  delegate refuses that op version). LiteRT's GPU accelerator runs the int8 `gpu` file fully on
+  the GPU and the GL delegate the `gl` file (both dequantize the weights), XNNPACK runs them with
+  integer kernels, and TFLite 2.12 (Jetson's tflite-runtime) computes the `cpu` file right (not
+  the shader graphs of `gpu`/`gl`: `Recipe.runtime`). LiteRT Quantizer's int8 files were larger
+  (a float scale and an int64 zero point per output channel: +12 bytes a row of the demo's
+  64-wide head, 0.35-0.39x of float32 where the converter's are 0.31-0.34x) and TFLite 2.12
+  computes them wrong.
 - TFLite files, int4: LiteRT Quantizer (the only quantizer with 4-bit weights): FULLY_CONNECTED
   weights in blocks of 32 (XNNPACK's blockwise kernels) and the token table's EMBEDDING_LOOKUP
   per row on `cpu`; per output channel on `gpu` (LiteRT's GPU accelerator runs 4-bit
@@ -37,10 +40,9 @@ import tensorflow as tf
 from keras_posenc.export import host_table
 from keras_posenc.export.litert_python import INSTALL_HINT, RemoteRuntime, run_script, runtime_python
 
-__all__ = ["ALIASES", "KINDS", "LITERT_QUANTIZER", "PRECISIONS", "QUANTIZE_MODES", "RECIPES", "Recipe",
-           "TFLITE_CONVERTER", "interpreter_for", "precision_of", "quantize_onnx", "quantize_tflite",
-           "recipe_for",
-           "stored_host_table"]
+__all__ = ["ALIASES", "KINDS", "LITERT_QUANTIZER", "ONNXRUNTIME", "PRECISIONS", "QUANTIZE_MODES",
+           "RECIPES", "Recipe", "TFLITE_CONVERTER", "interpreter_for", "precision_of", "quantize_onnx",
+           "quantize_tflite", "recipe_for", "stored_host_table"]
 
 PRECISIONS = ("float16", "int8", "int4")
 ALIASES = {"dynamic_int8": "int8"}
