@@ -1,4 +1,4 @@
-"""`--quantize float16 | int8 | int4`: the recipe table, refusals before conversion, host rows, the generation gate.
+"""`--quantize float16 | int8 | int4`: the recipe table, refusals before conversion, host rows, generation.
 
 The runtimes' own checks (LiteRT's GPU accelerator, the GL delegate, LiteRT-LM's engine, int4 on
 XNNPACK, onnxruntime) are in tests/edge/edge_quantize.py; these run the TFLite-converter recipes
@@ -82,7 +82,8 @@ def test_precisions_and_the_older_name():
     ("gpu", "int4", "litertlm", "constant matrices"),
 ])
 def test_refused_combinations_name_the_target_precision_and_reason(target, quantize, kind, reason):
-    with pytest.raises(ValueError, match=f"--quantize {quantize} is refused for target='{target}': .*{reason}"):
+    match = f"--quantize {quantize} is refused for target='{target}': .*{reason}"
+    with pytest.raises(ValueError, match=match):
         quantization.recipe_for(target, quantize, kind)
 
 
@@ -105,8 +106,9 @@ def test_litert_quantizer_recipes_need_the_litert_python(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     if export.litert_python.runtime_python(module="litert_quantizer") is not None:
         pytest.skip("litert-quantizer is importable in this Python")
-    with pytest.raises(ValueError, match="--quantize int4 on target='cpu' is made by LiteRT Quantizer 0.11, which "
-                                         "is not installed here: .*pip install .*litert-quantizer==0.11.0"):
+    match = ("--quantize int4 on target='cpu' is made by LiteRT Quantizer 0.11, which is not installed here: "
+             ".*pip install .*litert-quantizer==0.11.0")
+    with pytest.raises(ValueError, match=match):
         quantization.recipe_for("cpu", "int4")
     recipe = quantization.RECIPES[("gl", "window")]["int8"]
     assert recipe.tool == quantization.TFLITE_CONVERTER and recipe.runtime == "litert"
@@ -142,8 +144,8 @@ def test_host_rows_are_symmetric_codes_with_a_scale_per_block(bits, block):
     np.testing.assert_allclose(rows, _reference_rows(table, bits, block), rtol=0, atol=1e-6)
     assert np.all(rows[3] == 0) and np.all(stored["scales"][3] == 1.0)
     peak = np.abs(table).reshape(50, -1, block).max(axis=-1)  # the error is at most half a step
-    assert np.all(np.abs(rows - table).reshape(50, -1, block).max(axis=-1) <= peak / (127 if bits == 8 else 7) / 2
-                  + 1e-6)
+    half_step = peak / (127 if bits == 8 else 7) / 2
+    assert np.all(np.abs(rows - table).reshape(50, -1, block).max(axis=-1) <= half_step + 1e-6)
     ids = np.array([[7, 3], [49, 0]])
     np.testing.assert_array_equal(host_table.dequantize_rows(stored, ids), rows[ids])
     expected_bytes = 50 * 64 * bits // 8 + 50 * (64 // block) * 4 + 8
@@ -173,14 +175,17 @@ def test_the_kit_reads_the_rows_the_exporter_wrote(tmp_path, bits):
     metadata = {"embedding_table": os.path.basename(table),
                 "files": {os.path.basename(table): contract.file_record(table)}}
     (tmp_path / "export.json").write_text(json.dumps({"contract": contract.document(), "metadata": metadata}))
-    script = ("import json, sys, numpy as np; sys.path.insert(0, sys.argv[1]); import kit_contract, kit_embeddings; "
-              "spec = json.load(open(sys.argv[2])); folder = sys.argv[3]; "
+    script = ("import json, sys, numpy as np; sys.path.insert(0, sys.argv[1]); "
+              "import kit_contract, kit_embeddings; spec = json.load(open(sys.argv[2])); "
+              "folder = sys.argv[3]; "
               "export = kit_contract.Export(folder + '/m.tflite', spec['contract'], spec['metadata']); "
-              "np.save(folder + '/rows.npy', kit_embeddings.HostTable(export).rows(np.load(folder + '/ids.npy')))")
+              "table = kit_embeddings.HostTable(export); "
+              "np.save(folder + '/rows.npy', table.rows(np.load(folder + '/ids.npy')))")
     done = subprocess.run([sys.executable, "-c", script, KIT, str(tmp_path / "export.json"), str(tmp_path)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    np.testing.assert_array_equal(np.load(str(tmp_path / "rows.npy")), host_table.dequantize_rows(stored, ids))
+    expected = host_table.dequantize_rows(stored, ids)
+    np.testing.assert_array_equal(np.load(str(tmp_path / "rows.npy")), expected)
 
 
 # Window exports with the TFLite converter (in-process) -----------------------------------------------
@@ -268,9 +273,9 @@ def test_quantized_generation_passes_with_the_same_tokens_or_the_agreement(same,
     failures = ExportResult("cpu", "int8", "graph", (b"",), report, [], {}).failures()
     assert bool(failures) == failed
     if failed and agreement is not None:
-        assert failures == [f"FAILED: the quantized file's greedy tokens differ from float32's, and fed float32's "
-                            f"tokens it picks the same token at {agreement:.1%} of the steps (at least 95% "
-                            "needed)."]
+        assert failures == [f"FAILED: the quantized file's greedy tokens differ from float32's, and fed "
+                            f"float32's tokens it picks the same token at {agreement:.1%} of the steps (at "
+                            "least 95% needed)."]
 
 
 # The command line --------------------------------------------------------------------------------
@@ -285,8 +290,8 @@ def test_the_command_refuses_a_combination_in_one_line(tmp_path, lm, capsys):
     assert status == 2 and len(error) == 1
     assert "--quantize int4 is refused for target='gl'" in error[0]
     assert not os.path.exists(str(tmp_path / "x.tflite"))
-    status = cli.main(["export", path, "--out", str(tmp_path / "g.tflite"), "--generate", "--cache-length", "16",
-                       "--target", "cpu", "--quantize", "int8", "--litertlm-python", sys.executable])
+    status = cli.main(["export", path, "--out", str(tmp_path / "g.tflite"), "--generate", "--cache-length",
+                       "16", "--target", "cpu", "--quantize", "int8", "--litertlm-python", sys.executable])
     printed = capsys.readouterr().out
     assert status == 0, printed
     metadata = json.load(open(str(tmp_path / "g.tflite.json")))
@@ -301,8 +306,9 @@ def test_the_kit_refuses_a_litert_only_file_on_an_older_interpreter(tmp_path, lm
     metadata = json.load(open(out + ".json"))
     metadata["quantization"]["runtime"] = "litert"  # as a gl/gpu int8 or an int4 file says
     json.dump(metadata, open(out + ".json", "w"))
-    done = subprocess.run([sys.executable, os.path.join(KIT, "run_tflite.py"), out, "--runtime", "interpreter",
-                           "--iterations", "1", "--warmup", "0"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, os.path.join(KIT, "run_tflite.py"), out, "--runtime",
+                           "interpreter", "--iterations", "1", "--warmup", "0"], capture_output=True,
+                          text=True)
     if is_keras3():  # TensorFlow 2.21's interpreter computes them right
         assert done.returncode == 0, done.stderr
     else:

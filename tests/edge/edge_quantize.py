@@ -1,4 +1,4 @@
-"""Quantized exports on the runtimes that run them: LiteRT's GPU accelerator, GL delegate, XNNPACK, onnxruntime.
+"""Quantized exports on the runtimes that run them: LiteRT's GPU accelerator, GL delegate, XNNPACK, ORT.
 
 A demo-size model trained briefly on a bigram language (`edge_targets.train_briefly`), exported
 in int8 / int4 / float16 with its quality gate (held-out rows of the same language), then each file
