@@ -160,3 +160,17 @@ def test_int8_prefill_decode_runs_on_the_gpu_runtimes_with_the_keras_tokens(trai
             assert gl.returncode == 0 and edge.refusals(gl.log) == [], gl.log[-3000:]
             ids = gl.output[0]
         assert ids == keras_ids, target
+
+
+def test_int8_tensorrt_prefill_decode_keeps_the_keras_tokens_on_onnxruntime(trained, held_out, edge):
+    """The two ONNX models quantized to int8 QDQ, calibrated on the float32 models' own greedy runs."""
+    from edge_generate import NEW_TOKENS, PROMPT
+
+    result = export.export_generation(trained, prompt_length=16, cache_length=LENGTH, target="tensorrt",
+                                      quantize="int8", eval_token_ids=held_out)
+    assert result.failures() == [], result.lines
+    quality = result.report["quality"]
+    assert quality["loss_increase"] <= 0.01 and quality["generation_agreement"] >= 0.95
+    session = generator.OnnxSession(*result.models)
+    ids, _ = generator.greedy_generate(session, PROMPT, NEW_TOKENS)
+    assert ids == trained.generate(PROMPT, NEW_TOKENS).ids[0].tolist()
