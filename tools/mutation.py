@@ -6,14 +6,15 @@
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --survivors  # re-test its survivors
     python tools/mutation.py --list                                       # the modules configured
 
-tools/mutation.toml names, per module, the test files that cover it and the surviving mutants that
-are equivalent (with the reason). The run happens in a copy of the package and the tests,
-.cache/mutation/<module>/ (mutmut then mutates its own copy, mutants/, inside it): TensorFlow's
-autograph re-reads source files while it traces, so nothing the tool writes may touch the checkout.
-mutmut runs with one worker (`--max-children 1`), each mutant against only the configured tests that
-executed the mutated function. `--resume` and `--survivors` keep the work dir and its results (the
-module must be unchanged since), copy the current tests into it and run the mutants not yet tested,
-or again the ones that survived (after tests were added).
+tools/mutation.toml names, per module, the test files that cover it (or single tests,
+`tests/test_x.py::test_name`, where a file's other tests are too slow to run per mutant) and the
+surviving mutants that are equivalent (with the reason). The run happens in a copy of the package
+and the tests, .cache/mutation/<module>/ (mutmut then mutates its own copy, mutants/, inside it):
+TensorFlow's autograph re-reads source files while it traces, so nothing the tool writes may touch
+the checkout. mutmut runs with one worker (`--max-children 1`), each mutant against only the
+configured tests that executed the mutated function. `--resume` and `--survivors` keep the work dir
+and its results (the module must be unchanged since), copy the current tests into it and run the
+mutants not yet tested, or again the ones that survived (after tests were added).
 
 The report: killed (timeouts count as killed), survived, no tests (mutants in code that no
 configured test runs: counted as survivors), equivalent, not run yet (an interrupted run), and the
@@ -58,15 +59,16 @@ def prepare(module, entry):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "keras_posenc", work / "keras_posenc", ignore=ignore)
     shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    shutil.copytree(ROOT / "export", work / "export", ignore=ignore)  # the device kit, which tests run
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(ROOT / "setup.cfg")
-    missing = [t for t in entry["tests"] if not (ROOT / t).is_file()]
+    missing = [t for t in entry["tests"] if not (ROOT / t.split("::")[0]).is_file()]
     if missing:
         sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module}: no such test file: {', '.join(missing)}")
     cfg["mutmut"] = {
         "source_paths": "keras_posenc",
         "only_mutate": module,
-        "also_copy": "\ntests\nsetup.cfg",
+        "also_copy": "\ntests\nexport\nsetup.cfg",
         "pytest_add_cli_args_test_selection": "\n" + "\n".join(entry["tests"]),
         "pytest_add_cli_args": "\n-p\nno:cacheprovider",
         "use_git_change_detection": "false",
