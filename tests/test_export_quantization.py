@@ -160,8 +160,23 @@ def test_int4_codes_are_packed_low_nibble_first():
     np.testing.assert_allclose(host_table.dequantized_table(stored), _reference_rows(table, 4, 32), atol=1e-6)
     with pytest.raises(ValueError, match=r"`bits` must be one of \(8, 4\), got bits=6"):
         host_table.quantize_table(np.ones([2, 32]), 6)
-    with pytest.raises(ValueError, match="int4 host rows take blocks of 32 values: d_model=40"):
+    with pytest.raises(ValueError, match=r"^int4 host rows take blocks of 32 values: d_model=40 is not a "
+                                         r"multiple of it\.$"):
         host_table.quantize_table(np.ones([2, 40]), 4)
+
+
+def test_rows_come_from_the_saved_file_and_float_tables_as_float32(tmp_path):
+    table = np.random.default_rng(4).standard_normal([10, 32]).astype(np.float32)
+    stored = host_table.quantize_table(table, 8)
+    np.savez(str(tmp_path / "t.npz"), **stored)
+    ids = np.array([[9, 0, 4]])
+    with np.load(str(tmp_path / "t.npz")) as saved:  # what the exporter wrote, read back as np.load gives it
+        expected = host_table.dequantize_rows(stored, ids)
+        np.testing.assert_array_equal(host_table.dequantize_rows(saved, ids), expected)
+    half = table.astype(np.float16)  # --quantize float16 keeps float16 rows: fed as float32
+    rows = host_table.dequantize_rows(half, ids)
+    assert rows.dtype == np.float32 and np.array_equal(rows, half[ids].astype(np.float32))
+    assert host_table.table_bytes(half) == 10 * 32 * 2 and host_table.table_bytes(table) == 10 * 32 * 4
 
 
 @pytest.mark.parametrize("bits", [8, 4])
