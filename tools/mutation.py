@@ -99,12 +99,35 @@ def refresh_tests(module):
     return work
 
 
+# `python -m mutmut`, with its trampolines (the wrapper of each mutated function) given their
+# function's signature as `__signature__`. Keras 2 reads a layer's call arguments with
+# `inspect.getfullargspec`, which does not follow a wrapper's `__wrapped__` and so sees `(*args,
+# **kwargs)`: keyword calls (`layer(inputs=x)`) then fail in every test. `__signature__` it reads.
+# mutmut forks its fork server and every test run from this process, so they all see the patch.
+LAUNCHER = """
+import inspect, sys
+from mutmut.mutation import trampoline
+wrap_in_trampoline = trampoline.wrap_in_trampoline
+def with_signature(*args, **kwargs):
+    decorate = wrap_in_trampoline(*args, **kwargs)
+    def decorator(function):
+        wrapper = decorate(function)
+        wrapper.__signature__ = inspect.signature(function)
+        return wrapper
+    return decorator
+trampoline.wrap_in_trampoline = with_signature
+from mutmut.__main__ import cli
+sys.argv[0] = "mutmut"
+cli()
+"""
+
+
 def run_mutmut(work, names=()):
     env = dict(os.environ)
     site = str(ROOT / ".cache" / "mutmut-site")
     env["PYTHONPATH"] = site
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", "1", *names], cwd=work,
+    return subprocess.call([sys.executable, "-c", LAUNCHER, "run", "--max-children", "1", *names], cwd=work,
                            env=env)
 
 
