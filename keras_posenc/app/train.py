@@ -59,6 +59,7 @@ from keras_posenc.backend import dropout_state, keras, make_deterministic, save_
 from keras_posenc.files import FileWriteError, describe_write_error, is_disk_full, write_bytes, write_json
 from keras_posenc.layers.encoder import NAMED_POSITIONS, named_position
 from keras_posenc.models import CausalLM, transformer_adam
+from keras_posenc.schedules import WarmupSchedule
 from keras_posenc.tables import TABLE_KINDS
 from keras_posenc.validation import check_choice, check_positive_ints
 
@@ -335,18 +336,24 @@ def _checkpoint_write_error(directory, step, error):
 
 
 class _ScalarLog(keras.callbacks.Callback):
-    """Writes the training loss and learning rate for TensorBoard every `every` optimizer steps."""
+    """Writes the training loss and learning rate for TensorBoard every `every` optimizer steps.
 
-    def __init__(self, logdir, every, optimizer):
+    At step `n` (after `n` updates): the loss of the `n`-th batch and the learning rate of the `n`-th
+    update, `schedule(n - 1)` (the optimizer's schedule takes the number of updates already done).
+    Not `optimizer.learning_rate`: Keras 2 gives the last update's rate there, Keras 3 the next one's.
+    """
+
+    def __init__(self, logdir, every, optimizer, schedule):
         super().__init__()
         self.writer, self.every, self.optimizer = tf.summary.create_file_writer(logdir), every, optimizer
+        self.schedule = schedule
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.optimizer.iterations.numpy())
         if step % self.every == 0:
             with self.writer.as_default(step=step):
                 tf.summary.scalar("loss", float(logs["loss"]))
-                tf.summary.scalar("learning_rate", float(self.optimizer.learning_rate))
+                tf.summary.scalar("learning_rate", float(self.schedule(step - 1)))
 
     def on_train_end(self, logs=None):
         self.writer.flush()
@@ -707,7 +714,8 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
                                          step_counter=optimizer.iterations)
     step_log = StepLog()
     callbacks = [step_log, _CheckpointCallback(manager, cfg.checkpoint_every, optimizer),
-                 _ScalarLog(os.path.join(cfg.out if chief else save_dir, "logs"), cfg.log_every, optimizer)]
+                 _ScalarLog(os.path.join(cfg.out if chief else save_dir, "logs"), cfg.log_every, optimizer,
+                            WarmupSchedule(cfg.d_model, warmup_steps, scale=cfg.lr_scale))]
     steps_fn = _Steps(model, strategy, train_ds.element_spec, jit_compile)
     # A signal stops a multi-worker run at once: its final save would need every worker.
     stop = _StopOnSignal(active=not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))

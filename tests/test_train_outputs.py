@@ -1,0 +1,230 @@
+"""A short run's outputs checked in full: the report, every file, the checkpoints and the logs.
+
+Three runs of `train` on the small corpus (seconds each) serve the whole module: a fresh run of 5
+steps that saves every 2 (5 is not a multiple of 2: the last step is saved too), its resume to
+step 7, and an uninterrupted 7-step run into a copy of the first run's folder. Every setting
+differs from its default, so a setting the trainer drops shows. The report's numbers are checked
+against independent computations: the held-out loss from the saved model in float64 numpy, the
+add-one unigram baseline from the tokenizer's ids, the TensorBoard scalars against the per-step
+losses and the warmup schedule's formula.
+"""
+
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from keras_posenc.backend import is_tensorflow
+
+pytestmark = pytest.mark.skipif(not is_tensorflow(), reason="the trainer runs on TensorFlow")
+
+SETTINGS = {"batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32, "max_length": 16,
+            "vocab_size": 150, "warmup_steps": 3, "lr_scale": 1.5, "seed": 3, "eval_fraction": 0.1,
+            "checkpoint_every": 2, "keep_checkpoints": 2, "log_every": 2, "dropout": 0.1, "add_eos": False,
+            "verbose": 0}
+
+
+def _config(corpus, out, **overrides):
+    from keras_posenc.app.train import TrainConfig
+
+    return TrainConfig(corpus=corpus, out=str(out), **{**SETTINGS, **overrides})
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    from keras_posenc.app.train import list_checkpoints, train
+
+    root = tmp_path_factory.mktemp("runs")
+    run, reference = root / "run", root / "reference"
+    first = train(_config(corpus, run, steps=5))
+    first_checkpoints = [step for step, _ in list_checkpoints(str(run / "checkpoints"))]
+    shutil.copytree(run, reference)
+    (reference / "notes.txt").write_text("mine")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        resumed = train(_config(corpus, run, steps=7, resume=True, verbose=1))
+        replaced = train(_config(corpus, reference, steps=7))
+    return {"run": str(run), "reference": str(reference), "first": first, "resumed": resumed,
+            "replaced": replaced, "first_checkpoints": first_checkpoints, "printed": printed.getvalue()}
+
+
+def _split(corpus):
+    from keras_posenc.app import dataset as data
+
+    return data.split_corpus(data.read_text_corpus(corpus), SETTINGS["eval_fraction"], seed=SETTINGS["seed"])
+
+
+def _processor(out):
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor()
+    processor.Load(os.path.join(out, "spm.model"))
+    return processor
+
+
+def _framed(processor, text):
+    """`<s>` + pieces (no `</s>`: add_eos=False), cut to max_length + 1 tokens."""
+    return ([2] + processor.EncodeAsIds(text))[:SETTINGS["max_length"] + 1]
+
+
+def test_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs):
+    from keras_posenc.app.train import list_checkpoints
+
+    # Saves at 2 and 4, then at the end (5); keep_checkpoints=2 keeps the newest two.
+    assert runs["first_checkpoints"] == [4, 5]
+    assert [step for step, _ in list_checkpoints(os.path.join(runs["run"], "checkpoints"))] == [6, 7]
+    assert runs["resumed"]["start_step"] == 5 and runs["resumed"]["steps"] == 7
+
+
+def test_a_resume_continues_bit_exactly_and_says_where(runs):
+    from keras_posenc.backend import keras
+
+    resumed, reference = runs["resumed"], runs["replaced"]
+    assert resumed["losses"] == reference["losses"][5:] and len(reference["losses"]) == 7
+    assert resumed["eval_loss"] == reference["eval_loss"]
+    checkpoint = os.path.join(runs["run"], "checkpoints", "ckpt-5")
+    assert f"Resuming from {checkpoint} at step 5.\n" in runs["printed"]
+    weights = [keras.models.load_model(os.path.join(runs[name], "model.keras"), compile=False).get_weights()
+               for name in ("run", "reference")]
+    for got, want in zip(*weights):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_fresh_run_names_what_it_replaces_and_keeps_the_rest(runs):
+    reference = runs["reference"]
+    assert (f"Replacing the earlier run in {reference} (a fresh run; --resume would continue it): "
+            "checkpoints/ (steps 4, 5), logs/, model.keras, spm.model, report.json, loss.png.\n"
+            in runs["printed"])
+    assert runs["replaced"]["start_step"] == 0
+    assert open(os.path.join(reference, "notes.txt")).read() == "mine"
+
+
+def test_the_report_is_written_as_returned_with_every_field(runs, corpus):
+    from keras_posenc.app.train import TrainConfig
+
+    report = runs["first"]
+    with open(os.path.join(runs["run"], "report.json")) as f:
+        assert json.load(f) == runs["resumed"]
+    with open(os.path.join(runs["reference"], "report.json")) as f:
+        assert json.load(f) == runs["replaced"]
+    train_examples, eval_examples = _split(corpus)
+    config = _config(corpus, runs["run"], steps=5)
+    assert report["corpus"] == "small.txt" and report["corpus_format"] == "text"
+    assert (report["train_examples"], report["eval_examples"]) == (len(train_examples), len(eval_examples))
+    assert report["vocab_size"] == 150 and report["warmup_steps"] == 3
+    assert (report["start_step"], report["steps"], len(report["losses"])) == (0, 5, 5)
+    assert report["final_train_loss"] == report["losses"][-1]
+    assert report["eval_perplexity"] == math.exp(report["eval_loss"])
+    assert report["unigram_eval_perplexity"] == math.exp(report["unigram_eval_loss"])
+    assert report["beats_unigram"] == (report["eval_loss"] < report["unigram_eval_loss"])
+    assert report["num_replicas"] == 1 and report["jit_compile"] is False
+    assert report["bucket_lengths"] == [8, 16] and report["traces"] == {"train": 1, "eval": 1}
+    assert report["model_config"] == config.model_config(150)
+    assert report["train_config"] == dataclasses.asdict(config)
+    assert report["train_config"] == dataclasses.asdict(TrainConfig(**report["train_config"]))
+    assert report["loss_plot"] == os.path.join(runs["run"], "loss.png")
+    assert report["train_seconds"] > 0
+    assert set(report) == {
+        "corpus", "corpus_format", "train_examples", "eval_examples", "vocab_size", "start_step", "steps",
+        "losses", "final_train_loss", "eval_loss", "eval_perplexity", "unigram_eval_loss",
+        "unigram_eval_perplexity", "train_seconds", "tokens_per_second", "num_replicas", "jit_compile",
+        "bucket_lengths", "traces", "batch_shapes", "model_config", "train_config", "warmup_steps",
+        "beats_unigram", "loss_plot"}
+
+
+def test_tokens_and_batch_shapes_are_those_of_the_seeded_pipeline(runs, corpus):
+    # The trainer's batches: lm_dataset over the training split, shuffled with the run's seed,
+    # batch_size rows, the bucket's last short batch dropped, with the run's framing.
+    from keras_posenc.app import dataset as data
+
+    report = runs["first"]
+    train_examples, eval_examples = _split(corpus)
+    with open(os.path.join(runs["run"], "spm.model"), "rb") as f:
+        sp_model = f.read()
+    framing = {"max_length": 16, "add_bos": True, "add_eos": False}
+    batches = data.lm_dataset(train_examples, sp_model, batch_size=4, shuffle=True, seed=3, repeat=True,
+                              drop_remainder=True, **framing).take(5)
+    labels = [batch[1].numpy() for batch in batches]
+    assert all(label.shape[0] == 4 for label in labels)
+    tokens = sum(int((label != 0).sum()) for label in labels)
+    assert report["tokens_per_second"] * report["train_seconds"] == pytest.approx(tokens, rel=1e-9)
+    eval_ds = data.lm_dataset(eval_examples, sp_model, batch_size=4, shuffle=False, fill_batches=True,
+                              **framing)
+    assert report["batch_shapes"] == {"train": len({label.shape for label in labels}),
+                                      "eval": len({tuple(batch[1].shape) for batch in eval_ds})}
+
+
+def test_eval_loss_is_the_saved_models_cross_entropy_on_the_held_out_split(runs, corpus):
+    from keras_posenc.backend import keras, ops
+
+    model = keras.models.load_model(os.path.join(runs["reference"], "model.keras"), compile=False)
+    processor = _processor(runs["reference"])
+    total, count = 0.0, 0
+    for text in _split(corpus)[1]:
+        tokens = _framed(processor, text)
+        logits = ops.convert_to_numpy(model(np.array([tokens[:-1]], np.int32)))[0].astype(np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        total -= log_probs[np.arange(len(tokens) - 1), tokens[1:]].sum()
+        count += len(tokens) - 1
+    assert runs["replaced"]["eval_loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_unigram_baseline_is_add_one_counts_of_the_training_labels(runs, corpus):
+    processor = _processor(runs["run"])
+    train_examples, eval_examples = _split(corpus)
+    counts = np.ones(150)
+    counts[0] = 0  # <pad> is never a label
+    for text in train_examples:
+        np.add.at(counts, _framed(processor, text)[1:], 1)
+    log_p = np.log(counts[1:] / counts.sum())
+    labels = np.concatenate([_framed(processor, text)[1:] for text in eval_examples])
+    expected = -log_p[labels - 1].mean()
+    assert runs["first"]["unigram_eval_loss"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_run_folder_holds_the_tokenizer_config_and_schedule(runs, corpus):
+    from keras_posenc.app import dataset as data
+
+    out = runs["run"]
+    with open(os.path.join(out, "spm.model"), "rb") as f:
+        assert f.read() == data.train_sentencepiece(data.corpus_texts(_split(corpus)[0]), 150)
+    with open(os.path.join(out, "checkpoints", "config.json")) as f:
+        assert json.load(f) == runs["first"]["model_config"]
+    with open(os.path.join(out, "checkpoints", "schedule.json")) as f:
+        assert json.load(f) == {"warmup_steps": 3}
+    with open(os.path.join(out, "loss.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tensorboard_scalars_every_log_interval(runs):
+    import tensorflow as tf
+
+    def scalars(out):
+        found = {}
+        folder = os.path.join(out, "logs")
+        for name in sorted(os.listdir(folder)):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+                for value in event.summary.value:
+                    found.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+        return found
+
+    def schedule(step):  # WarmupSchedule's formula, n = step + 1 (the updates done so far + 1)
+        n = step + 1
+        return 1.5 * 16 ** -0.5 * min(n ** -0.5, n * 3 ** -1.5)
+
+    losses = runs["replaced"]["losses"]
+    logged = scalars(runs["reference"])
+    assert sorted(logged) == ["learning_rate", "loss"]
+    assert sorted(logged["loss"]) == sorted(logged["learning_rate"]) == [2, 4, 6]
+    for step in (2, 4, 6):
+        assert logged["loss"][step] == pytest.approx(losses[step - 1], rel=1e-6)
+        assert logged["learning_rate"][step] == pytest.approx(schedule(step - 1), rel=1e-6)
+    # The resumed run logs in the same folder, from where it went on.
+    assert sorted(scalars(runs["run"])["loss"]) == [2, 4, 6]
