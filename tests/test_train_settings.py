@@ -1,0 +1,285 @@
+"""The trainer without a training run: its settings, their messages, signals, checkpoints, the plot.
+
+Each check is what a user meets before or around a run: the message that names a bad flag (and
+that nothing was written), the model config a setting gives, a checkpoint write error in one line,
+what a signal does, the loss plot's content.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from keras_posenc.backend import is_tensorflow
+
+pytestmark = pytest.mark.skipif(not is_tensorflow(), reason="the trainer runs on TensorFlow")
+
+
+def _train_lib():
+    from keras_posenc.app import train as train_lib
+
+    return train_lib
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"steps": 0}, "`steps` must be a positive int, got steps=0."),
+    ({"batch_size": 0}, "`batch_size` must be a positive int, got batch_size=0."),
+    ({"checkpoint_every": 0}, "`checkpoint_every` must be a positive int, got checkpoint_every=0."),
+    ({"keep_checkpoints": 0}, "`keep_checkpoints` must be a positive int, got keep_checkpoints=0."),
+    ({"log_every": 0}, "`log_every` must be a positive int, got log_every=0."),
+    ({"max_length": 0}, "`max_length` must be a positive int, got max_length=0."),
+    ({"vocab_size": 0}, "`vocab_size` must be a positive int, got vocab_size=0."),
+    ({"warmup_steps": 0}, "`warmup_steps` must be a positive int, got warmup_steps=0."),
+    ({"corpus_format": "csv"}, "`format` must be one of ('text', 'tsv'), got format='csv'."),
+    ({"strategy": "tpu"}, "`strategy` must be one of ('default', 'mirrored', 'multiworker'), got "
+                          "strategy='tpu'."),
+    ({"jit_compile": "yes"}, "`jit_compile` must be one of ('auto', 'on', 'off'), got jit_compile='yes'."),
+    ({"eval_fraction": 0.0}, "`eval_fraction` (--eval-fraction) must be in (0, 1), got 0.0."),
+    ({"eval_fraction": 1.0}, "`eval_fraction` (--eval-fraction) must be in (0, 1), got 1.0."),
+    ({"lr_scale": 0.0}, "`lr_scale` (--lr-scale) must be > 0, got 0.0."),
+    ({"d_model": 30}, "`d_model` must be divisible by `num_heads`, got d_model=30 and num_heads=4."),
+])
+def test_a_bad_setting_is_named_before_anything_is_written(tmp_path, overrides, message):
+    train_lib = _train_lib()
+    out = tmp_path / "out"
+    config = train_lib.TrainConfig(corpus=str(tmp_path / "missing.txt"), out=str(out), **overrides)
+    with pytest.raises(ValueError) as error:
+        train_lib.train(config)
+    assert str(error.value) == message
+    assert not out.exists()
+
+
+def test_the_bounds_of_the_settings_are_allowed(tmp_path):
+    # Every flag at its smallest value passes the checks: the run then stops at the missing corpus.
+    from keras_posenc.app.dataset import CorpusError
+
+    train_lib = _train_lib()
+    ones = {name: 1 for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every",
+                                 "warmup_steps", "num_heads")}
+    with pytest.raises(CorpusError, match="Corpus file not found"):
+        train_lib.train(train_lib.TrainConfig(corpus=str(tmp_path / "missing.txt"), out=str(tmp_path / "out"),
+                                              eval_fraction=1e-9, lr_scale=1e-9, vocab_size=6, max_length=1,
+                                              **ones))
+
+
+def test_a_batch_that_the_replicas_cannot_share_is_refused(tmp_path, monkeypatch):
+    train_lib = _train_lib()
+
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    monkeypatch.setattr(train_lib, "make_strategy", lambda name: TwoReplicas())
+    with pytest.raises(ValueError) as error:
+        train_lib.train(train_lib.TrainConfig(out=str(tmp_path / "out"), batch_size=3))
+    assert str(error.value) == "`batch_size` must be a multiple of the 2 replicas, got batch_size=3."
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("position,table,corpus_format,expected", [
+    ("sinusoidal", "factorized", "text", {"position": "sinusoidal", "table": "factorized"}),
+    ("learned", "factorized", "tsv", {"position": "learned", "num_languages": 2}),
+    ("rope-yarn", "full", "text", {"position": "rope", "scaling": "yarn", "scaling_factor": 4.0,
+                                   "original_length": 24}),
+])
+def test_model_config_of_the_settings(position, table, corpus_format, expected):
+    train_lib = _train_lib()
+    config = train_lib.TrainConfig(position=position, table=table, corpus_format=corpus_format,
+                                   num_layers=3, d_model=24, num_heads=3, dff=40, max_length=24, dropout=0.2,
+                                   norm_first=True)
+    assert config.model_config(vocab_size=77) == {
+        "num_layers": 3, "d_model": 24, "num_heads": 3, "dff": 40, "vocab_size": 77, "max_length": 24,
+        "dropout": 0.2, "norm_first": True, "pad_id": 0, **expected}
+
+
+def test_the_fields_name_their_flags():
+    # keras_posenc.app.cli builds `keras-posenc train`'s flags from this metadata.
+    train_lib = _train_lib()
+    fields = {field.name: field for field in dataclasses.fields(train_lib.TrainConfig)}
+    assert all(set(field.metadata) == {"group", "help", "flag", "choices", "type", "const"}
+               for field in fields.values())
+    assert dict(fields["corpus_format"].metadata) == {
+        "group": "data", "help": "text: one document or sentence per line; tsv: source<TAB>target",
+        "flag": "--format", "choices": ("text", "tsv"), "type": None, "const": None}
+    assert (fields["add_bos"].default, fields["add_bos"].metadata["flag"]) == (True, "--no-bos")
+    assert (fields["verbose"].metadata["flag"], fields["verbose"].metadata["const"]) == ("--quiet", 0)
+    assert fields["seed"].metadata["type"] is int and fields["steps"].metadata["group"] == "training"
+    assert fields["jit_compile"].metadata["choices"] == ("auto", "on", "off")
+
+
+def test_default_warmup_is_half_the_steps_within_1_and_4000():
+    train_lib = _train_lib()
+    assert [train_lib.default_warmup_steps(n) for n in (1, 2, 3, 301, 7999, 8000, 8002, 10**6)] == \
+        [1, 1, 1, 150, 3999, 4000, 4000, 4000]
+
+
+def test_strategies_and_xla_settings(monkeypatch):
+    import tensorflow as tf
+
+    train_lib = _train_lib()
+    assert isinstance(train_lib.make_strategy("mirrored"), tf.distribute.MirroredStrategy)
+    assert train_lib.make_strategy("default") is tf.distribute.get_strategy()
+    monkeypatch.setenv("TF_CONFIG", "")
+    with pytest.raises(ValueError) as error:
+        train_lib.make_strategy("multiworker")
+    assert str(error.value) == ("strategy='multiworker' needs the TF_CONFIG environment variable describing "
+                                "the cluster and this worker's task.")
+    one = tf.distribute.get_strategy()
+    assert train_lib._use_jit_compile("on", one) is True and train_lib._use_jit_compile("off", one) is False
+    assert train_lib._use_jit_compile("auto", one) is bool(tf.config.list_logical_devices("GPU"))
+
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    with pytest.raises(ValueError) as error:
+        train_lib._use_jit_compile("on", TwoReplicas())
+    assert str(error.value) == (
+        "jit_compile='on' (--jit-compile on) needs one replica, got 2: XLA compiles the step onto one "
+        "device, and the replicas' variables live on several. Use --jit-compile off or auto.")
+
+
+def test_a_resume_names_every_setting_that_differs(tmp_path):
+    train_lib = _train_lib()
+    folder = str(tmp_path)
+    with pytest.raises(ValueError) as error:
+        train_lib._check_checkpoint_config(folder, {"d_model": 16})
+    assert str(error.value) == f"Cannot resume from {folder}: it has no config.json with the model config."
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"d_model": 16, "dff": 32, "table": "full"}, f)
+    train_lib._check_checkpoint_config(folder, {"d_model": 16, "dff": 32, "table": "full"})
+    with pytest.raises(ValueError) as error:
+        train_lib._check_checkpoint_config(folder, {"d_model": 24, "dff": 32, "norm_first": True})
+    assert str(error.value) == (
+        f"Cannot resume from {folder}: it was trained with a different model config (d_model: checkpoint 16 "
+        "vs now 24; norm_first: checkpoint None vs now True; table: checkpoint 'full' vs now None). Use the "
+        "same flags, or a new --out without --resume.")
+
+
+def test_list_checkpoints_reads_steps_of_complete_checkpoints_only(tmp_path):
+    import tensorflow as tf
+
+    train_lib = _train_lib()
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path), max_to_keep=5,
+                                         step_counter=step)
+    for value in (3, 12, 100):
+        step.assign(value)
+        manager.save(checkpoint_number=value)
+    os.remove(os.path.join(str(tmp_path), "ckpt-12.index"))  # a checkpoint whose files are gone
+    assert train_lib.list_checkpoints(str(tmp_path)) == [(3, os.path.join(str(tmp_path), "ckpt-3")),
+                                                         (100, os.path.join(str(tmp_path), "ckpt-100"))]
+
+
+def test_an_unknown_checkpoint_write_error_is_its_type_and_first_line(tmp_path):
+    import tensorflow as tf
+
+    train_lib = _train_lib()
+    folder = str(tmp_path)
+    error = tf.errors.InternalError(None, None, "{{node SaveV2}} the device broke\nsecond line")
+    written = train_lib._checkpoint_write_error(folder, 3, error)
+    assert written.errno == 5 and written.strerror.startswith(
+        f"cannot write {folder}/ckpt-3: InternalError: the device broke (")
+    os_error = train_lib._checkpoint_write_error(folder, 3, OSError(13, "Permission denied"))
+    assert os_error.errno == 13 and "/ckpt-3: Permission denied (" in os_error.strerror
+    blank = train_lib._checkpoint_write_error(folder, 3, tf.errors.InternalError(None, None, ""))
+    assert blank.errno == 5 and f"{folder}/ckpt-3: InternalError:  (" in blank.strerror
+
+
+def test_training_interrupted_names_the_signal_step_and_checkpoint():
+    train_lib = _train_lib()
+    prefix = "runs/x/checkpoints/ckpt-12"
+    stopped = train_lib.TrainingInterrupted(signal.SIGTERM, 12, prefix)
+    assert (stopped.signum, stopped.step, stopped.checkpoint) == (signal.SIGTERM, 12, prefix)
+    assert str(stopped) == ("stopped by SIGTERM at step 12: saved the checkpoint runs/x/checkpoints/ckpt-12; "
+                            "continue with --resume.")
+
+
+def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back():
+    train_lib = _train_lib()
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    with train_lib._StopOnSignal() as stop:
+        assert stop.active and stop.received is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.received == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):  # the second one: SIGINT's own handler, at once
+            os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGTERM
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    with train_lib._StopOnSignal() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    with train_lib._StopOnSignal(active=False) as stop:
+        assert not stop.active and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+
+
+def test_step_log_sums_tokens_and_keeps_every_loss():
+    train_lib = _train_lib()
+    log = train_lib.StepLog()
+    assert (log.losses, log.tokens, log.seconds) == ([], 0, 0.0)
+    log.on_train_begin()
+    for loss, tokens in ((3.5, 7), (3.25, 9), (3.0, 11)):
+        log.on_train_batch_end(0, {"loss": np.float32(loss), "tokens": np.int32(tokens)})
+    log.on_train_end()
+    assert log.losses == [3.5, 3.25, 3.0] and log.tokens == 27 and log.seconds > 0
+
+
+def _plotted(monkeypatch, tmp_path, losses, **kwargs):
+    """The figure `_plot_losses` saves: its axes' lines, labels and title, and the PNG's size."""
+    train_lib = _train_lib()
+    figures = []
+    save = train_lib.save_figure
+
+    def recording(fig, path):
+        figures.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(train_lib, "save_figure", recording)
+    path = str(tmp_path / "loss.png")
+    assert train_lib._plot_losses(losses, path, **kwargs) == path
+    with open(path, "rb") as f:
+        header = f.read(24)
+    from matplotlib.colors import to_hex
+
+    (axes,) = figures[0].axes
+    lines = [(line.get_label(), list(line.get_xdata()), list(line.get_ydata()), line.get_linewidth(),
+              line.get_alpha(), to_hex(line.get_color()), line.get_linestyle()) for line in axes.get_lines()]
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    size = (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big"))
+    return lines, legend, axes, size
+
+
+def test_loss_plot_with_its_moving_mean_and_baselines(monkeypatch, tmp_path):
+    losses = [10.0 - 0.25 * i for i in range(24)]
+    lines, legend, axes, size = _plotted(monkeypatch, tmp_path, losses, start_step=6, eval_loss=4.0,
+                                         unigram_loss=5.25)
+    steps = list(range(7, 31))
+    mean = list(np.convolve(losses, np.ones(2) / 2, mode="valid"))  # window max(2, 24 // 20) = 2
+    assert lines == [
+        ("train loss (per step)", steps, losses, 0.8, 0.5, "#1f77b4", "-"),  # matplotlib's C0 ...
+        ("train loss (2-step mean)", steps[1:], mean, 2.0, None, "#ff7f0e", "-"),  # C1
+        ("eval loss 4.000", [0, 1], [4.0, 4.0], 1.5, None, "#2ca02c", "--"),  # C2
+        ("unigram baseline 5.250", [0, 1], [5.25, 5.25], 1.5, None, "#d62728", ":")]  # C3
+    assert legend == [line[0] for line in lines]
+    assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
+        "step", "cross-entropy (nats / token)", "")
+    assert size == (700, 400)
+
+
+def test_loss_plot_of_a_short_run_and_one_that_does_not_beat_the_baseline(monkeypatch, tmp_path):
+    from matplotlib.colors import to_hex
+
+    lines, legend, axes, _ = _plotted(monkeypatch, tmp_path, [3.0] * 9, eval_loss=5.0, unigram_loss=5.0)
+    assert [line[0] for line in lines] == ["train loss (per step)", "eval loss 5.000",
+                                           "unigram baseline 5.000"]
+    assert lines[0][1] == list(range(1, 10))
+    assert axes.get_title() == "eval loss is NOT below the unigram baseline"
+    assert to_hex(axes.title.get_color()) == "#d62728"  # C3
+    lines, _, _, _ = _plotted(monkeypatch, tmp_path, [3.0 - i / 100 for i in range(100)])
+    assert [line[0] for line in lines] == ["train loss (per step)", "train loss (5-step mean)"]
+    lines, _, axes, _ = _plotted(monkeypatch, tmp_path, [3.0] * 10, unigram_loss=5.0)
+    assert [line[0] for line in lines] == ["train loss (per step)", "train loss (2-step mean)",
+                                           "unigram baseline 5.000"]
+    assert axes.get_title() == ""
