@@ -11,7 +11,11 @@ from keras_posenc.layers import LearnedPositionEmbedding
 pytestmark = requires_tf
 
 DEPTH = 4
-MASK = tf.constant([[True, True, True, False, False], [False, False, True, True, True]])
+
+
+def mask():
+    """Rows of 3 real tokens, right- and left-padded (a tensor made per test: no TF op at import)."""
+    return tf.constant([[True, True, True, False, False], [False, False, True, True, True]])
 
 
 def random_x(batch, length, seed=0):
@@ -33,7 +37,7 @@ def test_layer_contract_plain(tmp_path):
 
 def test_layer_contract_with_mask_and_languages(tmp_path):
     run_layer_test(LearnedPositionEmbedding, {"max_length": 8, "num_languages": 3},
-                   {"inputs": random_x(2, 5), "mask": MASK, "language_ids": tf.constant([2, 0])},
+                   {"inputs": random_x(2, 5), "mask": mask(), "language_ids": tf.constant([2, 0])},
                    expected_num_trainable_weights=2, tmp_dir=tmp_path)
 
 
@@ -46,7 +50,7 @@ def test_layer_contract_with_position_ids(tmp_path):
 def test_rows_follow_the_per_sample_ids_and_padding_is_zero():
     layer, table = built_layer()
     x = random_x(2, 5)
-    out = layer(x, mask=MASK).numpy() - x.numpy()
+    out = layer(x, mask=mask()).numpy() - x.numpy()
     np.testing.assert_allclose(out[0], np.concatenate([table[:3], np.zeros([2, DEPTH])]), atol=1e-6)
     np.testing.assert_allclose(out[1], np.concatenate([np.zeros([2, DEPTH]), table[:3]]), atol=1e-6)
     np.testing.assert_allclose(layer(x).numpy() - x.numpy(), np.broadcast_to(table[:5], (2, 5, DEPTH)),
@@ -59,16 +63,16 @@ def test_graph_mode_and_xla_agree_with_eager():
     layer, _ = built_layer()
     x = random_x(2, 5)
     signature = [tf.TensorSpec([None, None, DEPTH]), tf.TensorSpec([None, None], tf.bool)]
-    eager = layer(x, mask=MASK).numpy()
+    eager = layer(x, mask=mask()).numpy()
     for jit in (False, True):
         fn = tf.function(lambda x, m: layer(x, mask=m), input_signature=signature, jit_compile=jit)
-        np.testing.assert_allclose(fn(x, MASK).numpy(), eager, atol=1e-6)
+        np.testing.assert_allclose(fn(x, mask()).numpy(), eager, atol=1e-6)
 
 
 def test_gradient_reaches_only_the_rows_of_real_tokens():
     layer, _ = built_layer()
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(layer(random_x(2, 5), mask=MASK))
+        loss = tf.reduce_sum(layer(random_x(2, 5), mask=mask()))
     grad = tf.convert_to_tensor(tape.gradient(loss, layer.position_table)).numpy()
     # Each row has 3 real tokens at positions 0..2: rows 0-2 get 2 tokens each, the rest nothing.
     np.testing.assert_allclose(grad[:3], 2.0)

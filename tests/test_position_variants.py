@@ -13,7 +13,10 @@ from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 # Written against TensorFlow tensors and graphs; the JAX backend runs tests/test_keras3_backends.py.
 pytestmark = requires_tf
 
-LEFT_PADDED = tf.constant([[True, True, True, True, False], [False, False, True, True, True]])
+
+def left_padded():
+    """A right- and a left-padded mask (a tensor made per test: no TF op at import)."""
+    return tf.constant([[True, True, True, True, False], [False, False, True, True, True]])
 
 
 def _integer_reference(mask, scale, depth):
@@ -32,15 +35,15 @@ def test_integer_layer_contract(tmp_path):
                    {"inputs": x, "language_ids": tf.constant([0, 1])}, tmp_dir=tmp_path,
                    expected_output_shape=(2, 5, 6), expected_num_trainable_weights=1)
     run_layer_test(IntegerPositionEmbedding, {"max_length": 8, "scale": 1.0},
-                   {"inputs": x, "mask": LEFT_PADDED}, tmp_dir=tmp_path,
+                   {"inputs": x, "mask": left_padded()}, tmp_dir=tmp_path,
                    expected_num_trainable_weights=0)
 
 
 @pytest.mark.parametrize("scale, expected_scale", [(None, 1 / 8), (1.0, 1.0), (0.3, 0.3)])
 def test_integer_values_match_formula_with_left_padding(scale, expected_scale):
     layer = IntegerPositionEmbedding(max_length=8, scale=scale)
-    y = layer(tf.zeros([2, 5, 3]), mask=LEFT_PADDED)
-    expected = _integer_reference(LEFT_PADDED, expected_scale, 3).astype(np.float32)
+    y = layer(tf.zeros([2, 5, 3]), mask=left_padded())
+    expected = _integer_reference(left_padded(), expected_scale, 3).astype(np.float32)
     np.testing.assert_array_equal(y.numpy(), expected)
 
 
@@ -85,15 +88,15 @@ def test_zero_layer_contract(tmp_path):
     out = run_layer_test(ZeroPositionEmbedding, {"max_length": 8}, x, tmp_dir=tmp_path,
                          expected_num_trainable_weights=0)
     np.testing.assert_array_equal(out.numpy(), x.numpy())
-    run_layer_test(ZeroPositionEmbedding, {"max_length": 8}, {"inputs": x, "mask": LEFT_PADDED},
+    run_layer_test(ZeroPositionEmbedding, {"max_length": 8}, {"inputs": x, "mask": left_padded()},
                    tmp_dir=tmp_path)
 
 
 def test_zero_output_is_the_input_and_mask_passes_through():
     layer = ZeroPositionEmbedding(max_length=8)
     x = tf.random.stateless_normal([2, 5, 3], seed=[5, 6])
-    np.testing.assert_array_equal(layer(x, mask=LEFT_PADDED).numpy(), x.numpy())
-    np.testing.assert_array_equal(layer.compute_mask(x, LEFT_PADDED).numpy(), LEFT_PADDED.numpy())
+    np.testing.assert_array_equal(layer(x, mask=left_padded()).numpy(), x.numpy())
+    np.testing.assert_array_equal(layer.compute_mask(x, left_padded()).numpy(), left_padded().numpy())
 
 
 def test_zero_keeps_the_interface_checks():

@@ -16,7 +16,11 @@ from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS
 pytestmark = requires_tf
 
 D_MODEL = 8
-TOKENS = tf.constant([[5, 6, 7, 0, 0], [0, 0, 3, 4, 9]])
+
+
+def tokens_tensor():
+    """A right- and a left-padded row (a tensor made per test: no TF op at import)."""
+    return tf.constant([[5, 6, 7, 0, 0], [0, 0, 3, 4, 9]])
 
 
 def expected_pe(ids, depth=D_MODEL):
@@ -29,7 +33,7 @@ def expected_pe(ids, depth=D_MODEL):
 def layer(**kwargs):
     kwargs = {"vocab_size": 20, "d_model": D_MODEL, "max_length": 16, "dropout": 0.0, **kwargs}
     built = TokenAndPositionEmbedding(**kwargs)
-    built(TOKENS, language_ids=tf.zeros([2], tf.int32) if "num_languages" in kwargs else None)
+    built(tokens_tensor(), language_ids=tf.zeros([2], tf.int32) if "num_languages" in kwargs else None)
     return built
 
 
@@ -37,14 +41,15 @@ def layer(**kwargs):
 def test_layer_contract_each_position_kind(position, tmp_path):
     out = run_layer_test(TokenAndPositionEmbedding,
                          {"vocab_size": 20, "d_model": D_MODEL, "max_length": 16, "position": position},
-                         TOKENS, expected_output_shape=(2, 5, D_MODEL), tmp_dir=tmp_path)
+                         tokens_tensor(), expected_output_shape=(2, 5, D_MODEL), tmp_dir=tmp_path)
     assert np.isfinite(out.numpy()).all()
 
 
 def test_layer_contract_with_languages_and_segments(tmp_path):
     run_layer_test(TokenAndPositionEmbedding,
                    {"vocab_size": 20, "d_model": D_MODEL, "max_length": 16, "num_languages": 2},
-                   {"inputs": TOKENS, "language_ids": tf.constant([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]]),
+                   {"inputs": tokens_tensor(),
+                    "language_ids": tf.constant([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]]),
                     "segment_ids": tf.constant([[1, 1, 2, 2, 2], [1, 1, 1, 2, 2]])},
                    expected_num_trainable_weights=2, tmp_dir=tmp_path)
 
@@ -52,18 +57,18 @@ def test_layer_contract_with_languages_and_segments(tmp_path):
 def test_output_is_scaled_token_embedding_plus_sinusoid_and_emits_the_mask():
     emb = layer()
     table = emb.token_embedding.embeddings.numpy()
-    out = emb(TOKENS).numpy()
-    tokens = TOKENS.numpy()
+    out = emb(tokens_tensor()).numpy()
+    tokens = tokens_tensor().numpy()
     ids = np.array([[0, 1, 2, 0, 0], [0, 0, 0, 1, 2]])
     real = tokens != 0
     expected = table[tokens] * math.sqrt(D_MODEL) + expected_pe(ids) * real[..., None]
     np.testing.assert_allclose(out, expected, atol=1e-5)
-    np.testing.assert_array_equal(emb.compute_mask(TOKENS).numpy(), real)
-    assert emb(TOKENS)._keras_mask.numpy().tolist() == real.tolist()
+    np.testing.assert_array_equal(emb.compute_mask(tokens_tensor()).numpy(), real)
+    assert emb(tokens_tensor())._keras_mask.numpy().tolist() == real.tolist()
     unscaled = layer(scale_embeddings=False)
     unscaled.set_weights(emb.get_weights())
-    np.testing.assert_allclose(unscaled(TOKENS).numpy(), table[tokens] + expected_pe(ids) * real[..., None],
-                               atol=1e-5)
+    np.testing.assert_allclose(unscaled(tokens_tensor()).numpy(),
+                               table[tokens] + expected_pe(ids) * real[..., None], atol=1e-5)
 
 
 SIGNATURE = [tf.TensorSpec([None, None], tf.int32)]
@@ -130,11 +135,11 @@ def test_language_scale_with_batch_and_token_ids():
     plain = layer()
     plain.set_weights(emb.get_weights()[:1])
     for language_ids in ([0, 1], [[0, 0, 1, 1, 1], [1, 0, 1, 0, 1]]):
-        np.testing.assert_array_equal(emb(TOKENS, language_ids=tf.constant(language_ids)).numpy(),
-                                      plain(TOKENS).numpy())
+        np.testing.assert_array_equal(emb(tokens_tensor(), language_ids=tf.constant(language_ids)).numpy(),
+                                      plain(tokens_tensor()).numpy())
     emb.position_embedding.language_scale.assign([2.0, 0.0])
-    out = emb(TOKENS, language_ids=tf.constant([[0, 0, 1, 1, 1], [1, 0, 1, 0, 1]])).numpy()
-    no_pe = emb.token_embedding(TOKENS).numpy() * math.sqrt(D_MODEL)
+    out = emb(tokens_tensor(), language_ids=tf.constant([[0, 0, 1, 1, 1], [1, 0, 1, 0, 1]])).numpy()
+    no_pe = emb.token_embedding(tokens_tensor()).numpy() * math.sqrt(D_MODEL)
     np.testing.assert_allclose(out[0, :2] - no_pe[0, :2], 2 * expected_pe([0, 1]), atol=1e-5)
     np.testing.assert_allclose(out[0, 2:], no_pe[0, 2:], atol=1e-6)
 
