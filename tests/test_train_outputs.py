@@ -36,11 +36,9 @@ def _config(corpus, out, **overrides):
     return TrainConfig(corpus=corpus, out=str(out), **{**SETTINGS, **overrides})
 
 
-@pytest.fixture(scope="module")
-def runs(corpus, tmp_path_factory):
+def _three_runs(corpus, root):
     from keras_posenc.app.train import list_checkpoints, train
 
-    root = tmp_path_factory.mktemp("runs")
     run, reference = root / "run", root / "reference"
     first = train(_config(corpus, run, steps=5))
     first_checkpoints = [step for step, _ in list_checkpoints(str(run / "checkpoints"))]
@@ -73,7 +71,7 @@ def _framed(processor, text):
     return ([2] + processor.EncodeAsIds(text))[:SETTINGS["max_length"] + 1]
 
 
-def test_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs):
+def _check_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs):
     from keras_posenc.app.train import list_checkpoints
 
     # Saves at 2 and 4, then at the end (5); keep_checkpoints=2 keeps the newest two.
@@ -82,7 +80,7 @@ def test_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interva
     assert runs["resumed"]["start_step"] == 5 and runs["resumed"]["steps"] == 7
 
 
-def test_a_resume_continues_bit_exactly_and_says_where(runs):
+def _check_a_resume_continues_bit_exactly_and_says_where(runs):
     from keras_posenc.backend import keras
 
     resumed, reference = runs["resumed"], runs["replaced"]
@@ -96,7 +94,7 @@ def test_a_resume_continues_bit_exactly_and_says_where(runs):
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_fresh_run_names_what_it_replaces_and_keeps_the_rest(runs):
+def _check_a_fresh_run_names_what_it_replaces_and_keeps_the_rest(runs):
     reference = runs["reference"]
     assert (f"Replacing the earlier run in {reference} (a fresh run; --resume would continue it): "
             "checkpoints/ (steps 4, 5), logs/, model.keras, spm.model, report.json, loss.png.\n"
@@ -105,7 +103,7 @@ def test_a_fresh_run_names_what_it_replaces_and_keeps_the_rest(runs):
     assert open(os.path.join(reference, "notes.txt")).read() == "mine"
 
 
-def test_the_report_is_written_as_returned_with_every_field(runs, corpus):
+def _check_the_report_is_written_as_returned_with_every_field(runs, corpus):
     from keras_posenc.app.train import TrainConfig
 
     report = runs["first"]
@@ -138,7 +136,7 @@ def test_the_report_is_written_as_returned_with_every_field(runs, corpus):
         "beats_unigram", "loss_plot"}
 
 
-def test_tokens_and_batch_shapes_are_those_of_the_seeded_pipeline(runs, corpus):
+def _check_tokens_and_batch_shapes_are_those_of_the_seeded_pipeline(runs, corpus):
     # The trainer's batches: lm_dataset over the training split, shuffled with the run's seed,
     # batch_size rows, the bucket's last short batch dropped, with the run's framing.
     from keras_posenc.app import dataset as data
@@ -160,7 +158,7 @@ def test_tokens_and_batch_shapes_are_those_of_the_seeded_pipeline(runs, corpus):
                                       "eval": len({tuple(batch[1].shape) for batch in eval_ds})}
 
 
-def test_eval_loss_is_the_saved_models_cross_entropy_on_the_held_out_split(runs, corpus):
+def _check_eval_loss_is_the_saved_models_cross_entropy_on_the_held_out_split(runs, corpus):
     from keras_posenc.backend import keras, ops
 
     model = keras.models.load_model(os.path.join(runs["reference"], "model.keras"), compile=False)
@@ -176,7 +174,7 @@ def test_eval_loss_is_the_saved_models_cross_entropy_on_the_held_out_split(runs,
     assert runs["replaced"]["eval_loss"] == pytest.approx(total / count, rel=1e-5)
 
 
-def test_unigram_baseline_is_add_one_counts_of_the_training_labels(runs, corpus):
+def _check_unigram_baseline_is_add_one_counts_of_the_training_labels(runs, corpus):
     processor = _processor(runs["run"])
     train_examples, eval_examples = _split(corpus)
     counts = np.ones(150)
@@ -189,7 +187,7 @@ def test_unigram_baseline_is_add_one_counts_of_the_training_labels(runs, corpus)
     assert runs["first"]["unigram_eval_loss"] == pytest.approx(expected, rel=1e-12)
 
 
-def test_the_run_folder_holds_the_tokenizer_config_and_schedule(runs, corpus):
+def _check_the_run_folder_holds_the_tokenizer_config_and_schedule(runs, corpus):
     from keras_posenc.app import dataset as data
 
     out = runs["run"]
@@ -203,7 +201,7 @@ def test_the_run_folder_holds_the_tokenizer_config_and_schedule(runs, corpus):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_tensorboard_scalars_every_log_interval(runs):
+def _check_tensorboard_scalars_every_log_interval(runs):
     import tensorflow as tf
 
     def scalars(out):
@@ -228,3 +226,29 @@ def test_tensorboard_scalars_every_log_interval(runs):
         assert logged["learning_rate"][step] == pytest.approx(schedule(step - 1), rel=1e-6)
     # The resumed run logs in the same folder, from where it went on.
     assert sorted(scalars(runs["run"])["loss"]) == [2, 4, 6]
+
+
+def _check_the_saved_model_carries_the_runs_optimizer_and_schedule(runs):
+    import zipfile
+
+    with zipfile.ZipFile(os.path.join(runs["run"], "model.keras")) as archive:
+        optimizer = json.loads(archive.read("config.json"))["compile_config"]["optimizer"]["config"]
+    assert (optimizer["beta_1"], optimizer["beta_2"], optimizer["epsilon"]) == (0.9, 0.98, 1e-9)
+    assert optimizer["learning_rate"]["config"] == {"d_model": 16, "warmup_steps": 3, "scale": 1.5}
+
+
+def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path):
+    # One test over the three runs, not one per check on a shared fixture: mutmut credits a module
+    # fixture's work to the first test that uses it, so a mutant of the trainer would run that test
+    # only, and not the checks of the others.
+    runs = _three_runs(corpus, tmp_path)
+    _check_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs)
+    _check_a_resume_continues_bit_exactly_and_says_where(runs)
+    _check_a_fresh_run_names_what_it_replaces_and_keeps_the_rest(runs)
+    _check_the_report_is_written_as_returned_with_every_field(runs, corpus)
+    _check_tokens_and_batch_shapes_are_those_of_the_seeded_pipeline(runs, corpus)
+    _check_eval_loss_is_the_saved_models_cross_entropy_on_the_held_out_split(runs, corpus)
+    _check_unigram_baseline_is_add_one_counts_of_the_training_labels(runs, corpus)
+    _check_the_run_folder_holds_the_tokenizer_config_and_schedule(runs, corpus)
+    _check_tensorboard_scalars_every_log_interval(runs)
+    _check_the_saved_model_carries_the_runs_optimizer_and_schedule(runs)
