@@ -127,6 +127,7 @@ def run_mutmut(work, names=()):
     site = str(ROOT / ".cache" / "mutmut-site")
     env["PYTHONPATH"] = site
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("EDGE_CACHE", str(ROOT / ".edge-cache"))  # tests/edge/ files configured for a module
     return subprocess.call([sys.executable, "-c", LAUNCHER, "run", "--max-children", "1", *names], cwd=work,
                            env=env)
 
