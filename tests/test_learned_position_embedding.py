@@ -105,6 +105,31 @@ def test_base_class_without_hooks_fails_clearly():
     class Incomplete(PositionEmbeddingBase):
         pass
 
-    message = "Incomplete subclasses PositionEmbeddingBase without defining `_build_table`"
-    with pytest.raises(TypeError, match=message):
+    def missing(name, hook):
+        return (f"{name} subclasses PositionEmbeddingBase without defining `{hook}`; use "
+                "SinusoidalPositionEmbedding or LearnedPositionEmbedding, or define the three hooks.")
+
+    with pytest.raises(TypeError) as error:
         Incomplete(max_length=4)(tf.zeros([1, 2, 3]))
+    assert missing("Incomplete", "_build_table") in str(error.value)  # Keras may add the layer's name
+
+    class TableOnly(PositionEmbeddingBase):  # a table, but not the rows of it
+        def _build_table(self, depth):
+            pass
+
+    with pytest.raises(TypeError) as error:
+        TableOnly(max_length=4)(tf.zeros([1, 2, 3]))
+    assert missing("TableOnly", "_table_prefix") in str(error.value)
+    with pytest.raises(TypeError) as error:
+        TableOnly(max_length=4)(tf.zeros([1, 2, 3]), mask=tf.constant([[False, True]]))
+    assert missing("TableOnly", "_table_rows") in str(error.value)
+
+    class Extendable(TableOnly):  # rows in the table, none computed past it
+        can_extend = True
+
+        def _table_rows(self, ids):
+            return tf.zeros(tf.concat([tf.shape(ids), [3]], 0))
+
+    with pytest.raises(TypeError) as error:
+        Extendable(max_length=4, overflow="extend")(tf.zeros([1, 2, 3]), position_ids=tf.constant([[0, 5]]))
+    assert missing("Extendable", "_computed_rows") in str(error.value)

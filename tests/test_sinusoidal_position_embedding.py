@@ -408,3 +408,82 @@ def test_large_and_small_batches_give_the_same_values(tmp_path):
     tf.saved_model.save(module, str(tmp_path / "fused"))
     restored = tf.saved_model.load(str(tmp_path / "fused"))
     np.testing.assert_array_equal(restored.call(x, mask).numpy(), graph(x, mask).numpy())
+
+
+# The shared base (PositionEmbeddingBase): its messages in full and its paths ---------------------------
+def _message_lines(call):
+    """The lines of the ValueError or TypeError that `call` raises (Keras may add lines naming the
+    layer and its arguments, and Keras 3 sets the message in bold)."""
+    import re
+
+    with pytest.raises((ValueError, TypeError)) as error:
+        call()
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(error.value)).splitlines()
+
+
+def test_call_argument_messages_in_full():
+    layer = SinusoidalPositionEmbedding(max_length=8)
+    x = tf.zeros([1, 3, DEPTH])
+    assert ("`position_ids` must have shape [batch, length] or [length], got shape (1, 1, 3)."
+            in _message_lines(lambda: layer(x, position_ids=tf.zeros([1, 1, 3], tf.int32))))
+    assert ("`position_ids` length 4 must equal the inputs length 3."
+            in _message_lines(lambda: layer(x, position_ids=tf.constant([[0, 1, 2, 3]]))))
+    # One token: its id alone decides the range check.
+    assert ("`position_ids` must be in [0, max_length=8), got min 8 and max 8."
+            in _message_lines(lambda: layer(x[:, :1], position_ids=tf.constant([[8]]))))
+    extend = SinusoidalPositionEmbedding(max_length=8, overflow="extend")
+    assert ("`position_ids` must be in [0, inf), got min -1 and max 20."
+            in _message_lines(lambda: extend(x, position_ids=tf.constant([[-1, 20, 2]]))))
+    languages = SinusoidalPositionEmbedding(max_length=8, num_languages=2, name="pe")
+    assert ("SinusoidalPositionEmbedding 'pe' has num_languages=2: pass `language_ids` of shape [batch] or "
+            "[batch, length]." in _message_lines(lambda: languages(x)))
+    assert ("`language_ids` must have shape [batch] or [batch, length], got shape (1, 1, 1)."
+            in _message_lines(lambda: languages(x, language_ids=tf.zeros([1, 1, 1], tf.int32))))
+    # One row: its language alone decides the range check.
+    assert ("`language_ids` must be in [0, num_languages=2), got min 2 and max 2."
+            in _message_lines(lambda: languages(x, language_ids=tf.constant([2]))))
+
+
+def test_extend_without_a_mask_in_a_graph_of_any_length():
+    # A length known only when the graph runs: rows inside the table and past it.
+    layer = SinusoidalPositionEmbedding(max_length=4, overflow="extend")
+    fn = tf.function(lambda x: layer(x), input_signature=[X_SPEC])
+    for length in (3, 4, 10):
+        out = fn(tf.zeros([2, length, DEPTH])).numpy()
+        np.testing.assert_allclose(out, np.broadcast_to(expected_pe(np.arange(length)), out.shape), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_padding_inside_a_row_is_skipped_by_the_positions(mode):
+    # Real tokens are numbered over the mask: a gap inside a row does not take a position.
+    x = random_x(2, 6)
+    mask = np.array([[True, False, True, True, False, True], [False, True, False, False, True, True]])
+    out = WITH_MASK[mode](x, tf.constant(mask)).numpy() - x.numpy()
+    ids = np.where(mask, np.cumsum(mask, 1) - 1, 0)
+    np.testing.assert_allclose(out, expected_pe(ids) * mask[..., None], atol=1e-6)
+    assert (out[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["mask", "position_ids", "none"])
+def test_dropout_drops_in_training_only_and_padding_stays_zero(kind):
+    # Dropout on the embedding alone: each value of output - input is 0 or PE / (1 - rate) in
+    # training, PE otherwise; a padding position stays exactly 0 either way.
+    from keras_posenc.backend import keras
+
+    layer = SinusoidalPositionEmbedding(max_length=16, dropout=0.5)
+    x = random_x(4, 8)
+    mask = np.arange(8)[None] >= np.array([[0], [3], [1], [5]])  # left padded
+    ids = np.where(mask, np.cumsum(mask, 1) - 1, 0)
+    arguments = {"mask": {"mask": tf.constant(mask)}, "position_ids": {"position_ids": tf.constant(ids)},
+                 "none": {}}[kind]
+    pe = expected_pe(ids) * mask[..., None] if kind == "mask" else expected_pe(
+        ids if kind == "position_ids" else np.broadcast_to(np.arange(8), (4, 8)))
+    for training in (False, None):
+        np.testing.assert_allclose(layer(x, training=training, **arguments) - x, pe, atol=1e-6)
+    keras.utils.set_random_seed(0)
+    out = (layer(x, training=True, **arguments) - x).numpy()
+    kept, dropped = np.isclose(out, 2 * pe, atol=1e-5), out == 0
+    assert (kept | dropped).all()
+    assert (dropped & (np.abs(pe) > 0.1)).any() and (kept & (np.abs(pe) > 0.1)).any()
+    if kind == "mask":
+        assert (out[~mask] == 0).all()
