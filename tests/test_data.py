@@ -2,6 +2,7 @@
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -262,3 +263,173 @@ def test_parallel_corpus_builder_reads_po_entries_and_strips_placeholders():
     assert entries == [("Delete %(name)s", "%(name)s löschen", False), ("Close", "Schließen", True),
                        ("%(count)s", "%(count)s", False), ("One item", "Ein Eintrag", False)]
     assert [builder.clean(s) for s, _, _ in entries] == ["Delete", "Close", "", "One item"]
+
+
+# Messages in full, bounds, settings ------------------------------------------------------------
+def _tsv_error(path, number, reason, line):
+    return (f"TSV corpus {path!r} line {number} {reason}; expected 'source<TAB>target': {line!r}. Fix the "
+            "line or pass skip_bad_lines=True (--skip-bad-lines).")
+
+
+@pytest.mark.parametrize("line,reason", [
+    ("hello\t", "has an empty side"), ("\thallo", "has an empty side"), ("  \t hallo", "has an empty side"),
+    ("hello \t  ", "has an empty side"), ("no tab here", "has no tab"), ("a\tb\tc\td", "has 3 tabs"),
+])
+def test_tsv_lines_with_an_empty_side_or_other_tabs_are_named_or_skipped(tmp_path, line, reason):
+    path = _write(tmp_path, "p.tsv", f"cat\tKatze\n\n{line}\n dog \t Hund \n")
+    with pytest.raises(data.CorpusError) as error:
+        data.read_tsv_corpus(path)
+    assert str(error.value) == _tsv_error(path, 3, reason, line)
+    assert data.read_tsv_corpus(path, skip_bad_lines=True) == [("cat", "Katze"), ("dog", "Hund")]
+    assert data.load_corpus(path, "tsv", skip_bad_lines=True) == [("cat", "Katze"), ("dog", "Hund")]
+
+
+def test_corpus_messages_in_full(tmp_path):
+    long_line = "x" * 80
+    path = _write(tmp_path, "long.tsv", long_line + "\n")
+    with pytest.raises(data.CorpusError) as error:
+        data.read_tsv_corpus(path)
+    assert str(error.value) == _tsv_error(path, 1, "has no tab", "x" * 60)  # the line cut at 60
+    with pytest.raises(data.CorpusError) as error:
+        data.read_tsv_corpus(path, skip_bad_lines=True)
+    assert str(error.value) == f"TSV corpus {path!r} is empty: it has no 'source<TAB>target' line."
+    blank = _write(tmp_path, "blank.txt", " \n\t\n")
+    with pytest.raises(data.CorpusError) as error:
+        data.read_text_corpus(blank)
+    assert str(error.value) == f"Corpus {blank!r} is empty: it has no non-blank line."
+    missing = str(tmp_path / "missing.txt")
+    with pytest.raises(data.CorpusError) as error:
+        data.load_corpus(missing)
+    assert str(error.value) == f"Corpus file not found: corpus={missing!r}."
+    with pytest.raises(TypeError) as error:
+        data.read_text_corpus(3)
+    assert str(error.value) == "`corpus` must be a file path, got corpus=3."
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(data.CorpusError) as error:
+        data.read_text_corpus(latin)  # an os.PathLike path
+    assert str(error.value).startswith(f"Corpus {str(latin)!r} is not UTF-8 text: 'utf-8' codec can't")
+    with pytest.raises(ValueError) as error:
+        data.load_corpus(path, "csv")
+    assert str(error.value) == "`corpus_format` must be one of ('text', 'tsv'), got corpus_format='csv'."
+
+
+def test_text_format_is_the_default_and_reads_tabs_as_text(tmp_path):
+    path = _write(tmp_path, "p.tsv", "hello\thallo\n")
+    assert data.load_corpus(path) == ["hello\thallo"]
+    assert data.load_corpus(tmp_path / "p.tsv", "tsv") == [("hello", "hallo")]
+
+
+@pytest.mark.parametrize("count,fraction,held_out", [(10, 0.04, 1), (10, 0.25, 2), (10, 0.35, 4), (3, 0.5, 2),
+                                                     (2, 0.999, 2), (50, 0.1, 5)])
+def test_split_holds_out_the_rounded_share_of_a_seeded_shuffle(count, fraction, held_out):
+    import random
+
+    examples = [f"s{i}" for i in range(count)]
+    order = list(range(count))
+    random.Random(5).shuffle(order)
+    assert data.split_corpus(examples, fraction, seed=5) == ([examples[i] for i in order[held_out:]],
+                                                             [examples[i] for i in order[:held_out]])
+
+
+def test_split_messages_in_full():
+    for fraction in (0.0, 1.0, -0.5):
+        with pytest.raises(ValueError) as error:
+            data.split_corpus(["a", "b"], fraction)
+        assert str(error.value) == f"`eval_fraction` must be in (0, 1), got eval_fraction={fraction!r}."
+    with pytest.raises(data.CorpusError) as error:
+        data.split_corpus(["a"], 0.5)
+    assert str(error.value) == ("A corpus needs at least 2 examples to hold one out for evaluation, got 1.")
+    train, held_out = data.split_corpus(["a", "b"])  # the default share rounds to 0: one held out
+    assert len(held_out) == 1 and sorted(train + held_out) == ["a", "b"]
+
+
+def test_the_tokenizer_keeps_its_settings(sp_model):
+    from sentencepiece import sentencepiece_model_pb2
+
+    def spec(model):
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(model)
+        return proto.trainer_spec
+
+    default = spec(sp_model)
+    assert (default.model_type, default.vocab_size, default.num_threads, default.shuffle_input_sentence) == (
+        sentencepiece_model_pb2.TrainerSpec.UNIGRAM, 40, 1, False)
+    assert default.character_coverage == pytest.approx(0.9995)
+    assert (default.pad_id, default.unk_id, default.bos_id, default.eos_id) == (0, 1, 2, 3)
+    assert list(default.user_defined_symbols) == ["<sep>"]
+    bpe = spec(data.train_sentencepiece(TEXTS, vocab_size=40, model_type="bpe", character_coverage=0.98))
+    assert bpe.model_type == sentencepiece_model_pb2.TrainerSpec.BPE
+    assert bpe.character_coverage == pytest.approx(0.98)
+    # Blank sentences are left out: the same model as without them.
+    assert data.train_sentencepiece(["", "  "] + TEXTS + ["\t"], vocab_size=40) == sp_model
+
+
+def test_tokenizer_messages_in_full():
+    for vocab_size in (5, True, 40.0, "40"):
+        with pytest.raises(ValueError) as error:
+            data.train_sentencepiece(TEXTS, vocab_size=vocab_size)
+        assert str(error.value) == ("`vocab_size` must be an int > 5 (the reserved ids <pad> <unk> <s> </s> "
+                                    f"<sep>), got vocab_size={vocab_size!r}.")
+    with pytest.raises(ValueError, match="vocab_size=6 is too small for this corpus"):  # past the int check
+        data.train_sentencepiece(TEXTS, vocab_size=6)
+    with pytest.raises(data.CorpusError) as error:
+        data.train_sentencepiece(["", " "], vocab_size=40)
+    assert str(error.value) == "Cannot train SentencePiece on an empty corpus."
+    with pytest.raises(ValueError) as error:
+        data.train_sentencepiece(TEXTS, vocab_size=5000)
+    found = re.fullmatch(r"vocab_size=5000 is larger than this corpus allows: its 40 sentences support at "
+                         r"most vocab_size=(\d+) SentencePiece pieces\. Use a smaller --vocab-size or a "
+                         r"bigger corpus\.", str(error.value))
+    largest = int(found[1])  # the maximum named is a size that trains
+    assert data.sentencepiece_vocab_size(data.train_sentencepiece(TEXTS, largest)) == largest
+    with pytest.raises(ValueError) as error:
+        data.train_sentencepiece(TEXTS, vocab_size=10)
+    found = re.fullmatch(r"vocab_size=10 is too small for this corpus: its characters \(at "
+                         r"character_coverage=0\.9995\) and the reserved pieces need at least "
+                         r"vocab_size=(\d+)\. Use a larger --vocab-size\.", str(error.value))
+    smallest = int(found[1])
+    assert data.sentencepiece_vocab_size(data.train_sentencepiece(TEXTS, smallest)) == smallest
+    with pytest.raises(ValueError) as error:
+        data.train_sentencepiece(TEXTS, vocab_size=40, character_coverage=2.0)
+    assert str(error.value).startswith(
+        "SentencePiece training failed for vocab_size=40, model_type='unigram': ")
+
+
+def test_decode_drops_padding_and_specials_and_keeps_unknown(sp_model):
+    processor = _processor(sp_model)
+    ids = processor.EncodeAsIds("the cat sat")
+    assert data.decode(sp_model, [data.PAD_ID, data.BOS_ID] + ids[:2] + [data.SEP_ID] + ids[2:]
+                       + [data.EOS_ID, data.PAD_ID]) == "the cat sat"
+    assert data.decode(sp_model, np.array([data.UNK_ID] + ids)) == processor.DecodeIds([data.UNK_ID] + ids)
+
+
+@pytest.mark.parametrize("max_length,expected", [(1, [1]), (7, [7]), (8, [8]), (9, [8, 9]), (16, [8, 16]),
+                                                 (17, [8, 16, 17]), (100, [8, 16, 32, 64, 100])])
+def test_default_bucket_lengths_double_from_8_below_max_length(max_length, expected):
+    assert data.default_bucket_lengths(max_length) == expected
+
+
+def test_bucket_lengths_are_checked_sorted_and_deduplicated(sp_model):
+    # Rows of 7 and 16 labels (the texts' lengths are 17, 34, 39, 7 and 45 tokens, cut at 16).
+    def widths(bucket_lengths):
+        return {labels.shape[1] for _, labels in data.lm_dataset(
+            TEXTS, sp_model, max_length=16, batch_size=40, shuffle=False, bucket_lengths=bucket_lengths)}
+
+    assert widths([16, 7, 16, 7]) == widths([7, 16]) == {7, 16}
+    assert widths("auto") == widths([8, 16]) == {8, 16}
+    for bucket_lengths in ([], [True, 16], [2.0, 16], [-1, 16]):
+        with pytest.raises(ValueError) as error:
+            data.lm_dataset(TEXTS, sp_model, max_length=16, batch_size=2, bucket_lengths=bucket_lengths)
+        assert str(error.value) == ("`bucket_lengths` must be 'auto', None or a list of positive ints, got "
+                                    f"bucket_lengths={bucket_lengths!r}.")
+    with pytest.raises(ValueError) as error:
+        data.lm_dataset(TEXTS, sp_model, max_length=16, batch_size=2, bucket_lengths=[15, 4])
+    assert str(error.value) == ("The longest of `bucket_lengths` must be at least max_length=16 so that "
+                                "every row fits a bucket, got bucket_lengths=[15, 4].")
+    with pytest.raises(data.CorpusError) as error:
+        data.lm_dataset([], sp_model, max_length=16, batch_size=2)
+    assert str(error.value) == "Cannot build a dataset from an empty list of examples."
+    with pytest.raises(ValueError) as error:
+        data.lm_dataset(TEXTS, sp_model, max_length=16, batch_size=0)
+    assert str(error.value) == "`batch_size` must be a positive int, got batch_size=0."

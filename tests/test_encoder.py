@@ -374,3 +374,101 @@ def test_invalid_positions():
         Encoder(**SMALL_ENCODER, position="alibi", position_config={"scaling": "ntk"})
     with pytest.raises(ValueError, match="max_length=12"):
         Encoder(**SMALL_ENCODER, position="rope")(tf.constant([[5] * 13]))
+
+
+# The whole layer against float64 numpy ------------------------------------------------------------
+
+def reference_layer(layer, x, positions, allowed, epsilon, activation):
+    """EncoderLayer's output from its weights in float64 numpy: attention over the `allowed` keys, each
+    sublayer's residual and LayerNorm (post- or pre-LN), the feed-forward net with `activation`."""
+    def weights(dense):
+        return np.asarray(dense.kernel, np.float64), np.asarray(dense.bias, np.float64)
+
+    def norm(layer_norm, v):
+        gamma, beta = (np.asarray(w, np.float64) for w in (layer_norm.gamma, layer_norm.beta))
+        return (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + epsilon) * gamma + beta
+
+    def attend(h):
+        probabilities = reference_scores(layer, h, positions, allowed)
+        value_kernel, value_bias = weights(layer.attention.value_dense)
+        values = np.einsum("btd,dhk->bthk", h, value_kernel) + value_bias
+        output_kernel, output_bias = weights(layer.attention.output_dense)
+        return np.einsum("bhqk,bkhd,hdo->bqo", probabilities, values, output_kernel) + output_bias
+
+    def feed_forward(h):
+        (hidden_kernel, hidden_bias), (output_kernel, output_bias) = (
+            weights(layer.ffn_hidden), weights(layer.ffn_output))
+        return activation(h @ hidden_kernel + hidden_bias) @ output_kernel + output_bias
+
+    x = np.asarray(x, np.float64)
+    if layer.norm_first:
+        x = x + attend(norm(layer.attention_norm, x))
+        return x + feed_forward(norm(layer.ffn_norm, x))
+    x = norm(layer.attention_norm, x + attend(x))
+    return norm(layer.ffn_norm, x + feed_forward(x))
+
+
+def _randomized(layer, x, **call):
+    """`layer` built on `x` with every weight random (biases, gammas and betas included)."""
+    layer(x, **call)
+    rng = np.random.default_rng(3)
+    layer.set_weights([rng.normal(scale=0.3, size=w.shape).astype(np.float32) + (w.shape == (16,))
+                       for w in layer.get_weights()])
+    return layer
+
+
+def _gelu(v):
+    import math
+
+    return 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_layer_equals_a_numpy_reference(norm_first):
+    # Every setting away from its default (an epsilon large enough to show, gelu, dropout that
+    # inference ignores), left padding and the causal mask.
+    x = random_inputs([2, 5, 16], seed=6) * 2.0
+    mask = np.array([[True] * 5, [False, False, True, True, True]])
+    layer = _randomized(EncoderLayer(**SMALL, norm_first=norm_first, activation="gelu", epsilon=0.5,
+                                     dropout=0.3), x)
+    allowed = mask[:, None, :] & np.tril(np.ones([5, 5], bool))[None]
+    expected = reference_layer(layer, x, None, allowed, 0.5, _gelu)
+    for training in (False, None):
+        out = layer(x, mask=tf.constant(mask), use_causal_mask=True, training=training).numpy()
+        np.testing.assert_allclose(out[mask], expected[mask], atol=2e-5)
+    relu = _randomized(EncoderLayer(**SMALL, norm_first=norm_first), x)  # the defaults: relu, 1e-6
+    np.testing.assert_allclose(relu(x).numpy(), reference_layer(relu, x, None, np.ones([2, 5, 5], bool), 1e-6,
+                                                                lambda v: np.maximum(v, 0.0)), atol=2e-5)
+
+
+@pytest.mark.parametrize("silenced", ["attention", "ffn"])
+def test_dropout_of_each_sublayer_acts_in_training_only(silenced):
+    # With one sublayer's output weights at zero, only the other's dropout can change the output.
+    x = random_inputs([2, 5, 16], seed=7)
+    mask = tf.constant([[True] * 5, [False, True, True, True, True]])
+    layer = _randomized(EncoderLayer(**SMALL, dropout=0.5), x, mask=mask)
+    dense = layer.attention.output_dense if silenced == "attention" else layer.ffn_output
+    dense.set_weights([np.zeros_like(w) for w in dense.get_weights()])
+    inference = layer(x, mask=mask).numpy()
+    np.testing.assert_array_equal(layer(x, mask=mask, training=False).numpy(), inference)
+    keras.utils.set_random_seed(1)
+    trained = layer(x, mask=mask, training=True).numpy()
+    assert np.abs(trained - inference).max() > 1e-2
+
+
+def test_config_holds_every_setting_and_round_trips():
+    layer = EncoderLayer(d_model=12, num_heads=3, dff=20, dropout=0.25, norm_first=True, activation="gelu",
+                         epsilon=1e-3, position="rope", position_config={"scaling": "linear",
+                                                                         "scaling_factor": 2.0},
+                         name="block")
+    config = layer.get_config()
+    expected = {"name": "block", "trainable": True, "d_model": 12, "num_heads": 3, "dff": 20, "dropout": 0.25,
+                "norm_first": True, "activation": "gelu", "epsilon": 1e-3, "position": "rope",
+                "position_config": {"scaling": "linear", "scaling_factor": 2.0}}
+    assert {key: config[key] for key in expected} == expected
+    clone = EncoderLayer.from_config(config)
+    assert clone.get_config() == config
+    assert clone.rotary.get_config() == layer.rotary.get_config()
+    assert (clone.attention_norm.epsilon, clone.ffn_norm.epsilon) == (1e-3, 1e-3)
+    assert clone.attention.get_config()["dropout"] == 0.25
+    assert clone.attention_dropout.rate == clone.ffn_dropout.rate == 0.25
