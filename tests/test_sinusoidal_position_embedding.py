@@ -296,6 +296,22 @@ def test_bad_constructor_arguments(kwargs, error, match):
         SinusoidalPositionEmbedding(**kwargs)
 
 
+def test_mixed_float16_language_scale_multiplies_float32_rows():
+    # The rows are scaled in float32 and rounded to float16 once, at the add (not first rounded to
+    # float16, then scaled and rounded again).
+    depth, length = 64, 512
+    layer = SinusoidalPositionEmbedding(max_length=length, num_languages=2, dtype="mixed_float16")
+    x = tf.constant(np.random.default_rng(0).normal(size=[2, length, depth]).astype(np.float16))
+    mask = np.ones([2, length], bool)
+    mask[1, :7] = False
+    layer(x, mask=tf.constant(mask), language_ids=tf.constant([0, 1]))
+    layer.language_scale.assign([1.37, 0.61])
+    out = layer(x, mask=tf.constant(mask), language_ids=tf.constant([0, 1])).numpy()
+    ids = np.where(mask, np.cumsum(mask, 1) - 1, 0)
+    scale = np.array([1.37, 0.61], np.float32)[:, None, None]
+    pe = (expected_pe(ids, depth).astype(np.float32) * scale).astype(np.float16) * mask[..., None]
+    np.testing.assert_array_equal(out, x.numpy() + pe)
+
 LONG = "Sequence length 9 exceeds max_length=8 of SinusoidalPositionEmbedding"
 ID_RANGE = r"`position_ids` must be in \[0, max_length=8\), got min {} and max {}"
 LANG_RANGE = r"`language_ids` must be in \[0, num_languages=2\), got min 0 and max 2"
@@ -428,9 +444,15 @@ def test_call_argument_messages_in_full():
             in _message_lines(lambda: layer(x, position_ids=tf.zeros([1, 1, 3], tf.int32))))
     assert ("`position_ids` length 4 must equal the inputs length 3."
             in _message_lines(lambda: layer(x, position_ids=tf.constant([[0, 1, 2, 3]]))))
-    # One token: its id alone decides the range check.
+    # One token: its id alone decides the range check, at the ends of int32 too.
     assert ("`position_ids` must be in [0, max_length=8), got min 8 and max 8."
             in _message_lines(lambda: layer(x[:, :1], position_ids=tf.constant([[8]]))))
+    assert ("`position_ids` must be in [0, max_length=8), got min 2147483647 and max 2147483647."
+            in _message_lines(lambda: layer(x[:, :1], position_ids=tf.constant([[2**31 - 1]]))))
+    assert ("`position_ids` must be in [0, max_length=8), got min -2147483648 and max -2147483648."
+            in _message_lines(lambda: layer(x[:, :1], position_ids=tf.constant([[-2**31]]))))
+    assert ("`position_ids` must be in [0, max_length=8), got min 70 and max 90."
+            in _message_lines(lambda: layer(x, position_ids=tf.constant([[70, 90, 80]]))))
     extend = SinusoidalPositionEmbedding(max_length=8, overflow="extend")
     assert ("`position_ids` must be in [0, inf), got min -1 and max 20."
             in _message_lines(lambda: extend(x, position_ids=tf.constant([[-1, 20, 2]]))))
