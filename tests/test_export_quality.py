@@ -155,3 +155,124 @@ def test_export_command_measures_the_runs_eval_split_and_applies_the_limit(tmp_p
         cli.main(argv[:-1] + ["-0.5"])
     assert stop.value.code == 2
     assert "expected a number >= 0, got '-0.5'" in capsys.readouterr().err
+
+
+def _interpreter_logits(flat, rows):
+    """Each row through TensorFlow's own interpreter, one call per row, float64."""
+    import tensorflow as tf
+
+    interpreter = tf.lite.Interpreter(model_content=flat)
+    interpreter.allocate_tensors()
+    (ids,), (out,) = interpreter.get_input_details(), interpreter.get_output_details()
+    logits = []
+    for row in rows:
+        interpreter.set_tensor(ids["index"], row[None].astype(np.int32))
+        interpreter.invoke()
+        logits.append(interpreter.get_tensor(out["index"])[0].astype(np.float64))
+    return np.stack(logits)
+
+
+def test_quantization_quality_against_both_files_run_row_by_row(lm):
+    from keras_posenc.export.conversion import ModelSpec
+    from keras_posenc.export.quality import quantization_quality
+
+    rows = _held_out_rows(rows=5, seed=4)
+    float_file = export.export_and_check(lm, sequence_length=LENGTH, target="cpu").exported
+    int8_file = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="int8").exported
+    quality = quantization_quality(ModelSpec.of(lm, LENGTH, 1), float_file, int8_file, rows)
+    expected_float = _interpreter_logits(float_file, rows)
+    expected_quantized = _interpreter_logits(int8_file, rows)
+    real = rows != 0
+    loss_float, count = reference_cross_entropy(expected_float, rows, 0)
+    loss_quantized, _ = reference_cross_entropy(expected_quantized, rows, 0)
+    same = expected_float.argmax(-1) == expected_quantized.argmax(-1)
+    assert set(quality) == {"rows", "tokens", "loss_float", "loss_quantized", "loss_increase", "agreement",
+                            "max_abs_diff"}
+    assert (quality["rows"], quality["tokens"]) == (5, count)
+    assert quality["loss_float"] == pytest.approx(loss_float, rel=1e-9)
+    assert quality["loss_quantized"] == pytest.approx(loss_quantized, rel=1e-9)
+    assert quality["loss_increase"] == pytest.approx(loss_quantized / loss_float - 1.0, rel=1e-9, abs=1e-12)
+    assert quality["agreement"] == pytest.approx(same[real].mean(), abs=1e-12)
+    # the logit error over real positions only: padding positions may differ more
+    assert quality["max_abs_diff"] == pytest.approx(np.abs(expected_quantized - expected_float)[real].max(),
+                                                    rel=1e-9)
+    assert quality["max_abs_diff"] > 0
+    with pytest.raises(ValueError) as error:
+        quantization_quality(ModelSpec.of(lm, LENGTH, 1), float_file, int8_file, rows[:, :-1])
+    assert str(error.value) == f"`token_ids` must be an int array [n, {LENGTH}], got shape (5, {LENGTH - 1})."
+    with pytest.raises(ValueError, match=r"got shape \(12,\)"):
+        quantization_quality(ModelSpec.of(lm, LENGTH, 1), float_file, int8_file, rows[0])
+
+
+def test_which_outputs_are_next_token_logits():
+    from types import SimpleNamespace
+
+    from keras_posenc.export.quality import outputs_next_token_logits
+
+    spec = SimpleNamespace(vocab_size=120, pad_id=0)
+    assert outputs_next_token_logits(spec, (2, 12, 120))
+    assert outputs_next_token_logits(spec, [1, 5, np.int64(120)])
+    assert not outputs_next_token_logits(spec, (2, 12, 64))  # an encoder's hidden states
+    assert not outputs_next_token_logits(spec, (2, 120))
+    assert not outputs_next_token_logits(spec, (2, 3, 12, 120))
+    assert not outputs_next_token_logits(SimpleNamespace(vocab_size=None, pad_id=0), (2, 12, 120))
+    assert not outputs_next_token_logits(SimpleNamespace(vocab_size=120, pad_id=None), (2, 12, 120))
+
+
+def test_cross_entropy_of_large_logits_and_of_every_dtype():
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal([2, 6, 9]) * 400).astype(np.float32)  # exp overflows without the shift
+    ids = rng.integers(1, 9, size=[2, 6]).astype(np.int16)
+    loss, count = next_token_cross_entropy(logits, ids, pad_id=0)
+    expected, expected_count = reference_cross_entropy(logits, ids, 0)
+    assert np.isfinite(loss) and count == expected_count == 10
+    assert loss == pytest.approx(expected, rel=1e-12)
+    # a pad id other than 0 is the one left out
+    ids[0, 3:] = 7
+    loss, count = next_token_cross_entropy(logits, ids, pad_id=7)
+    assert (loss, count) == pytest.approx(reference_cross_entropy(logits, ids, 7), rel=1e-12)
+    # the first position is never a target: a padded first token does not hide the next one
+    assert next_token_cross_entropy(logits[:1, :2], np.array([[0, 5]]), pad_id=0) == pytest.approx(
+        reference_cross_entropy(logits[:1, :2], [[0, 5]], 0), rel=1e-12)
+    with pytest.raises(ValueError) as error:
+        next_token_cross_entropy(logits[:1], np.array([[5, 0, 0, 0, 0, 0]]), pad_id=0)
+    assert str(error.value) == ("The held-out rows have no real next token (all padding after the first "
+                                "position).")
+
+
+_QUALITY = {"rows": 256, "tokens": 6766, "loss_float": 3.82841, "loss_quantized": 3.87094,
+            "loss_increase": 0.011108, "agreement": 0.78125, "max_abs_diff": 4.5871}
+
+
+def test_the_quality_lines():
+    from keras_posenc.export.quality import format_generation_quality, format_quality
+
+    assert format_quality(_QUALITY, 0.01) == (
+        "Held-out text (256 rows, 6766 next tokens): cross-entropy 3.8709 quantized vs 3.8284 float32 "
+        "(+1.11%, limit +1.00%); greedy agreement 78.1%; max abs logit diff 4.59")
+    generation = {"prompts": 4, "greedy_tokens": 16, "same_greedy_tokens": False,
+                  "generation_agreement": 0.984375}
+    assert format_generation_quality(generation, 0.01) == (
+        "Greedy generation on 4 prompts x 16 tokens: TOKENS DIFFER from the float32 file; fed float32's "
+        "tokens, it picks the same token at 98.4% of the steps")
+    same = dict(generation, same_greedy_tokens=True, generation_agreement=1.0, **_QUALITY)
+    assert format_generation_quality(same, 0.02) == (
+        "Greedy generation on 4 prompts x 16 tokens: same tokens as the float32 file; fed float32's "
+        "tokens, it picks the same token at 100.0% of the steps; " + format_quality(_QUALITY, 0.02))
+
+
+def test_quality_prompts_take_the_first_real_tokens_of_the_first_rows():
+    from keras_posenc.export.quality import quality_prompts
+
+    rows = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+                     [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                     [3, 0, 4, 0, 0, 0, 0, 0, 0, 0],
+                     [9, 9, 0, 0, 0, 0, 0, 0, 0, 0],
+                     [1, 2, 0, 0, 0, 0, 0, 0, 0, 0]])
+    assert quality_prompts(None, 0, 8) == []
+    # at most 8 tokens, the first 4 rows, empty rows dropped, padding inside a row skipped
+    assert quality_prompts(rows, 0, 16) == [[5, 6, 7, 8, 9, 10, 11, 12], [3, 4], [9, 9]]
+    assert quality_prompts(rows, 0, 3) == [[5, 6, 7], [3, 4], [9, 9]]
+    assert quality_prompts(rows, 0, 16, count=5, length=2) == [[5, 6], [3, 4], [9, 9], [1, 2]]
+    assert quality_prompts(rows, 9, 16, count=4, length=3) == [[5, 6, 7], [0, 0, 0], [3, 0, 4], [0, 0, 0]]
+    assert all(type(token) is int for prompt in quality_prompts(rows, 0, 8) for token in prompt)
