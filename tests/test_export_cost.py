@@ -12,12 +12,23 @@ import pytest
 from keras_posenc.export.cost import graph_cost
 
 
-def _tflite(*functions, module=None):
+def _tflite(*functions, module=None, keep_batch_matmul=False):
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_concrete_functions(
         [function.get_concrete_function() for function in functions], module)
+    if keep_batch_matmul:  # else the converter unrolls BATCH_MATMUL into FULLY_CONNECTED per batch
+        if hasattr(converter, "unfold_batchmatmul"):
+            converter.unfold_batchmatmul = False
+        else:
+            converter._experimental_disable_batchmatmul_unfold = True
     return converter.convert()
+
+
+def _ops(flat):
+    from keras_posenc.export.flatbuffer import decoded
+
+    return sorted({op.name for op in decoded(flat).operators})
 
 
 def _spec(*shape):
@@ -42,26 +53,44 @@ def test_fully_connected():
                                           "largest_tensor_bytes": 4 * 5 * 4, "largest_tensor_shape": [4, 5]}
 
 
-@pytest.mark.parametrize("transpose_b", [False, True])
-def test_batch_matmul_with_and_without_an_adjoint(transpose_b):
+def test_fully_connected_reads_its_input_as_rows_of_the_weights_features():
+    from keras_posenc.export.cost import _multiply_adds
+
+    # TFLite's FULLY_CONNECTED flattens a [2, 6] input into [4, 3] rows for [5, 3] weights
+    assert _multiply_adds("FULLY_CONNECTED", [[2, 6], [5, 3], None], [4, 5]) == 4 * 5 * 3
+    assert _multiply_adds("MatMul", [[2, 6], [6, 5]], [2, 5]) == 2 * 5 * 6
+    assert _multiply_adds("SOFTMAX", [[2, 6]], [2, 6]) == 0
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("adjoint", [(False, False), (False, True), (True, False)])
+def test_batch_matmul_kept_or_unrolled_with_either_adjoint(keep, adjoint):
     import tensorflow as tf
 
-    second = _spec(2, 6, 3) if transpose_b else _spec(2, 3, 6)
-    product = tf.function(lambda a, b: tf.matmul(a, b, transpose_b=transpose_b),
-                          input_signature=[_spec(2, 4, 3), second])
-    cost = graph_cost(_tflite(product))
+    first = _spec(2, 3, 4) if adjoint[0] else _spec(2, 4, 3)
+    second = _spec(2, 6, 3) if adjoint[1] else _spec(2, 3, 6)
+    product = tf.function(lambda a, b: tf.matmul(a, b, transpose_a=adjoint[0], transpose_b=adjoint[1]),
+                          input_signature=[first, second])
+    flat = _tflite(product, keep_batch_matmul=keep)
+    assert "BATCH_MATMUL" in _ops(flat) or not keep  # TF 2.21 keeps it either way; TF 2.12 unrolls it
+    cost = graph_cost(flat)
     assert cost["multiply_adds"] == 2 * 4 * 6 * 3
     assert (cost["largest_tensor_bytes"], cost["largest_tensor_shape"]) == (2 * 4 * 6 * 4, [2, 4, 6])
 
 
-def test_batch_matmul_with_a_long_contraction():
+@pytest.mark.parametrize("shapes, contracted", [
+    (((3, 2, 50), (3, 50, 7)), 50),  # K larger than M and N: recovered from the shapes
+    (((4, 1, 16), (4, 16, 1)), 16),  # one query against one key (a decode step's score): M = N = 1
+])
+def test_batch_matmul_contractions(shapes, contracted):
     import tensorflow as tf
 
-    # K = 50 is larger than M and N: K is recovered from the shapes, not from the output's
-    product = tf.function(lambda a, b: tf.matmul(a, b), input_signature=[_spec(3, 2, 50), _spec(3, 50, 7)])
-    cost = graph_cost(_tflite(product))
-    assert cost["multiply_adds"] == 3 * 2 * 7 * 50
-    assert cost["largest_tensor_shape"] == [3, 50, 7]  # an input is the largest tensor
+    product = tf.function(lambda a, b: tf.matmul(a, b),
+                          input_signature=[_spec(*shapes[0]), _spec(*shapes[1])])
+    flat = _tflite(product, keep_batch_matmul=True)
+    assert "BATCH_MATMUL" in _ops(flat)
+    rows, columns = shapes[0][1], shapes[1][2]
+    assert graph_cost(flat)["multiply_adds"] == shapes[0][0] * rows * columns * contracted
 
 
 def test_convolutions():

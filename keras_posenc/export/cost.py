@@ -26,28 +26,23 @@ _ITEM_BYTES = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "INT64": 8, "INT8": 1, "U
 
 
 def _elements(shape):
-    return int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
+    return int(np.prod(shape, dtype=np.int64))
 
 
 def _multiply_adds(name, inputs, output):
     """Multiply-adds of one op from its input and output shapes (0 for the ops not counted)."""
-    out = _elements(output)
-    if name in ("FULLY_CONNECTED", "MatMul", "Gemm") and len(inputs) >= 2 and inputs[1] is not None:
-        if name == "FULLY_CONNECTED":  # weights [units, input features]
-            return out * int(inputs[1][-1])
-        first, second = inputs[0], inputs[1]
-        if name == "Gemm" or len(second) == 2:
-            # Contracted size: the first input's last axis (Gemm without transA, MatMul).
-            return out * int(first[-1])
-        return _batch_matmul(first, second, output)
+    if name == "FULLY_CONNECTED":  # weights [units, input features]; the input is read as [-1, features]
+        return _elements(output) * int(inputs[1][-1])
+    if name in ("MatMul", "Gemm"):  # contracted: the first input's last axis (Gemm without transA)
+        return _elements(output) * int(inputs[0][-1])
     if name == "BATCH_MATMUL":
         return _batch_matmul(inputs[0], inputs[1], output)
     if name in ("CONV_2D", "Conv"):  # TFLite filter [out, h, w, in]; ONNX [out, in, h, w]
-        return out * _elements(inputs[1][1:])
+        return _elements(output) * _elements(inputs[1][1:])
     if name == "DEPTHWISE_CONV_2D":  # filter [1, h, w, channels]
-        return out * _elements(inputs[1][1:3])
+        return _elements(output) * _elements(inputs[1][1:3])
     if name in ("MUL", "Mul"):
-        return out
+        return _elements(output)
     return 0
 
 
@@ -114,7 +109,7 @@ def graph_cost(tflite_bytes, signature=None):
                 largest, largest_shape = size, shape(index)
         for op in graph.operators or []:
             inputs = [shape(i) for i in (op.inputs if op.inputs is not None else [])]
-            output = shape(op.outputs[0]) if op.outputs is not None and len(op.outputs) else None
+            output = shape(op.outputs[0])
             multiply_adds += _multiply_adds(names[op.opcodeIndex], inputs, output)
     return {"multiply_adds": int(multiply_adds), "constant_bytes": int(constant_bytes),
             "largest_tensor_bytes": int(largest), "largest_tensor_shape": largest_shape}
@@ -143,8 +138,7 @@ def onnx_cost(onnx_bytes):
         kind = value.type.tensor_type
         dims = [d.dim_value for d in kind.shape.dim]
         shapes[value.name] = dims
-        item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)).itemsize if kind.elem_type \
-            else 4
+        item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)).itemsize
         sizes[value.name] = _elements(dims) * item
     constant_bytes = 0
     for initializer in graph.initializer:
@@ -161,12 +155,12 @@ def onnx_cost(onnx_bytes):
     multiply_adds = 0
     for node in graph.node:
         inputs = [shapes.get(name) for name in node.input]
-        output = shapes.get(node.output[0]) if node.output else None
-        if output is None or any(shape is None for shape in inputs[:2]):
+        output = shapes.get(node.output[0])
+        if output is None or any(shape is None for shape in inputs[:2]):  # not inferred: not counted
             continue
         multiply_adds += _multiply_adds(node.op_type, inputs, output)
     runtime = {name: size for name, size in sizes.items()
                if name not in {initializer.name for initializer in graph.initializer}}
-    name = max(runtime, key=runtime.get) if runtime else None
+    name = max(runtime, key=runtime.get)  # a graph has outputs
     return {"multiply_adds": int(multiply_adds), "constant_bytes": int(constant_bytes),
-            "largest_tensor_bytes": int(runtime.get(name, 0)), "largest_tensor_shape": shapes.get(name, [])}
+            "largest_tensor_bytes": int(runtime[name]), "largest_tensor_shape": shapes[name]}
