@@ -13,8 +13,9 @@ and the tests, .cache/mutation/<module>/ (mutmut then mutates its own copy, muta
 TensorFlow's autograph re-reads source files while it traces, so nothing the tool writes may touch
 the checkout. mutmut runs with one worker (`--max-children 1`), each mutant against only the
 configured tests that executed the mutated function. `--resume` and `--survivors` keep the work dir
-and its results (the module must be unchanged since), copy the current tests into it and run the
-mutants not yet tested, or again the ones that survived (after tests were added).
+and its results (the module must be unchanged since), copy the current tests and the configured test
+selection into it and run the mutants not yet tested, or again the ones that survived (after tests
+were added).
 
 The report: killed (timeouts count as killed), survived, no tests (mutants in code that no
 configured test runs: counted as survivors), equivalent, not run yet (an interrupted run), and the
@@ -51,6 +52,13 @@ def work_dir(module):
     return WORK / module.replace("/", "__").removesuffix(".py")
 
 
+def _checked_tests(module, entry):
+    missing = [t for t in entry["tests"] if not (ROOT / t.split("::")[0]).is_file()]
+    if missing:
+        sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module}: no such test file: {', '.join(missing)}")
+    return entry["tests"]
+
+
 def prepare(module, entry):
     """A fresh copy of the package, the tests and setup.cfg with the module's [mutmut] section."""
     work = work_dir(module)
@@ -62,14 +70,11 @@ def prepare(module, entry):
     shutil.copytree(ROOT / "export", work / "export", ignore=ignore)  # the device kit, which tests run
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(ROOT / "setup.cfg")
-    missing = [t for t in entry["tests"] if not (ROOT / t.split("::")[0]).is_file()]
-    if missing:
-        sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module}: no such test file: {', '.join(missing)}")
     cfg["mutmut"] = {
         "source_paths": "keras_posenc",
         "only_mutate": module,
         "also_copy": "\ntests\nexport\nsetup.cfg",
-        "pytest_add_cli_args_test_selection": "\n" + "\n".join(entry["tests"]),
+        "pytest_add_cli_args_test_selection": "\n" + "\n".join(_checked_tests(module, entry)),
         "pytest_add_cli_args": "\n-p\nno:cacheprovider",
         "use_git_change_detection": "false",
         # TensorFlow's runtime does not survive a fork once it has run ops (its thread pools stay in
@@ -86,8 +91,9 @@ def prepare(module, entry):
     return work
 
 
-def refresh_tests(module):
-    """The last run's work dir with the checkout's current tests; the module must be the same."""
+def refresh_tests(module, entry):
+    """The last run's work dir with the checkout's current tests and test selection; the module must be
+    the same."""
     work = work_dir(module)
     copy = work / module
     if not copy.is_file():
@@ -96,6 +102,11 @@ def refresh_tests(module):
         sys.exit(f"error: {module} changed since its last run: run it again without --resume")
     shutil.rmtree(work / "tests")
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(work / "setup.cfg")
+    cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(_checked_tests(module, entry))
+    with open(work / "setup.cfg", "w", encoding="utf-8") as f:
+        cfg.write(f)
     return work
 
 
@@ -185,7 +196,7 @@ def main(argv=None):
     if not args.report:
         names = ()
         if args.resume or args.survivors:
-            work = refresh_tests(args.module)
+            work = refresh_tests(args.module, entry)
             if args.survivors:
                 names = sorted(k for k, c in results(work, args.module).items()
                                if c is not None and c not in KILLED)
