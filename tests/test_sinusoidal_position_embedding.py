@@ -466,6 +466,24 @@ def test_call_argument_messages_in_full():
             in _message_lines(lambda: languages(x, language_ids=tf.constant([2]))))
 
 
+def test_range_messages_inside_a_graph():
+    # In a traced graph the range checks run with the call; the lengths match, so only they can fail.
+    layer = SinusoidalPositionEmbedding(max_length=8, num_languages=3)
+    fn = tf.function(lambda x, ids, languages: layer(x, position_ids=ids, language_ids=languages))
+    x = tf.zeros([2, 3, DEPTH])
+    good_ids, good_languages = tf.constant([[0, 1, 2], [5, 6, 7]]), tf.constant([0, 2])
+    assert fn(x, good_ids, good_languages).shape == (2, 3, DEPTH)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        fn(x, tf.constant([[0, 1, 2], [70, 90, 80]]), good_languages)
+    assert "`position_ids` must be in [0, max_length=8), got min 0 and max 90." in str(error.value)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        fn(x, good_ids, tf.constant([0, 3]))
+    assert "`language_ids` must be in [0, num_languages=3), got min 0 and max 3." in str(error.value)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        fn(x, good_ids, tf.constant([[0, 1, 1], [2, -1, 0]]))
+    assert "`language_ids` must be in [0, num_languages=3), got min -1 and max 2." in str(error.value)
+
+
 def test_extend_without_a_mask_in_a_graph_of_any_length():
     # A length known only when the graph runs: rows inside the table and past it.
     layer = SinusoidalPositionEmbedding(max_length=4, overflow="extend")
