@@ -417,6 +417,8 @@ SELECTS = {
     "runtime [6]": (lambda: _where([1, 4, 6], "x", [6]), False),
     "runtime [6] first": (lambda: _where([1, 4, 6], [6], "x"), False),
     "runtime [1, 1, 6]": (lambda: _where([1, 4, 6], "x", [1, 1, 6]), False),
+    "runtime [1, 6]": (lambda: _where([4, 6], "x", [1, 6]), False),
+    "runtime [2]": (lambda: _where([1, 4, 2], "x", [2]), False),
     "constant row [1, 6]": (lambda: _where([4, 6], "x", C24[:1]), False),
     "constant 2-D of the output's shape": (lambda: _where([4, 6], C24, np.float32(0)), False),
     "constant 2-D second": (lambda: _where([4, 6], np.float32(0), C24), False),
@@ -503,6 +505,9 @@ def test_float16_constant_of_a_mul_still_needs_one_input_to_cover_the_other():
     warned = any("MUL requires" in line for line in gpu_warnings(flat))
     assert verdict(flat, "opencl") == (["MUL"] if warned else []) == verdict(flat, "webgpu")
     assert verdict(WithoutAnalyzerWarnings(flat), "opencl") == []
+    # The GL reasons belong to the GL verdict only.
+    assert verdicts.verdict_line(flat, "opencl") == (f"{OPENCL}: {NOT_ACCELERATED}MUL" if warned
+                                                     else f"{OPENCL}: all 2 ops run on the GPU")
 
 
 def test_float16_table_gathered_by_runtime_ids():
@@ -528,6 +533,19 @@ def test_analyzer_warnings_name_the_op_they_follow():
     assert verdict(flat, "gl") == ["STRIDED_SLICE"]
     if warned:
         assert verdicts.verdict_line(flat, "opencl") == f"{OPENCL}: {NOT_ACCELERATED}STRIDED_SLICE"
+
+
+def test_analyzer_warnings_after_a_folded_fully_connected_still_count():
+    # The float16 FULLY_CONNECTED's "runtime inputs" warning is passed over; the 2-D STRIDED_SLICE
+    # after it is still refused by TF 2.12's analyzer.
+    import tensorflow as tf
+
+    flat = tflite(lambda x: (tf.matmul(x, FC_WEIGHTS) + FC_BIAS)[:, 1:3], ([2, 8], "float32"), float16=True)
+    names = [op.name for op in operators(flat)]
+    assert names[2:] == ["FULLY_CONNECTED", "STRIDED_SLICE"] and sorted(names[:2]) == ["DEQUANTIZE"] * 2
+    warned = any("STRIDED_SLICE" in line for line in gpu_warnings(flat))
+    assert verdict(flat, "opencl") == (["STRIDED_SLICE"] if warned else []) == verdict(flat, "webgpu")
+    assert verdict(flat, "gl") == ["STRIDED_SLICE"]
 
 
 def test_verdict_line_takes_a_decoded_file():
