@@ -276,3 +276,48 @@ def test_quality_prompts_take_the_first_real_tokens_of_the_first_rows():
     assert quality_prompts(rows, 0, 16, count=5, length=2) == [[5, 6], [3, 4], [9, 9], [1, 2]]
     assert quality_prompts(rows, 9, 16, count=4, length=3) == [[5, 6, 7], [0, 0, 0], [3, 0, 4], [0, 0, 0]]
     assert all(type(token) is int for prompt in quality_prompts(rows, 0, 8) for token in prompt)
+
+
+def test_the_given_interpreter_runs_both_files(lm):
+    import tensorflow as tf
+
+    from keras_posenc.export.conversion import ModelSpec
+    from keras_posenc.export.quality import quantization_quality
+
+    ran = []
+
+    class Recording(tf.lite.Interpreter):
+        def __init__(self, model_content):
+            ran.append(len(model_content))
+            super().__init__(model_content=model_content)
+
+    float_file = export.export_and_check(lm, sequence_length=LENGTH, target="cpu").exported
+    int8_file = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="int8").exported
+    quantization_quality(ModelSpec.of(lm, LENGTH, 1), float_file, int8_file, _held_out_rows(rows=2),
+                         interpreter=Recording)
+    assert sorted(set(ran)) == sorted({len(float_file), len(int8_file)})
+
+
+def test_language_ids_reach_both_files():
+    from keras_posenc.export.conversion import ModelSpec
+    from keras_posenc.export.quality import quantization_quality
+    from keras_posenc.models import CausalLM
+
+    keras.utils.set_random_seed(4)
+    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
+                          dropout=0.0, num_languages=2), name="lm")
+    model.build_on_dummy()
+    scales = [weight for weight in model.weights if "language_scale" in weight.name]
+    assert len(scales) == 1
+    scales[0].assign([1.0, 0.25])
+    rows = _held_out_rows(rows=3)
+    languages = np.repeat(np.array([[1], [0], [1]], np.int32), LENGTH, axis=1)  # the file takes [1, T]
+    float_file = export.export_and_check(model, sequence_length=LENGTH, target="cpu").exported
+    int8_file = export.export_and_check(model, sequence_length=LENGTH, target="cpu", quantize="int8").exported
+    quality = quantization_quality(ModelSpec.of(model, LENGTH, 1), float_file, int8_file, rows, languages)
+    keras_logits = ops.convert_to_numpy(model(rows, language_ids=languages, training=False))
+    expected, _ = reference_cross_entropy(keras_logits, rows, pad_id=0)
+    other, _ = reference_cross_entropy(ops.convert_to_numpy(model(rows, language_ids=1 - languages,
+                                                                  training=False)), rows, pad_id=0)
+    assert abs(expected - other) > 1e-3  # the languages differ
+    assert quality["loss_float"] == pytest.approx(expected, rel=1e-5)
