@@ -161,3 +161,32 @@ def test_an_unknown_signature_is_named_with_the_file_s():
     with pytest.raises(ValueError) as error:
         graph_cost(_two_signatures(), "decode")
     assert str(error.value) == "`signature`='decode' is not in the file; it has ['big', 'small']."
+
+
+def test_a_buffer_shared_by_two_constants_counts_once():
+    import tensorflow as tf
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    first, second = _constant(3, 5), _constant(3, 5) * 2.0
+    dense = tf.function(lambda x: tf.matmul(x, first) + tf.matmul(x, second), input_signature=[_spec(4, 3)])
+    flat = _tflite(dense)
+    assert graph_cost(flat)["constant_bytes"] == 2 * 3 * 5 * 4
+    # point the second weight's tensor at the first one's buffer (as a deduplicating writer does)
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flat))
+    buffers = model.buffers
+    weights = [t for t in model.subgraphs[0].tensors
+               if buffers[t.buffer].data is not None and len(buffers[t.buffer].data) == 3 * 5 * 4]
+    assert len(weights) == 2
+    weights[1].buffer = weights[0].buffer
+    shared = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    assert graph_cost(shared)["constant_bytes"] == 3 * 5 * 4
+
+
+def test_the_largest_tensor_counts_bytes_of_its_own_type():
+    import tensorflow as tf
+
+    # int8 [100] in (100 bytes), three of them out as float32 (12 bytes): the int8 input is the largest
+    head = tf.function(lambda x: tf.cast(x[:3], tf.float32) * 2.0,
+                       input_signature=[tf.TensorSpec([100], tf.int8)])
+    cost = graph_cost(_tflite(head))
+    assert (cost["largest_tensor_bytes"], cost["largest_tensor_shape"]) == (100, [100])

@@ -82,7 +82,7 @@ def graph_cost(tflite_bytes, signature=None):
     constant_bytes = 0
     graphs = model.subgraphs
     if signature is not None:
-        keys = {_text(definition.signatureKey): definition.subgraphIndex
+        keys = {definition.signatureKey.decode(): definition.subgraphIndex
                 for definition in model.signatureDefs or []}
         if signature not in keys:
             raise ValueError(f"`signature`={signature!r} is not in the file; it has {sorted(keys)}.")
@@ -113,10 +113,6 @@ def graph_cost(tflite_bytes, signature=None):
             multiply_adds += _multiply_adds(names[op.opcodeIndex], inputs, output)
     return {"multiply_adds": int(multiply_adds), "constant_bytes": int(constant_bytes),
             "largest_tensor_bytes": int(largest), "largest_tensor_shape": largest_shape}
-
-
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def onnx_cost(onnx_bytes):
