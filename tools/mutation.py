@@ -68,12 +68,13 @@ def prepare(module, entry):
     shutil.copytree(ROOT / "keras_posenc", work / "keras_posenc", ignore=ignore)
     shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
     shutil.copytree(ROOT / "export", work / "export", ignore=ignore)  # the device kit, which tests run
+    shutil.copytree(ROOT / "tools", work / "tools", ignore=ignore)  # the corpus builder, which tests run
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(ROOT / "setup.cfg")
     cfg["mutmut"] = {
         "source_paths": "keras_posenc",
         "only_mutate": module,
-        "also_copy": "\ntests\nexport\nsetup.cfg",
+        "also_copy": "\ntests\nexport\ntools\nsetup.cfg",
         "pytest_add_cli_args_test_selection": "\n" + "\n".join(_checked_tests(module, entry)),
         "pytest_add_cli_args": "\n-p\nno:cacheprovider",
         "use_git_change_detection": "false",
