@@ -31,6 +31,7 @@ def _reference(length, segments=None, mask=None, causal=False):
 
 def _equal(actual, expected):
     assert actual[0].dtype == bool and actual[1].dtype == bool
+    assert actual[0].shape == expected[0].shape and actual[1].shape == expected[1].shape
     np.testing.assert_array_equal(actual[0], expected[0])
     np.testing.assert_array_equal(actual[1], expected[1])
 
