@@ -12,6 +12,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -73,6 +74,12 @@ def test_without_a_variable_this_python_when_it_imports_the_module(no_variables)
     assert runtime_python() == (sys.executable if builder else None)  # the bundle builder by default
 
 
+def test_this_python_is_the_litert_python_once_it_imports_the_bundle_builder(no_variables):
+    no_variables.setitem(sys.modules, "litert_lm_builder", types.ModuleType("litert_lm_builder"))
+    assert runtime_python() == sys.executable
+    assert runtime_python(module="litert_quantizer_no_such_module") is None
+
+
 @pytest.mark.parametrize("kind", ["missing", "not executable", "folder"])
 def test_what_is_not_an_executable_file_is_refused_with_the_install_line(no_variables, tmp_path, kind):
     path = tmp_path / "python"
@@ -117,10 +124,12 @@ def test_a_failing_script_raises_with_its_exit_status_and_last_three_log_lines(t
     assert not (tmp_path / "out.tflite").exists()
 
 
-def test_the_script_runs_the_command_it_is_given():
+def test_the_script_runs_the_command_it_is_given(tmp_path, monkeypatch):
     """`pack` is no command of litert_runtime.py: it fails on the command, after reading the spec file."""
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(RuntimeError) as error:
         run_script(sys.executable, "litert_runtime.py", "pack", {"model": "m.tflite"})
+    assert os.listdir(tmp_path) == []  # the spec went to a folder of its own, gone now
     assert str(error.value).startswith("LiteRT `pack` failed (exit 1): ")
     assert str(error.value).endswith(" | KeyError: 'pack'")
 
@@ -171,8 +180,9 @@ def test_an_error_in_the_server_reaches_the_caller_and_the_server_goes_on(tmp_pa
     assert runtime.process.returncode == 0
 
 
-def test_a_server_that_exits_is_reported_with_its_status(tmp_path):
-    python = executable(tmp_path / "python", "#!/bin/sh\nread request\nexit 3\n")
+def test_a_server_that_exits_is_reported_with_its_status_and_its_log_is_not_shown(tmp_path, capfd):
+    server = "#!/bin/sh\necho 'INFO: a runtime log line' >&2\nread request\nexit 3\n"
+    python = executable(tmp_path / "python", server)
     runtime = RemoteRuntime(python)
     with pytest.raises(RuntimeError) as error:
         runtime.request(op="open", path="model.tflite")
@@ -181,6 +191,7 @@ def test_a_server_that_exits_is_reported_with_its_status(tmp_path):
     runtime.close()  # nothing left to tell: only the folder goes
     assert runtime.process.returncode == 3
     assert not os.path.exists(folder)
+    assert capfd.readouterr() == ("", "")
 
 
 def test_a_server_that_does_not_end_on_close_is_killed(tmp_path, monkeypatch):

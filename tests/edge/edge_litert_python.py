@@ -80,6 +80,8 @@ def test_invoke_by_tensor_index(runtime, model_file):
     interpreter = runtime.interpreter(model_content=model_file)
     ids, x = interpreter.get_input_details()
     twice, y = interpreter.get_output_details()
+    with pytest.raises(KeyError):
+        interpreter.get_tensor(y["index"])  # no outputs before an invoke
     interpreter.set_tensor(x["index"], X)
     interpreter.set_tensor(ids["index"], IDS)
     interpreter.invoke()
