@@ -162,8 +162,21 @@ def test_close_ends_the_server_and_removes_its_files(edge, model_file):
     assert not os.path.exists(folder)
 
 
-def test_the_quantize_script_writes_int8_weights(edge, tmp_path):
-    """LiteRT Quantizer, dynamic int8 channel-wise: the weights become INT8, the results stay close."""
+def _weight_scales(flat):
+    """The number of quantization scales of the FULLY_CONNECTED weights."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flat))
+    graph = model.subgraphs[0]
+    (op,) = [op for op in graph.operators
+             if flatbuffer_utils.opcode_to_name(model, op.opcodeIndex) == "FULLY_CONNECTED"]
+    return len(graph.tensors[op.inputs[1]].quantization.scale)
+
+
+@pytest.mark.parametrize("granularity,scales", [("CHANNELWISE", 16), ("TENSORWISE", 1)])
+def test_the_quantize_script_writes_int8_weights(edge, tmp_path, granularity, scales):
+    """LiteRT Quantizer, dynamic int8: the weights become INT8 with a scale per output channel (or one
+    for the tensor), the results stay close."""
     import tensorflow as tf
 
     weights = np.linspace(-1.0, 1.0, 64 * 16, dtype=np.float32).reshape(64, 16)
@@ -173,12 +186,13 @@ def test_the_quantize_script_writes_int8_weights(edge, tmp_path):
     source.write_bytes(tf.lite.TFLiteConverter.from_concrete_functions([dense.get_concrete_function()]).convert())
     result, log = run_script(edge.litertlm_python(), "litert_runtime.py", "quantize",
                              {"model": str(source), "out": str(out),
-                              "configs": [["FULLY_CONNECTED", 8, "CHANNELWISE"]]}, timeout=300)
+                              "configs": [["FULLY_CONNECTED", 8, granularity]]}, timeout=300)
     assert result == {"out": str(out), "bytes": out.stat().st_size, "shared": 0}
     assert isinstance(log, str)
     flat = out.read_bytes()
     (op,) = [op for op in operators(flat) if op.name == "FULLY_CONNECTED"]
     assert op.inputs[1] == ((16, 64), True, "INT8")
+    assert _weight_scales(flat) == scales
     assert out.stat().st_size < source.stat().st_size / 2
     with RemoteRuntime(edge.litertlm_python()) as runtime:
         interpreter = runtime.interpreter(model_content=flat)
