@@ -321,3 +321,38 @@ def test_language_ids_reach_both_files():
                                                                   training=False)), rows, pad_id=0)
     assert abs(expected - other) > 1e-3  # the languages differ
     assert quality["loss_float"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_host_table_file_is_fed_its_own_rows(lm):
+    import tensorflow as tf
+
+    from keras_posenc.export.conversion import host_embedding_table
+
+    rows = _held_out_rows(rows=4, seed=9)
+    result = export.export_and_check(lm, sequence_length=LENGTH, target="gpu", quantize="float16",
+                                     eval_token_ids=rows)
+    assert result.embedding == "host" and result.host_table.dtype == np.float16
+    float_file = export.export_and_check(lm, sequence_length=LENGTH, target="gpu").exported
+
+    def logits(flat, table):
+        interpreter = tf.lite.Interpreter(model_content=flat)
+        interpreter.allocate_tensors()
+        inputs = {detail["name"]: detail["index"] for detail in interpreter.get_input_details()}
+        assert set(inputs) == {"token_ids", "embeddings"}
+        out = []
+        for ids in rows:
+            interpreter.set_tensor(inputs["token_ids"], ids[None])
+            interpreter.set_tensor(inputs["embeddings"], table[ids][None].astype(np.float32))
+            interpreter.invoke()
+            out.append(interpreter.get_tensor(interpreter.get_output_details()[0]["index"])[0])
+        return np.asarray(out, np.float64)
+
+    float_table = host_embedding_table(lm)
+    expected_float, _ = reference_cross_entropy(logits(float_file, float_table), rows, 0)
+    # the float16 file reads the float16 rows it ships with, not the float32 table
+    fed_own, _ = reference_cross_entropy(logits(result.exported, result.host_table), rows, 0)
+    fed_float32, _ = reference_cross_entropy(logits(result.exported, float_table), rows, 0)
+    assert fed_own != fed_float32
+    quality = result.report["quality"]
+    assert quality["loss_float"] == pytest.approx(expected_float, rel=1e-9)
+    assert quality["loss_quantized"] == pytest.approx(fed_own, rel=1e-9)
