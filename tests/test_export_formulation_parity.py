@@ -30,6 +30,7 @@ IDS = np.array([[3, 4, 5, 0, 0, 0], [0, 0, 7, 8, 9, 1], [4, 4, 8, 9, 10, 11]], n
 POSITIONS = np.array([[5, 4, 3, 2, 1, 0], [2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 2, 2]], np.int32)
 SEGMENTS = np.array([[1, 1, 2, 2, 2, 3], [1, 2, 2, 3, 3, 3], [1, 1, 1, 1, 2, 2]], np.int32)
 LANGUAGES = np.array([1, 0, 1], np.int32)
+LANGUAGE_TOKENS = np.array([[0, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 1], [0, 0, 1, 1, 1, 1]], np.int32)
 
 
 def context(target):
@@ -67,8 +68,8 @@ def encoder_layer(**kwargs):
     return randomize(layer, 3)
 
 
-def encoder(**kwargs):
-    layer = Encoder(1, DEPTH, 2, 16, VOCAB, 16, dropout=0.0, **kwargs)
+def encoder(dropout=0.0, **kwargs):
+    layer = Encoder(1, DEPTH, 2, 16, VOCAB, 16, dropout=dropout, **kwargs)
     layer(IDS[:1], **({"language_ids": LANGUAGES[:1]} if kwargs.get("num_languages") else {}))
     return randomize(layer, 4)
 
@@ -185,14 +186,17 @@ def _embedding_calls(layer, target, function, arguments, host=None):
 
 
 @pytest.mark.parametrize("arguments", ["", "position_ids", "segment_ids", "language_ids",
-                                       "language_ids_per_token"])
+                                       "language_ids_per_token", "pad_id"])
 @pytest.mark.parametrize("function, target", EMBEDDINGS)
 def test_embedding_matches_the_layer(function, target, arguments):
     per_token = arguments == "language_ids_per_token"
-    layer = token_layer(num_languages=2) if arguments.startswith("language") else token_layer()
+    if arguments.startswith("language"):
+        layer = token_layer(num_languages=2)
+    else:  # pad id 4: the last row's first two tokens are padding
+        layer = token_layer(pad_id=4) if arguments == "pad_id" else token_layer()
     given = {"position_ids": POSITIONS, "segment_ids": SEGMENTS,
-             "language_ids": np.repeat(LANGUAGES[:, None], LENGTH, 1) if per_token else LANGUAGES}
-    name = "language_ids" if per_token else arguments
+             "language_ids": LANGUAGE_TOKENS if per_token else LANGUAGES}
+    name = "" if arguments == "pad_id" else "language_ids" if per_token else arguments
     kwargs = {name: given[name]} if name else {}
     want = layer(IDS, **{k: tf.constant(v) for k, v in kwargs.items()}).numpy()
     assert_close(_embedding_calls(layer, target, function, kwargs), want, EMBED_TOL)
@@ -212,7 +216,7 @@ def test_embedding_with_host_rows_and_unscaled_tokens(function, target, scale_em
 
 
 def test_cpu_and_tensorrt_position_ids_restart_in_constant_segments():
-    layer = token_layer()
+    layer = token_layer(zero_padding=False)  # row 0 at padding
     segments = SEGMENTS[:1]
     for target, function in (("cpu", gather.embedding_lookup), ("tensorrt", gather.embedding)):
         def run(ids, target=target, function=function):
@@ -287,6 +291,20 @@ def test_encoder_layer_takes_the_additive_bias_its_encoder_builds(function, targ
     assert_close(got, want, ENCODER_TOL)
 
 
+@pytest.mark.parametrize("target", ["gl", "gpu"])
+def test_encoder_layer_in_a_model_gets_the_padding_mask(target):
+    # Keras hands the embedding's padding mask to the wrapped EncoderLayer: the file masks padding keys.
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    embedded = TokenAndPositionEmbedding(VOCAB, DEPTH, 16, dropout=0.0)(ids)
+    model = keras.Model(ids, EncoderLayer(DEPTH, 2, 16, dropout=0.0)(embedded))
+    randomize(model, 10)
+    flat = export.to_tflite(model, sequence_length=LENGTH, target=target)
+    assert export.check_parity(model, flat, IDS) <= ENCODER_TOL
+    # Without the mask the real tokens would attend to the padding: a visible difference.
+    unmasked = model.layers[-1](tf.identity(model.layers[1](IDS[:2])))  # a plain tensor: no mask
+    assert np.abs(unmasked.numpy() - model(IDS[:2]).numpy())[real_rows(IDS[:2])].max() > 1e-3
+
+
 def test_gl_encoder_layer_refuses_a_batch_of_two():
     layer = encoder_layer()
     with pytest.raises(ValueError, match="batch 1 only"):
@@ -317,10 +335,11 @@ def _encoder_calls(layer, target, function, arguments, batch=None, host=None, **
 
 
 @pytest.mark.parametrize("case", ["plain", "causal_norm_first", "segments", "causal_segments", "host",
-                                  "attention_mask"])
+                                  "attention_mask", "pad_id"])
 @pytest.mark.parametrize("function, target", ENCODERS)
 def test_encoder_matches_the_layer(function, target, case):
-    layer = encoder(norm_first=case == "causal_norm_first")
+    pad_id = 4 if case == "pad_id" else 0
+    layer = encoder(norm_first=case == "causal_norm_first", pad_id=pad_id)
     assert context(target).formulation_of(layer) is function
     causal = case.startswith("causal")
     arguments = {"segment_ids": SEGMENTS} if "segments" in case else {}
@@ -336,7 +355,7 @@ def test_encoder_matches_the_layer(function, target, case):
     if fed is not None:
         layer.embedding.token_embedding.embeddings.assign(fed)
     want = layer(IDS, **{k: tf.constant(v) for k, v in arguments.items()}, **options).numpy()
-    assert_close(got, want, ENCODER_TOL, real_rows(IDS))
+    assert_close(got, want, ENCODER_TOL, IDS != pad_id)
 
 
 def _with_constant_segments(layer, target, segments):
@@ -361,6 +380,30 @@ def test_encoder_with_position_ids_languages_and_constant_segments(function, tar
         out.append(graph_call(_with_constant_segments(layer, target, np.repeat(segments, batch, 0)),
                               IDS[part], POSITIONS[part], LANGUAGES[part]))
     assert_close(np.concatenate(out), want, ENCODER_TOL, real_rows(IDS))
+
+
+@pytest.mark.parametrize("function, target", ENCODERS)
+def test_encoder_with_dropout_exports_inference(function, target):
+    # Dropout on the embeddings, attention and feed-forward: the file computes the inference output.
+    layer = encoder(dropout=0.5)
+    want = layer(IDS, training=False).numpy()
+    assert_close(_encoder_calls(layer, target, function, {}), want, ENCODER_TOL, real_rows(IDS))
+
+
+@pytest.mark.parametrize("target", ["cpu", "tensorrt"])
+def test_cpu_and_tensorrt_encoders_take_a_runtime_attention_mask_per_row(target):
+    layer = encoder()
+    allowed = np.stack([np.tril(np.ones([LENGTH, LENGTH], bool)), np.ones([LENGTH, LENGTH], bool),
+                        np.tril(np.ones([LENGTH, LENGTH], bool)) | np.eye(LENGTH, k=2, dtype=bool)])
+    for segments in (None, SEGMENTS):
+        extra = {} if segments is None else {"segment_ids": tf.constant(segments)}
+        want = layer(IDS, attention_mask=tf.constant(allowed), **extra).numpy()
+        if segments is None:
+            got = graph_call(lambda ids, a: context(target).emit(layer, ids, attention_mask=a), IDS, allowed)
+        else:
+            got = graph_call(lambda ids, a, s: context(target).emit(layer, ids, attention_mask=a,
+                                                                    segment_ids=s), IDS, allowed, segments)
+        assert_close(got, want, ENCODER_TOL, real_rows(IDS))
 
 
 @pytest.mark.parametrize("position", ["rope", "alibi"])
@@ -427,8 +470,8 @@ def _causal_lm(**config):
 
 @pytest.mark.parametrize("target", ["gl", "gpu", "cpu"])
 def test_causal_lm_is_causal_and_returns_float32_logits(target):
-    model = _causal_lm()
-    want = model(IDS).numpy()
+    model = _causal_lm(dropout=0.5)  # the file computes the inference logits
+    want = model(IDS, training=False).numpy()
     batch = 1 if target == "gl" else 3
     got = np.concatenate([graph_call(lambda ids: context(target).emit(model, ids), IDS[r:r + batch])
                           for r in range(0, 3, batch)])
@@ -446,6 +489,11 @@ def test_causal_lm_takes_a_dict_of_inputs():
     assert_close(got, want, ENCODER_TOL, real_rows(IDS))
     got = graph_call(lambda ids, p, lang: gather.causal_lm(context("cpu"), model, ids, position_ids=p,
                                                            language_ids=lang), IDS, POSITIONS, LANGUAGES)
+    assert_close(got, want, ENCODER_TOL, real_rows(IDS))
+    # Ids the dict leaves out come from the keywords.
+    got = graph_call(lambda ids, p, lang: gather.causal_lm(context("cpu"), model, {"token_ids": ids},
+                                                           position_ids=p, language_ids=lang),
+                     IDS, POSITIONS, LANGUAGES)
     assert_close(got, want, ENCODER_TOL, real_rows(IDS))
 
 
