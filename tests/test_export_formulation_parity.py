@@ -7,6 +7,7 @@ length 6), every weight random (so a dropped LayerNorm gamma or language scale s
 with the layer's own call (float32; tolerances below).
 """
 
+import inspect
 import math
 
 import numpy as np
@@ -557,6 +558,8 @@ def test_formulated_layer_wraps_one_layer_with_its_signature():
     layer = encoder_layer()
     wrapped = formulation.Formulated.of(layer, ctx)
     assert type(wrapped).__name__ == "FormulatedEncoderLayer"
+    # Keras reads the call signature to decide what to pass (mask, training): the layer's own.
+    assert inspect.signature(type(wrapped).call) == inspect.signature(EncoderLayer.call)
     assert type(formulation.Formulated.of(encoder_layer(), ctx)) is type(wrapped)
     assert wrapped.name == f"{layer.name}_gl" and wrapped.layer is layer
     assert wrapped.formulation is gl.encoder_layer and wrapped.supports_masking
@@ -569,6 +572,11 @@ def test_formulated_layer_wraps_one_layer_with_its_signature():
     assert_close(got.numpy(), layer(x, mask=mask).numpy(), ENCODER_TOL, real_rows(IDS[1:2]))
     with pytest.raises(ValueError, match="No gl formulation for Dense 'plain'"):
         formulation.Formulated.of(keras.layers.Dense(3, name="plain"), ctx)
+
+
+def test_formulated_layer_takes_the_keras_layer_arguments():
+    wrapped = formulation.Formulated(encoder_layer(), context("gpu"), trainable=False)
+    assert wrapped.trainable is False
 
 
 def test_formulated_layer_builds_an_unbuilt_layer():
@@ -589,6 +597,13 @@ def test_formulate_wraps_the_formulated_layers_of_a_model():
     clone = conversion.rebuild(model, spec, ctx)
     wrapped = [layer for layer in clone.layers if isinstance(layer, formulation.Formulated)]
     assert [type(w.layer) for w in wrapped] == [TokenAndPositionEmbedding]
+    originals = {type(layer): layer for layer in model.layers}
+    assert wrapped[0].layer is not originals[TokenAndPositionEmbedding]  # a clone, the original untouched
+    # Without clone_layer, the model's own layers are wrapped.
+    inputs = keras.Input(batch_size=1, shape=(LENGTH,), dtype="int32", name="token_ids")
+    same = formulation.formulate(model, ctx, input_tensors=inputs)
+    wrapped = [layer for layer in same.layers if isinstance(layer, formulation.Formulated)]
+    assert [w.layer for w in wrapped] == [originals[TokenAndPositionEmbedding]]
     plain = conversion.rebuild(model, spec, None)
     assert not [layer for layer in plain.layers if isinstance(layer, formulation.Formulated)]
     lm = _causal_lm()
