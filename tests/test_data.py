@@ -433,3 +433,68 @@ def test_bucket_lengths_are_checked_sorted_and_deduplicated(sp_model):
     with pytest.raises(ValueError) as error:
         data.lm_dataset(TEXTS, sp_model, max_length=16, batch_size=0)
     assert str(error.value) == "`batch_size` must be a positive int, got batch_size=0."
+
+
+# Defaults and edges a caller relies on ---------------------------------------------------------
+def _label_rows(dataset):
+    return [row.tolist() for _, labels in dataset for row in labels.numpy()]
+
+
+def test_lm_dataset_shuffles_by_default_with_seed_0(sp_model):
+    examples = [f"{word} {i}" for i, word in enumerate(["cat", "dog", "fox", "owl"] * 6)]
+    kwargs = dict(max_length=16, batch_size=4, bucket_lengths=None)
+    default = _label_rows(data.lm_dataset(examples, sp_model, **kwargs))
+    assert default == _label_rows(data.lm_dataset(examples, sp_model, shuffle=True, seed=0, **kwargs))
+    assert default != _label_rows(data.lm_dataset(examples, sp_model, shuffle=False, **kwargs))
+    assert default != _label_rows(data.lm_dataset(examples, sp_model, shuffle=True, seed=1, **kwargs))
+
+
+def test_bucket_lengths_of_one_token_are_positive():
+    assert data.lm_dataset(TEXTS[:4], data.train_sentencepiece(TEXTS, vocab_size=40), max_length=16,
+                           batch_size=2, bucket_lengths=[1, 16]) is not None
+    with pytest.raises(ValueError, match=r"got bucket_lengths=\[0, 16\]"):
+        data.lm_dataset(TEXTS[:4], b"", max_length=16, batch_size=2, bucket_lengths=[0, 16])
+
+
+def test_split_corpus_default_seed_is_0():
+    examples = [f"line {i}" for i in range(40)]
+    assert data.split_corpus(examples) == data.split_corpus(examples, 0.1, seed=0)
+    assert data.split_corpus(examples) != data.split_corpus(examples, 0.1, seed=1)
+
+
+def test_load_corpus_keeps_bad_tsv_lines_an_error_by_default(tmp_path):
+    path = _write(tmp_path, "pairs.tsv", "hello\thallo\nno tab here\n")
+    with pytest.raises(data.CorpusError):
+        data.load_corpus(path, "tsv")
+    assert data.load_corpus(path, "tsv", skip_bad_lines=True) == [("hello", "hallo")]
+
+
+def test_corpus_texts_takes_both_sides_of_pairs_in_order():
+    assert data.corpus_texts(["a cat", ("hello", "hallo"), "b"]) == ["a cat", "hello", "hallo", "b"]
+    assert data.corpus_texts([]) == []
+
+
+def test_sentencepiece_training_prints_nothing(capfd):
+    data.train_sentencepiece(TEXTS, vocab_size=40)
+    captured = capfd.readouterr()
+    assert (captured.out, captured.err) == ("", "")
+
+
+def _labels_dataset(rows):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((tf.zeros([len(rows)]), tf.constant(rows, tf.int32))).batch(2)
+
+
+def test_unigram_cross_entropy_of_unseen_and_single_eval_tokens():
+    pad = data.PAD_ID
+    train = _labels_dataset([[5, 5, 6, pad]])
+    # add-one counts over ids 1..6 (pad excluded): id 4 never seen in training has count 1 of 9
+    assert data.unigram_cross_entropy(train, _labels_dataset([[4, pad]]), vocab_size=7) == pytest.approx(
+        math.log(9), rel=1e-12)
+    # one eval token is enough
+    assert data.unigram_cross_entropy(train, _labels_dataset([[5]]), vocab_size=7) == pytest.approx(
+        math.log(3), rel=1e-12)
+    with pytest.raises(data.CorpusError) as error:
+        data.unigram_cross_entropy(train, _labels_dataset([[pad, pad]]), vocab_size=7)
+    assert str(error.value) == "The evaluation split has no tokens."
