@@ -407,6 +407,23 @@ def test_cpu_and_tensorrt_encoders_take_a_runtime_attention_mask_per_row(target)
         assert_close(got, want, ENCODER_TOL, real_rows(IDS))
 
 
+def test_gpu_encoder_compares_segments_at_run_time_only_when_they_are_runtime_inputs():
+    layer = encoder()
+
+    def abs_ops(function, *arrays):
+        specs = [tf.TensorSpec(a.shape, tf.int32) for a in arrays]
+        graph = tf.function(function, input_signature=specs, autograph=False).get_concrete_function().graph
+        return sum(op.type == "Abs" for op in graph.get_operations())
+
+    ctx = context("gpu")
+    plain = abs_ops(lambda ids: gpu.encoder(ctx, layer, ids), IDS[:1])
+    runtime = abs_ops(lambda ids, s: gpu.encoder(ctx, layer, ids, segment_ids=s), IDS[:1], SEGMENTS[:1])
+    constant = abs_ops(lambda ids: gpu.encoder(ctx, layer, ids, segment_ids=tf.constant(SEGMENTS[:1])),
+                       IDS[:1])
+    # |q - k| of the segment ids in the traced graph only for runtime ids; constant ones are in the structure.
+    assert runtime > plain == constant
+
+
 @pytest.mark.parametrize("position", ["rope", "alibi"])
 @pytest.mark.parametrize("function, target", ENCODERS)
 def test_rope_and_alibi_encoders_match_the_layer(function, target, position):
