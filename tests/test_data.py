@@ -498,3 +498,34 @@ def test_unigram_cross_entropy_of_unseen_and_single_eval_tokens():
     with pytest.raises(data.CorpusError) as error:
         data.unigram_cross_entropy(train, _labels_dataset([[pad, pad]]), vocab_size=7)
     assert str(error.value) == "The evaluation split has no tokens."
+
+
+def test_truncated_pairs_keep_one_language_id_per_token(sp_model):
+    pairs = [(TEXTS[4], TEXTS[1])] * 3
+    ds = data.lm_dataset(pairs, sp_model, max_length=10, batch_size=3, shuffle=False, bucket_lengths=None)
+    features, labels = next(iter(ds))
+    assert features["token_ids"].shape == features["language_ids"].shape == labels.shape == (3, 10)
+    # the source alone is longer than 10 pieces: every kept token is on the source side
+    assert features["language_ids"].numpy().tolist() == [[0] * 10] * 3
+    long_pairs = [("short", TEXTS[4])] * 3
+    features, labels = next(iter(data.lm_dataset(long_pairs, sp_model, max_length=10, batch_size=3,
+                                                 shuffle=False, bucket_lengths=None)))
+    languages = features["language_ids"].numpy()
+    assert languages.shape == (3, 10) and languages[0, -1] == 1 and languages[0, 0] == 0
+
+
+def test_repeat_reshuffles_each_pass(sp_model):
+    examples = [f"{word} {i}" for i, word in enumerate(["cat", "dog", "fox", "owl"] * 4)]
+    ds = data.lm_dataset(examples, sp_model, max_length=16, batch_size=16, bucket_lengths=None, repeat=True)
+    passes = [[row.tolist() for row in labels.numpy()] for _, labels in ds.take(2)]
+    assert sorted(passes[0]) == sorted(passes[1])
+    assert passes[0] != passes[1]
+
+
+def test_rows_of_one_label_are_kept_and_rows_of_none_dropped(sp_model):
+    eos = data.EOS_ID
+    one = data.lm_dataset([""], sp_model, max_length=8, batch_size=4, shuffle=False, bucket_lengths=None)
+    assert _label_rows(one) == [[eos]]
+    none = data.lm_dataset(["", TEXTS[0]], sp_model, max_length=8, batch_size=4, shuffle=False,
+                           bucket_lengths=None, add_eos=False)
+    assert len(_label_rows(none)) == 1
