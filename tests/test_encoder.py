@@ -472,3 +472,43 @@ def test_config_holds_every_setting_and_round_trips():
     assert (clone.attention_norm.epsilon, clone.ffn_norm.epsilon) == (1e-3, 1e-3)
     assert clone.attention.get_config()["dropout"] == 0.25
     assert clone.attention_dropout.rate == clone.ffn_dropout.rate == 0.25
+
+
+def _message(call):
+    import re
+
+    with pytest.raises(ValueError) as error:
+        call()
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(error.value))
+
+
+def test_cache_argument_messages_in_full():
+    layer = EncoderLayer(d_model=8, num_heads=2, dff=16, dropout=0.0)
+    x = tf.zeros([1, 2, 8])
+    cache = tf.zeros([1, 2, 4, 2, 4])
+    ids = tf.constant([[0, 1]])
+    needs = "cached attention needs `cache_index` and `position_ids` (int [batch, length])."
+    assert needs in _message(lambda: layer(x, cache=cache, cache_index=0))
+    assert needs in _message(lambda: layer(x, cache=cache, position_ids=ids))
+    assert ("`attention_mask` cannot be combined with `cache`: cached attention is causal over the cache, "
+            "with padding given by `position_ids`." in _message(
+                lambda: layer(x, cache=cache, cache_index=0, position_ids=ids,
+                              attention_mask=tf.ones([1, 2, 2], tf.bool))))
+    for shape in ([1, 2, 4, 2, 3], [1, 3, 4, 2, 4], [1, 2, 4, 8]):
+        def call(shape=shape):
+            return layer(x, cache=tf.zeros(shape), cache_index=0, position_ids=ids)
+
+        assert (f"`cache` must have shape [batch, 2, cache_length, num_heads=2, head_dim=4], got shape "
+                f"{tuple(shape)}." in _message(call))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_steps_of_a_layer_with_dropout_equal_its_inference_pass(norm_first):
+    keras.utils.set_random_seed(11)
+    layer = EncoderLayer(d_model=8, num_heads=2, dff=16, dropout=0.5, norm_first=norm_first)
+    x = tf.random.normal([2, 5, 8], seed=3)
+    full = layer(x, use_causal_mask=True, training=False).numpy()
+    cache = tf.zeros([2, 2, 5, 2, 4])
+    for t in range(5):
+        out, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t, position_ids=tf.fill([2, 1], t))
+        np.testing.assert_allclose(out.numpy()[:, 0], full[:, t], rtol=0, atol=2e-6)
