@@ -15,13 +15,10 @@ import types
 
 import numpy as np
 import pytest
+from two_signature_model import IDS, WEIGHTS, V, X, two_signature_tflite
 
 from keras_posenc.export import litert_runtime
 
-WEIGHTS = np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5
-X = np.array([[0.5, -1.0, 2.0]], np.float32)
-IDS = np.array([3, -4], np.int32)
-V = np.array([0.0, 1.5, -2.0, 7.0], np.float32)
 PROJECT_INPUTS = [{"name": "project_ids:0", "index": 0, "shape": [2], "dtype": "int32"},
                   {"name": "project_x:0", "index": 1, "shape": [1, 3], "dtype": "float32"}]
 PROJECT_OUTPUTS = [{"name": "PartitionedCall:0", "index": 4, "shape": [2], "dtype": "int32"},
@@ -30,24 +27,8 @@ PROJECT_OUTPUTS = [{"name": "PartitionedCall:0", "index": 4, "shape": [2], "dtyp
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    """Signatures `project` (x[1, 3], ids[2] -> y = x @ W, twice = 2 ids) and `shift` (v[4] -> v + 1)."""
-    import tensorflow as tf
-
-    class Model(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([1, 3], tf.float32, name="x"),
-                                      tf.TensorSpec([2], tf.int32, name="ids")])
-        def project(self, x, ids):
-            return {"y": tf.matmul(x, tf.constant(WEIGHTS)), "twice": ids * 2}
-
-        @tf.function(input_signature=[tf.TensorSpec([4], tf.float32, name="v")])
-        def shift(self, v):
-            return {"shifted": v + 1.0}
-
-    model = Model()
     folder = tmp_path_factory.mktemp("model")
-    saved = str(folder / "saved")
-    tf.saved_model.save(model, saved, signatures={"project": model.project, "shift": model.shift})
-    flat = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=["project", "shift"]).convert()
+    flat = two_signature_tflite(folder)
     path = folder / "model.tflite"
     path.write_bytes(flat)
     return str(path)

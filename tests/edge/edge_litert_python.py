@@ -7,6 +7,7 @@ Quantizer's `quantize` script quantizes a FULLY_CONNECTED to int8 weights throug
 """
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -14,31 +15,16 @@ import pytest
 from keras_posenc.export.flatbuffer import operators
 from keras_posenc.export.litert_python import RemoteRuntime, run_script
 
-WEIGHTS = np.arange(6, dtype=np.float32).reshape(3, 2) - 2.5
-X = np.array([[0.5, -1.0, 2.0]], np.float32)
-IDS = np.array([3, -4], np.int32)
-V = np.array([0.0, 1.5, -2.0, 7.0], np.float32)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+from two_signature_model import IDS, WEIGHTS, V, X, two_signature_tflite  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
-    """Signatures `project` (x[1, 3], ids[2] -> y = x @ W, twice = 2 ids) and `shift` (v[4] -> v + 1)."""
-    import tensorflow as tf
-
-    class Model(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([1, 3], tf.float32, name="x"),
-                                      tf.TensorSpec([2], tf.int32, name="ids")])
-        def project(self, x, ids):
-            return {"y": tf.matmul(x, tf.constant(WEIGHTS)), "twice": ids * 2}
-
-        @tf.function(input_signature=[tf.TensorSpec([4], tf.float32, name="v")])
-        def shift(self, v):
-            return {"shifted": v + 1.0}
-
-    model = Model()
-    folder = str(tmp_path_factory.mktemp("saved"))
-    tf.saved_model.save(model, folder, signatures={"project": model.project, "shift": model.shift})
-    return tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=["project", "shift"]).convert()
+    return two_signature_tflite(tmp_path_factory.mktemp("saved"))
 
 
 @pytest.fixture(scope="module")
