@@ -529,3 +529,16 @@ def test_rows_of_one_label_are_kept_and_rows_of_none_dropped(sp_model):
     none = data.lm_dataset(["", TEXTS[0]], sp_model, max_length=8, batch_size=4, shuffle=False,
                            bucket_lengths=None, add_eos=False)
     assert len(_label_rows(none)) == 1
+
+
+@pytest.mark.parametrize("bucket_lengths", [None, [16]])
+def test_drop_remainder_drops_the_last_partial_batch(sp_model, bucket_lengths):
+    examples = [f"the cat {i}" for i in range(5)]
+
+    def batches(drop):
+        ds = data.lm_dataset(examples, sp_model, max_length=16, batch_size=2, shuffle=False,
+                             bucket_lengths=bucket_lengths, drop_remainder=drop)
+        return [int(labels.shape[0]) for _, labels in ds]
+
+    assert batches(False) == [2, 2, 1]
+    assert batches(True) == [2, 2]
