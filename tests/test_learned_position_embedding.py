@@ -133,10 +133,19 @@ def test_base_class_without_hooks_fails_clearly():
     with pytest.raises(TypeError) as error:
         Extendable(max_length=4, overflow="extend")(tf.zeros([1, 2, 3]), position_ids=tf.constant([[0, 5]]))
     assert missing("Extendable", "_computed_rows") in str(error.value)
-    # each hook called as a subclass's own code calls it (eagerly, outside a layer call)
+
+
+def test_each_missing_hook_called_directly_names_itself():
+    from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
+
+    class Incomplete(PositionEmbeddingBase):
+        pass
+
     layer = Incomplete(max_length=4)
     for hook, argument in (("_build_table", 3), ("_table_rows", np.array([[0, 1]], np.int32)),
                            ("_table_prefix", 2), ("_computed_rows", np.array([[5]], np.int32))):
         with pytest.raises(TypeError) as error:
-            getattr(layer, hook)(argument)
-        assert str(error.value) == missing("Incomplete", hook)
+            getattr(layer, hook)(argument)  # as a subclass's own code calls it, outside a layer call
+        assert str(error.value) == (
+            f"Incomplete subclasses PositionEmbeddingBase without defining `{hook}`; use "
+            "SinusoidalPositionEmbedding or LearnedPositionEmbedding, or define the three hooks.")
