@@ -165,25 +165,32 @@ EMBEDDINGS = [(gl.embedding, "gl"), (gl.embedding, "gpu"), (gather.embedding_loo
               (gather.embedding, "tensorrt")]
 
 
-def _embedding_calls(layer, target, function, arguments, host=None):
-    """The formulation's rows for every row of IDS, with `arguments` {name: array}: batch 1 on gl,
-    and with runtime segment ids on gpu."""
-    batch = 1 if target == "gl" or (target == "gpu" and "segment_ids" in arguments) else 3
+def _row_batches(target, batch, arguments, host, table_layer, call):
+    """`call(ctx, ids, **arguments)` traced on the rows of IDS, `batch` at a time, concatenated; with
+    `host`, the traced context also takes the rows of that table (`table_layer`'s lookup)."""
     names = list(arguments)
     out = []
     for rows in range(0, 3, batch):
         part = slice(rows, rows + batch)
         arrays = [IDS[part]] + [arguments[name][part] for name in names]
         if host is not None:  # the rows of the table `host`
-            arrays.append(host_rows(layer, IDS[part], host))
+            arrays.append(host_rows(table_layer, IDS[part], host))
 
         def run(ids, *others):
             ctx = context(target)
             with ctx.tracing(host_rows=others[-1] if host is not None else None):
-                return function(ctx, layer, ids, **dict(zip(names, others[:len(names)])))
+                return call(ctx, ids, **dict(zip(names, others[:len(names)])))
 
         out.append(graph_call(run, *arrays))
     return np.concatenate(out)
+
+
+def _embedding_calls(layer, target, function, arguments, host=None):
+    """The formulation's rows for every row of IDS, with `arguments` {name: array}: batch 1 on gl,
+    and with runtime segment ids on gpu."""
+    batch = 1 if target == "gl" or (target == "gpu" and "segment_ids" in arguments) else 3
+    return _row_batches(target, batch, arguments, host, layer,
+                        lambda ctx, ids, **given: function(ctx, layer, ids, **given))
 
 
 @pytest.mark.parametrize("arguments", ["", "position_ids", "segment_ids", "language_ids",
@@ -318,21 +325,8 @@ ENCODERS = [(gl.encoder, "gl"), (gpu.encoder, "gpu"), (gather.encoder, "cpu"), (
 
 def _encoder_calls(layer, target, function, arguments, batch=None, host=None, **options):
     batch = batch or (1 if target == "gl" else 3)
-    names = list(arguments)
-    out = []
-    for rows in range(0, 3, batch):
-        part = slice(rows, rows + batch)
-        arrays = [IDS[part]] + [arguments[name][part] for name in names]
-        if host is not None:  # the rows of the table `host`
-            arrays.append(host_rows(layer.embedding, IDS[part], host))
-
-        def run(ids, *others):
-            ctx = context(target)
-            with ctx.tracing(host_rows=others[-1] if host is not None else None):
-                return ctx.emit(layer, ids, **dict(zip(names, others[:len(names)])), **options)
-
-        out.append(graph_call(run, *arrays))
-    return np.concatenate(out)
+    return _row_batches(target, batch, arguments, host, layer.embedding,
+                        lambda ctx, ids, **given: ctx.emit(layer, ids, **given, **options))
 
 
 @pytest.mark.parametrize("case", ["plain", "causal_norm_first", "segments", "causal_segments", "host",
