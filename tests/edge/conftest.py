@@ -17,8 +17,9 @@ if HERE not in sys.path:
 from float16_rules import close_in_half_precision  # noqa: E402
 from runtime import runtimes  # noqa: E402
 
-# `make test` collects docstring examples from every module under tests/ (--doctest-modules), which would
-# import these files without the edge caches on the path; `make test-edge` names them, so they still run there.
+# `make test` collects docstring examples from every module under tests/ (--doctest-modules), which
+# would import these files without the edge caches on the path; `make test-edge` names them, so they
+# still run there.
 collect_ignore_glob = ["edge_*.py"]
 
 if os.path.isdir(runtimes.onnx_site()) and runtimes.onnx_site() not in sys.path:
