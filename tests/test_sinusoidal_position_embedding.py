@@ -1,5 +1,7 @@
 """SinusoidalPositionEmbedding (full table): values, padding, masks, languages, precision, errors."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -430,7 +432,6 @@ def test_large_and_small_batches_give_the_same_values(tmp_path):
 def _message_lines(call):
     """The lines of the ValueError or TypeError that `call` raises (Keras may add lines naming the
     layer and its arguments, and Keras 3 sets the message in bold)."""
-    import re
 
     with pytest.raises((ValueError, TypeError)) as error:
         call()
@@ -464,6 +465,46 @@ def test_call_argument_messages_in_full():
     # One row: its language alone decides the range check.
     assert ("`language_ids` must be in [0, num_languages=2), got min 2 and max 2."
             in _message_lines(lambda: languages(x, language_ids=tf.constant([2]))))
+
+
+def test_mask_messages_in_full():
+    layer = SinusoidalPositionEmbedding(max_length=8)
+    x = tf.zeros([1, 3, DEPTH])
+    assert ("`mask` must have shape [batch, length] = (1, 3), got shape (1, 3, 1)."
+            in _message_lines(lambda: layer(x, mask=tf.ones([1, 3, 1], tf.bool))))
+    graph = tf.function(lambda x, mask: layer(x, mask=mask), input_signature=[X_SPEC, MASK_SPEC])
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        graph(x, tf.ones([1, 4], tf.bool))
+    assert "`mask` must have shape [batch, length] = [1 3], got shape [1 4]." in str(error.value)
+
+
+def test_language_arguments_are_checked_on_the_masked_path_too():
+    # A mask alone takes the one-gather path: it must not skip the language checks.
+    x, mask = tf.zeros([1, 3, DEPTH]), tf.constant([[False, True, True]])
+    languages = SinusoidalPositionEmbedding(max_length=8, num_languages=2, name="pe")
+    assert ("SinusoidalPositionEmbedding 'pe' has num_languages=2: pass `language_ids` of shape [batch] or "
+            "[batch, length]." in _message_lines(lambda: languages(x, mask=mask)))
+    plain = SinusoidalPositionEmbedding(max_length=8, name="plain")
+    assert ("`language_ids` was given but SinusoidalPositionEmbedding 'plain' was built with "
+            "num_languages=None; pass num_languages=N to learn a scale per language."
+            in _message_lines(lambda: plain(x, mask=mask, language_ids=tf.constant([0]))))
+
+
+def test_mask_shape_is_checked_in_a_tf1_session():
+    # A session runs only the ops its fetches depend on: the output itself must carry the check, or a
+    # [1, 3] mask would broadcast a one-token input to three tokens without a word.
+    with tf.Graph().as_default():
+        layer = SinusoidalPositionEmbedding(max_length=8)
+        x = tf.compat.v1.placeholder(tf.float32, [None, None, DEPTH])
+        mask = tf.compat.v1.placeholder(tf.bool, [None, None])
+        out = layer(x, mask=mask)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            fine = session.run(out, {x: np.zeros([1, 3, DEPTH]), mask: [[True, True, False]]})
+            np.testing.assert_allclose(fine[0], expected_pe([0, 1, 0]) * [[1], [1], [0]], atol=1e-6)
+            message = "`mask` must have shape [batch, length] = [1 1], got shape [1 3]."
+            with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(message)):
+                session.run(out, {x: np.zeros([1, 1, DEPTH]), mask: np.ones([1, 3], bool)})
 
 
 def test_range_messages_inside_a_graph():
