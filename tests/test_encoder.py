@@ -482,6 +482,14 @@ def _message(call):
     return re.sub(r"\x1b\[[0-9;]*m", "", str(error.value))
 
 
+def test_input_shape_is_checked_on_a_built_layer_too():
+    layer = EncoderLayer(d_model=8, num_heads=2, dff=16, dropout=0.0)
+    layer(tf.zeros([1, 2, 8]))  # built: only `call` checks the inputs from now on
+    for shape in ((1, 2, 4), (2, 8)):
+        assert (f"`x` must have shape [batch, length, d_model=8], got shape {shape}."
+                in _message(lambda shape=shape: layer(tf.zeros(shape))))
+
+
 def test_cache_argument_messages_in_full():
     layer = EncoderLayer(d_model=8, num_heads=2, dff=16, dropout=0.0)
     x = tf.zeros([1, 2, 8])
