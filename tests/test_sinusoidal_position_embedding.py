@@ -475,7 +475,8 @@ def test_mask_messages_in_full():
     graph = tf.function(lambda x, mask: layer(x, mask=mask), input_signature=[X_SPEC, MASK_SPEC])
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
         graph(x, tf.ones([1, 4], tf.bool))
-    assert "`mask` must have shape [batch, length] = [1 3], got shape [1 4]." in str(error.value)
+    # TensorFlow prints a failed assertion's data in brackets: the message, whole.
+    assert "[`mask` must have shape [batch, length] = [1 3], got shape [1 4].]" in str(error.value)
 
 
 def test_language_arguments_are_checked_on_the_masked_path_too():
@@ -502,7 +503,7 @@ def test_mask_shape_is_checked_in_a_tf1_session():
             session.run(tf.compat.v1.global_variables_initializer())
             fine = session.run(out, {x: np.zeros([1, 3, DEPTH]), mask: [[True, True, False]]})
             np.testing.assert_allclose(fine[0], expected_pe([0, 1, 0]) * [[1], [1], [0]], atol=1e-6)
-            message = "`mask` must have shape [batch, length] = [1 1], got shape [1 3]."
+            message = "[`mask` must have shape [batch, length] = [1 1], got shape [1 3].]"
             with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(message)):
                 session.run(out, {x: np.zeros([1, 1, DEPTH]), mask: np.ones([1, 3], bool)})
 
