@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from tiny_lm import tiny_lm
 
 from keras_posenc import export
 from keras_posenc.backend import keras, ops
@@ -38,13 +39,7 @@ def test_next_token_cross_entropy_counts_real_targets_only():
 
 
 def _lm(seed=8):
-    from keras_posenc.models import CausalLM
-
-    keras.utils.set_random_seed(seed)
-    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
-                          dropout=0.0), name="lm")
-    model.build_on_dummy()
-    return model
+    return tiny_lm(VOCAB, seed)
 
 
 def _held_out_rows(rows=6, seed=1):

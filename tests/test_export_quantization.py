@@ -13,12 +13,12 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tiny_lm import tiny_lm
 
 from keras_posenc import export
-from keras_posenc.backend import is_keras3, keras
+from keras_posenc.backend import is_keras3
 from keras_posenc.export import contract, generator, host_table, quantization
 from keras_posenc.export.result import MIN_GENERATION_AGREEMENT, ExportResult
-from keras_posenc.models import CausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIT = os.path.join(ROOT, "export", "jetson")
@@ -28,11 +28,7 @@ VOCAB = 64
 
 @pytest.fixture(scope="module")
 def lm():
-    keras.utils.set_random_seed(5)
-    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
-                          dropout=0.0), name="lm")
-    model.build_on_dummy()
-    return model
+    return tiny_lm(VOCAB, seed=5)
 
 
 def _held_out(rows=8, seed=2):

@@ -6,13 +6,21 @@ file runs row by row in an `onnxruntime.InferenceSession` of its own, and the lo
 and logit error are recomputed from those logits.
 """
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
-from keras_posenc import export
-from keras_posenc.backend import keras
-from keras_posenc.export.host_table import dequantized_table
-from keras_posenc.export.quality import next_token_cross_entropy
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+from tiny_lm import tiny_lm  # noqa: E402
+
+from keras_posenc import export  # noqa: E402
+from keras_posenc.export.host_table import dequantized_table  # noqa: E402
+from keras_posenc.export.quality import next_token_cross_entropy  # noqa: E402
 
 LENGTH = 12
 VOCAB = 120
@@ -20,13 +28,7 @@ VOCAB = 120
 
 @pytest.fixture(scope="module")
 def lm():
-    from keras_posenc.models import CausalLM
-
-    keras.utils.set_random_seed(8)
-    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
-                          dropout=0.0), name="lm")
-    model.build_on_dummy()
-    return model
+    return tiny_lm(VOCAB, seed=8)
 
 
 def _rows():
