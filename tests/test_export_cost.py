@@ -9,6 +9,7 @@ x the window (DEPTHWISE_CONV_2D), one per output element (MUL). No TensorFlow op
 import numpy as np
 import pytest
 
+from keras_posenc.export import conversion
 from keras_posenc.export.cost import graph_cost
 
 
@@ -17,11 +18,8 @@ def _tflite(*functions, module=None, keep_batch_matmul=False):
 
     converter = tf.lite.TFLiteConverter.from_concrete_functions(
         [function.get_concrete_function() for function in functions], module)
-    if keep_batch_matmul:  # else the converter unrolls BATCH_MATMUL into FULLY_CONNECTED per batch
-        if hasattr(converter, "unfold_batchmatmul"):
-            converter.unfold_batchmatmul = False
-        else:
-            converter._experimental_disable_batchmatmul_unfold = True
+    if keep_batch_matmul:
+        conversion.keep_batch_matmul(converter)
     return converter.convert()
 
 

@@ -170,11 +170,8 @@ def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph", lite
     # clone's variables (about 1 GB less peak memory at d_model 512, 6 layers, T = 512).
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(function)])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if target.keep_batch_matmul:  # the converter would unroll it into per-head FULLY_CONNECTED
-        if hasattr(converter, "unfold_batchmatmul"):
-            converter.unfold_batchmatmul = False
-        else:  # TF 2.12: the same switch, private
-            converter._experimental_disable_batchmatmul_unfold = True
+    if target.keep_batch_matmul:
+        keep_batch_matmul(converter)
     if recipe is not None:
         recipe.configure(converter)
     try:
@@ -183,6 +180,14 @@ def convert_tflite(spec, *, target="gpu", quantize=None, embedding="graph", lite
         raise ValueError(
             f"TFLite conversion with builtin ops only failed for model '{model.name}': {error}") from error
     return quantize_tflite(flat, recipe, litert_python=litert_python)
+
+
+def keep_batch_matmul(converter):
+    """Makes a `TFLiteConverter` keep BATCH_MATMUL, which it would unroll into per-head FULLY_CONNECTED."""
+    if hasattr(converter, "unfold_batchmatmul"):
+        converter.unfold_batchmatmul = False
+    else:  # TF 2.12: the same switch, private
+        converter._experimental_disable_batchmatmul_unfold = True
 
 
 def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding="graph", quantize=None,
