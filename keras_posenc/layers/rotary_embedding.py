@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_posenc.backend import is_tensorflow, is_tracer, keras, ops
+from keras_posenc.backend import dtype_name, is_tensorflow, is_tracer, keras, ops
 from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.layers.rope_scaling import (
     DYNAMIC_SCALINGS,
@@ -126,8 +126,9 @@ def apply_rotary(x, cos, sin, layout="half"):
 
 def _as_ids(position_ids):
     ids = ops.convert_to_tensor(position_ids)
-    if "int" not in str(ids.dtype):
-        raise TypeError(f"`position_ids` must be an integer tensor, got dtype {ids.dtype}.")
+    dtype = dtype_name(ids)
+    if "int" not in dtype:
+        raise TypeError(f"`position_ids` must be an integer tensor, got dtype {dtype}.")
     if len(ids.shape) not in (1, 2):
         raise ValueError(f"`position_ids` must have shape [batch, length] or [length], "
                          f"got shape {ids.shape}.")
