@@ -8,7 +8,7 @@ from layer_test_helper import run_layer_test, to_numpy
 
 from keras_posenc.backend import is_tensorflow
 from keras_posenc.layers import RotaryEmbedding
-from keras_posenc.layers.rotary_embedding import rotary_embedding
+from keras_posenc.layers.rotary_embedding import apply_rotary, rotary_cos_sin, rotary_embedding
 
 SCALINGS = [
     {},
@@ -165,3 +165,180 @@ def test_invalid_arguments_and_inputs():
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=4"):
         graph(tf.zeros([1, 2, 4]), tf.constant([[0, 9]]))
+
+
+# The function forms, the messages in full and the paths a plain call does not take -------------------
+def _message(call, error=(ValueError, TypeError)):
+    """The message of the error `call` raises, without the ANSI bold Keras 3 may add."""
+    import re
+
+    with pytest.raises(error) as raised:
+        call()
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(raised.value))
+
+
+def test_the_function_forms_default_to_half_pairs_and_take_the_base():
+    x, ids = _inputs([2, 3, 2, 8]), np.array([[0, 1, 2], [4, 7, 9]])
+    np.testing.assert_allclose(to_numpy(rotary_embedding(x, ids)), reference_rope(x, ids), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(rotary_embedding(x, ids, max_wavelength=500.0)),
+                               reference_rope(x, ids, base=500.0), atol=1e-6)
+    # [length] ids: the same positions for every row, also for [batch, length, heads, head_dim].
+    np.testing.assert_allclose(to_numpy(rotary_embedding(x, np.array([4, 7, 9]))),
+                               reference_rope(x, np.array([[4, 7, 9]] * 2)), atol=1e-6)
+    cos, sin = rotary_cos_sin(ids[:1], RotaryEmbedding().frequencies(8))
+    half = to_numpy(apply_rotary(x[:1, :, 0], cos, sin))
+    np.testing.assert_allclose(half, reference_rope(x[:1, :, 0], ids[:1]), atol=1e-6)
+
+
+def test_argument_messages_in_full():
+    x = np.zeros([1, 3, 4], np.float32)
+    assert ("`layout` must be one of ('half', 'interleave'), got layout='pairs'."
+            in _message(lambda: apply_rotary(x, np.ones([1, 3, 2]), np.zeros([1, 3, 2]), "pairs")))
+    assert ("`position_ids` must be an integer tensor, got dtype float32."
+            in _message(lambda: rotary_embedding(x, np.zeros([1, 3], np.float32))))
+    assert ("`position_ids` must have shape [batch, length] or [length], got shape (1, 1, 3)."
+            in _message(lambda: rotary_embedding(x, np.zeros([1, 1, 3], np.int32))))
+    assert "`length` must be >= 1, got length=0." in _message(lambda: RotaryEmbedding().freeze(0))
+
+
+def test_range_messages_in_full_at_the_ends():
+    layer = RotaryEmbedding(max_length=100, name="rope")
+    x = np.zeros([1, 2, 4], np.float32)
+    template = "Position ids must be in [0, max_length=100) of RotaryEmbedding 'rope', got min {} and max {}."
+    assert template.format(70, 200) in _message(lambda: layer(x, position_ids=np.array([[70, 200]])))
+    for single in (100, 2**31 - 1, -2**31):  # one id alone decides the check
+        assert template.format(single, single) in _message(
+            lambda single=single: layer(x[:, :1], position_ids=np.array([[single]])))
+    np.testing.assert_allclose(to_numpy(layer(_inputs([1, 2, 4]), position_ids=np.array([[99, 0]]))),
+                               reference_rope(_inputs([1, 2, 4]), np.array([[99, 0]])), atol=1e-5)
+    assert to_numpy(layer(x[:, :0], position_ids=np.zeros([1, 0], np.int32))).shape == (1, 0, 4)
+
+
+def test_a_call_of_max_length_tokens_uses_the_whole_table():
+    x = _inputs([1, 8, 4])
+    np.testing.assert_allclose(to_numpy(RotaryEmbedding(max_length=8)(x)),
+                               reference_rope(x, np.arange(8)[None]), atol=1e-6)
+
+
+@pytest.mark.parametrize("max_length", [None, 16])
+def test_an_attention_factor_of_two_doubles_the_rotation(max_length):
+    x, ids = _inputs([1, 3, 4]), np.array([[0, 5, 2]])
+    scaled = RotaryEmbedding(attention_factor=2.0, max_length=max_length)
+    np.testing.assert_allclose(to_numpy(scaled(x, position_ids=ids)), 2 * reference_rope(x, ids), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(scaled(x)), 2 * reference_rope(x, np.arange(3)[None]), atol=1e-6)
+
+
+def test_offsets_per_row_and_with_a_mask():
+    layer = RotaryEmbedding()
+    x = _inputs([2, 3, 4])
+    ids = np.array([[0, 1, 2], [0, 1, 2]])
+    out = to_numpy(layer(x, position_ids=ids, offset=np.array([0, 5])))
+    np.testing.assert_allclose(out, reference_rope(x, np.array([[0, 1, 2], [5, 6, 7]])), atol=1e-6)
+    masked = to_numpy(layer(x, mask=np.ones([2, 3], bool), offset=4))
+    np.testing.assert_allclose(masked, reference_rope(x, np.array([[4, 5, 6]] * 2)), atol=1e-6)
+
+
+def test_cos_sin_tables_of_the_call_or_the_frozen_length():
+    cos, sin = RotaryEmbedding(max_wavelength=500.0).cos_sin_tables(5, 8)
+    angles = reference_angles(np.arange(5), 8, base=500.0)
+    np.testing.assert_allclose(cos, np.cos(angles), atol=1e-7)
+    np.testing.assert_allclose(sin, np.sin(angles), atol=1e-7)
+    dynamic = RotaryEmbedding(scaling="dynamic", scaling_factor=2.0, original_length=4)
+    for frozen in (None, 16):
+        if frozen:
+            dynamic.freeze(frozen)
+        angles = np.arange(5)[:, None] * dynamic.frequencies(8, frozen or 5)
+        cos, sin = dynamic.cos_sin_tables(5, 8)
+        np.testing.assert_allclose(cos, np.cos(angles), atol=1e-7)
+        np.testing.assert_allclose(sin, np.sin(angles), atol=1e-7)
+    assert not np.allclose(dynamic.frequencies(8, 16), dynamic.frequencies(8, 5))
+
+
+@pytest.mark.parametrize("max_length", [None, 4])
+def test_dynamic_scaling_of_empty_ids(max_length):
+    layer = RotaryEmbedding(scaling="dynamic", scaling_factor=2.0, original_length=4, max_length=max_length)
+    out = layer(np.zeros([1, 0, 4], np.float32), position_ids=np.zeros([1, 0], np.int32))
+    assert to_numpy(out).shape == (1, 0, 4)
+
+
+LONGROPE = {"scaling": "longrope", "scaling_factor": 4.0, "original_length": 8,
+            "short_factor": [1.0, 1.5], "long_factor": [2.0, 6.0]}
+DYNAMIC = {"scaling": "dynamic", "scaling_factor": 2.0, "original_length": 64}
+
+
+@pytest.mark.parametrize("options, top", [(LONGROPE, 7), (LONGROPE, 8), (dict(LONGROPE, max_length=32), 7),
+                                          (dict(LONGROPE, max_length=32), 8), (DYNAMIC, 9000)])
+def test_call_length_switches_in_a_graph_as_in_eager_mode(options, top):
+    # Eagerly the ids' values pick the frequencies in NumPy; in a graph, ops do: at the original
+    # length itself LongRoPE keeps its short factors, one past it the long ones.
+    if not is_tensorflow():
+        pytest.skip("tf.function: the JAX runs trace with jax.jit in tests/test_keras3_rope_hf_configs.py")
+    import tensorflow as tf
+
+    layer = RotaryEmbedding(**options)
+    x, ids = _inputs([1, 3, 4]), np.array([[0, top - 1, top]])
+    eager = to_numpy(layer(x, position_ids=ids))
+    signature = [tf.TensorSpec([None, None, 4]), tf.TensorSpec([None, None], tf.int32)]
+    graph = tf.function(lambda x, ids: layer(x, position_ids=ids), input_signature=signature)
+    np.testing.assert_allclose(graph(x, ids).numpy(), eager, atol=2e-6)  # float64 angles in both
+    if options["scaling"] == "longrope":
+        short = to_numpy(layer(x, position_ids=np.array([[0, 6, 7]])))
+        assert (top <= 7) == np.allclose(eager, short, atol=1e-6)
+
+
+def test_a_frozen_layer_rotates_without_reverse():
+    # Exporters freeze the layer: every converter maps its ops (TensorFlow's own path uses one REVERSE).
+    if not is_tensorflow():
+        pytest.skip("TensorFlow graphs")
+    import tensorflow as tf
+
+    def op_types(layer):
+        function = tf.function(lambda x: layer(x)).get_concrete_function(tf.TensorSpec([1, 4, 8]))
+        return {op.type for op in function.graph.get_operations()}
+
+    frozen = RotaryEmbedding()
+    frozen.freeze(4)
+    assert "ReverseV2" in op_types(RotaryEmbedding())
+    assert "ReverseV2" not in op_types(frozen)
+    x = _inputs([1, 4, 8])
+    np.testing.assert_allclose(to_numpy(frozen(x)), reference_rope(x, np.arange(4)[None]), atol=1e-6)
+
+
+def test_range_check_inside_a_graph_and_a_tf1_session():
+    if not is_tensorflow():
+        pytest.skip("TensorFlow graphs")
+    import tensorflow as tf
+
+    message = ("[Position ids must be in [0, max_length=100) of RotaryEmbedding 'rope', got min 70 and "
+               "max 200.]")
+
+    def text(error):  # TensorFlow escapes the quotes of an assertion's data
+        return str(error.value).replace("\\'", "'")
+
+    layer = RotaryEmbedding(max_length=100, name="rope")
+    graph = tf.function(lambda x, ids: layer(x, position_ids=ids))
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        graph(tf.zeros([1, 2, 4]), tf.constant([[70, 200]]))
+    assert message in text(error)
+    # A session runs only what its fetches depend on: the rotated output must carry the check.
+    with tf.Graph().as_default():
+        layer = RotaryEmbedding(max_length=100, name="rope")
+        ids = tf.compat.v1.placeholder(tf.int32, [None, None])
+        out = layer(tf.zeros([1, 2, 4]), position_ids=ids)
+        with tf.compat.v1.Session() as session:
+            assert session.run(out, {ids: [[70, 99]]}).shape == (1, 2, 4)
+            with pytest.raises(tf.errors.InvalidArgumentError) as error:
+                session.run(out, {ids: [[70, 200]]})
+            assert message in text(error)
+
+
+def test_one_rotary_per_attention_type_names_and_messages():
+    gemma3 = {"model_type": "gemma3_text", "head_dim": 8, "rope_theta": 1e6}
+    named = RotaryEmbedding.from_hf_config_per_layer_type(gemma3, name="rope")
+    assert {k: v.name for k, v in named.items()} == {"full_attention": "rope_full_attention",
+                                                      "sliding_attention": "rope_sliding_attention"}
+    unnamed = RotaryEmbedding.from_hf_config_per_layer_type(gemma3)
+    assert not any(layer.name.startswith("None") for layer in unnamed.values())
+    assert ("The config has one RoPE for every layer (no `rope_parameters` per attention type): use "
+            "RotaryEmbedding.from_hf_config." in _message(
+                lambda: RotaryEmbedding.from_hf_config_per_layer_type({"head_dim": 8, "rope_theta": 5e5})))
