@@ -4,6 +4,7 @@
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --report # report the last run
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --resume # go on with the last run
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --survivors  # re-test its survivors
+    python tools/mutation.py keras_posenc/layers/rotary_embedding.py --jax  # survivors, on JAX
     python tools/mutation.py --list                                       # the modules configured
 
 tools/mutation.toml names, per module, the test files that cover it (or single tests,
@@ -16,6 +17,11 @@ configured tests that executed the mutated function. `--resume` and `--survivors
 and its results (the module must be unchanged since), copy the current tests and the configured test
 selection into it and run the mutants not yet tested, or again the ones that survived (after tests
 were added).
+
+mutmut runs the tests on the Keras 2 stack (.venv), where the branches for other backends never run.
+A module with `jax_tests` in its table can have its survivors re-tested on Keras 3's JAX backend
+(`--jax`: .venv-keras3, KERAS_BACKEND=jax, each survivor against all of `jax_tests`, stopping at the
+first failure); a survivor those tests kill counts as killed (jax_results.json in the work dir).
 
 The report: killed (timeouts count as killed), survived, no tests (mutants in code that no
 configured test runs: counted as survivors), equivalent, not run yet (an interrupted run), and the
@@ -152,8 +158,53 @@ def results(work, module):
         return json.load(f)["exit_code_by_key"]
 
 
-def report(module, entry, codes):
+JAX_PYTHON = ROOT / ".venv-keras3" / "bin" / "python"
+
+
+def jax_results_path(work):
+    return work / "jax_results.json"
+
+
+def jax_results(work, codes):
+    """Exit statuses of the survivors re-tested on JAX, for the mutants as they are now."""
+    path = jax_results_path(work)
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    return {k: c for k, c in saved.items() if k in codes and codes[k] is not None and codes[k] not in KILLED}
+
+
+def run_jax(module, entry, work, codes):
+    """Each survivor that is not listed as equivalent, against `jax_tests` on the JAX backend."""
+    tests = entry.get("jax_tests")
+    if not tests:
+        sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module} has no `jax_tests`")
+    if not JAX_PYTHON.is_file():
+        sys.exit(f"error: {JAX_PYTHON.relative_to(ROOT)} missing: run `make venv-keras3` first")
+    missing = [t for t in tests if not (ROOT / t.split("::")[0]).is_file()]
+    if missing:
+        sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module}: no such test file: {', '.join(missing)}")
+    equivalent = entry.get("equivalent", {})
+    names = sorted(k for k, c in codes.items() if c is not None and c not in KILLED and k not in equivalent)
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT / ".cache" / "mutmut-site"))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    saved = {}
+    for number, name in enumerate(names, 1):
+        env["MUTANT_UNDER_TEST"] = name
+        status = subprocess.call([str(JAX_PYTHON), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                  *tests], cwd=work / "mutants", env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        saved[name] = status
+        print(f"  [{number}/{len(names)}] {'killed' if status == 1 else f'exit {status}'} on JAX: {name}")
+    with open(jax_results_path(work), "w", encoding="utf-8") as f:
+        json.dump(saved, f, indent=1, sort_keys=True)
+
+
+def report(module, entry, codes, on_jax=None):
     equivalent = dict(entry.get("equivalent", {}))
+    on_jax = on_jax or {}
+    codes = {k: (1 if on_jax.get(k) == 1 else c) for k, c in codes.items()}
     untested = sorted(k for k, c in codes.items() if c is None)
     killed = sorted(k for k, c in codes.items() if c in KILLED)
     survived = sorted(k for k, c in codes.items() if c is not None and c not in KILLED)
@@ -162,8 +213,10 @@ def report(module, entry, codes):
     tested = len(codes) - len(untested)
     counted = tested - len(equivalent.keys() & set(survived))
     score = 100.0 * len(killed) / counted if counted else 100.0
+    by_jax = sum(1 for c in on_jax.values() if c == 1)
     print(f"\n{module}: {len(killed)} killed / {counted} counted ({len(codes)} mutants, "
-          f"{tested - counted} equivalent, {len(untested)} not run yet): score {score:.1f}%")
+          f"{tested - counted} equivalent, {len(untested)} not run yet): score {score:.1f}%"
+          + (f"; {by_jax} of the killed on the JAX backend (--jax)" if by_jax else ""))
     if untested:
         print(f"  incomplete: {len(untested)} mutants not run yet (--resume goes on)")
     for name in unexplained:
@@ -182,6 +235,8 @@ def main(argv=None):
     parser.add_argument("--report", action="store_true", help="only report the last run's results")
     parser.add_argument("--resume", action="store_true", help="go on with the last run (same module source)")
     parser.add_argument("--survivors", action="store_true", help="re-test the last run's survivors")
+    parser.add_argument("--jax", action="store_true",
+                        help="re-test the last run's survivors on Keras 3's JAX backend (`jax_tests`)")
     parser.add_argument("--list", action="store_true", help="list the configured modules")
     args = parser.parse_args(argv)
     modules = load_config()
@@ -194,7 +249,9 @@ def main(argv=None):
                  + ", ".join(modules))
     entry = modules[args.module]
     work = work_dir(args.module)
-    if not args.report:
+    if args.jax:
+        run_jax(args.module, entry, work, results(work, args.module))
+    elif not args.report:
         names = ()
         if args.resume or args.survivors:
             work = refresh_tests(args.module, entry)
@@ -209,7 +266,8 @@ def main(argv=None):
         if status != 0:
             print(f"error: mutmut exited with status {status}", file=sys.stderr)
             return status
-    return report(args.module, entry, results(work, args.module))
+    codes = results(work, args.module)
+    return report(args.module, entry, codes, jax_results(work, codes))
 
 
 if __name__ == "__main__":
