@@ -222,6 +222,7 @@ def test_encoder_final_norm_only_for_pre_ln():
     ({**SMALL, "dropout": 1.0}, ValueError, r"`dropout` must be a float in \[0, 1\), got dropout=1.0"),
     ({**SMALL, "epsilon": 0}, ValueError, r"`epsilon` must be a float > 0, got epsilon=0"),
     ({**SMALL, "dff": 0}, ValueError, r"`dff` must be >= 1, got dff=0"),
+    ({**SMALL, "d_model": 0}, ValueError, r"^`d_model` must be >= 1, got d_model=0\.$"),
     ({**SMALL, "num_heads": 2.0}, TypeError, r"`num_heads` must be an int, got num_heads=2.0"),
 ])
 def test_invalid_layer_arguments(kwargs, error, match):
@@ -480,6 +481,46 @@ def _message(call):
     with pytest.raises(ValueError) as error:
         call()
     return re.sub(r"\x1b\[[0-9;]*m", "", str(error.value))
+
+
+def test_sublayers_keep_their_names_and_the_layer_policy():
+    # The names are the weights' paths in checkpoints; every sublayer computes in the layer's policy.
+    layer = EncoderLayer(**SMALL, dtype="mixed_float16")
+    layer(tf.zeros([1, 3, 16], tf.float16))
+    sublayers = [layer.attention, layer.attention_norm, layer.ffn_hidden, layer.ffn_output, layer.ffn_norm]
+    assert [sublayer.name for sublayer in sublayers] == [
+        "attention", "attention_norm", "ffn_hidden", "ffn_output", "ffn_norm"]
+    assert {sublayer.dtype_policy.name for sublayer in sublayers} == {"mixed_float16"}
+    assert layer.supports_masking  # Keras reads it before passing a mask on
+
+
+def test_attention_kernels_start_at_the_glorot_scale_keras_has_always_used():
+    # Fans of the rank-3 kernel [64, 4, 16] as a convolution's: limit sqrt(6 / (4 * 64 + 16 * 64)).
+    layer = EncoderLayer(d_model=64, num_heads=4, dff=64)
+    layer(tf.zeros([1, 2, 64]))
+    query = [w for w in layer.attention.weights if "query" in getattr(w, "path", w.name)
+             and "kernel" in getattr(w, "path", w.name)]
+    largest = float(np.max(np.abs(query[0].numpy())))
+    assert 0.06 < largest <= np.sqrt(6.0 / (4 * 64 + 16 * 64))
+
+
+def test_cached_step_returns_scores_when_asked():
+    layer = EncoderLayer(d_model=8, num_heads=2, dff=16, dropout=0.0)
+    out = layer(tf.ones([1, 2, 8]), cache=tf.zeros([1, 2, 4, 2, 4]), cache_index=0,
+                position_ids=tf.constant([[0, 1]]), return_attention_scores=True)
+    assert [tuple(t.shape) for t in out] == [(1, 2, 8), (1, 2, 4, 2, 4), (1, 2, 2, 4)]
+    np.testing.assert_allclose(out[2].numpy().sum(-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_the_layer_numbers_positions_from_its_mask(position):
+    keras.utils.set_random_seed(4)
+    layer = EncoderLayer(**SMALL, position=position, dropout=0.0)
+    x = random_inputs([1, 4, 16])
+    alone = layer(x).numpy()
+    padded = tf.concat([tf.zeros([1, 2, 16]), x], axis=1)
+    out = layer(padded, mask=tf.constant([[False, False, True, True, True, True]])).numpy()
+    np.testing.assert_allclose(out[:, 2:], alone, atol=1e-5)
 
 
 def test_input_shape_is_checked_on_a_built_layer_too():
