@@ -518,9 +518,13 @@ def test_the_layer_numbers_positions_from_its_mask(position):
     layer = EncoderLayer(**SMALL, position=position, dropout=0.0)
     x = random_inputs([1, 4, 16])
     alone = layer(x).numpy()
-    padded = tf.concat([tf.zeros([1, 2, 16]), x], axis=1)
-    out = layer(padded, mask=tf.constant([[False, False, True, True, True, True]])).numpy()
-    np.testing.assert_allclose(out[:, 2:], alone, atol=1e-5)
+    # A padding token inside the row: RoPE and ALiBi see distances, which only the mask's numbering keeps.
+    gapped = tf.concat([x[:, :2], tf.zeros([1, 1, 16]), x[:, 2:]], axis=1)
+    mask = tf.constant([[True, True, False, True, True]])
+    out = layer(gapped, mask=mask).numpy()
+    np.testing.assert_allclose(out[:, [0, 1, 3, 4]], alone, atol=1e-5)
+    with_scores, _ = layer(gapped, mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(with_scores.numpy(), out, atol=1e-6)
 
 
 def test_input_shape_is_checked_on_a_built_layer_too():
