@@ -342,3 +342,40 @@ def test_one_rotary_per_attention_type_names_and_messages():
     assert ("The config has one RoPE for every layer (no `rope_parameters` per attention type): use "
             "RotaryEmbedding.from_hf_config." in _message(
                 lambda: RotaryEmbedding.from_hf_config_per_layer_type({"head_dim": 8, "rope_theta": 5e5})))
+
+
+def test_constructor_messages_in_full():
+    for kwargs, message in [
+            ({"head_dim": 1}, "`head_dim` must be >= 2, got head_dim=1."),
+            ({"max_length": 0}, "`max_length` must be >= 1, got max_length=0."),
+            ({"layout": "pairs"}, "`layout` must be one of ('half', 'interleave'), got layout='pairs'."),
+            *(({"partial_rotary_factor": factor},
+               f"`partial_rotary_factor` must be in (0, 1], got partial_rotary_factor={factor!r}.")
+              for factor in (0, 1.5, True, "1"))]:
+        assert message in _message(lambda kwargs=kwargs: RotaryEmbedding(**kwargs))
+    for head_dim, factor in ((4, 0.75), (6, 0.5)):
+        assert (f"The rotated width int(head_dim * partial_rotary_factor) = int({head_dim} * {factor}) = 3 "
+                "must be even and >= 2." in _message(
+                    lambda head_dim=head_dim, factor=factor: RotaryEmbedding(
+                        partial_rotary_factor=factor).rotated_width(head_dim)))
+    assert RotaryEmbedding(head_dim=2).rotated_width(2) == 2  # the smallest head: one pair
+    assert RotaryEmbedding(partial_rotary_factor=0.5).rotated_width(4) == 2
+    assert RotaryEmbedding().supports_masking  # Keras reads it before passing a mask on
+
+
+def test_partial_rotation_passes_the_other_features_through():
+    x, ids = _inputs([1, 3, 8]), np.array([[0, 3, 5]])
+    out = to_numpy(RotaryEmbedding(partial_rotary_factor=0.5)(x, position_ids=ids))
+    np.testing.assert_allclose(out[..., :4], reference_rope(x[..., :4], ids), atol=1e-6)
+    np.testing.assert_array_equal(out[..., 4:], x[..., 4:])
+
+
+def test_scaling_settings_reach_the_frequencies_and_the_config():
+    llama3 = {"scaling": "llama3", "scaling_factor": 8.0, "original_length": 64}
+    explicit = RotaryEmbedding(**llama3, low_freq_factor=1.0, high_freq_factor=4.0)
+    np.testing.assert_array_equal(RotaryEmbedding(**llama3).frequencies(16), explicit.frequencies(16))
+    yarn = {"scaling": "yarn", "scaling_factor": 4.0, "original_length": 64, "mscale": 1.0,
+            "mscale_all_dim": 0.5}
+    config = RotaryEmbedding(**yarn, attention_factor=1.5).get_config()
+    assert {key: config[key] for key in ("mscale", "mscale_all_dim", "attention_factor")} == {
+        "mscale": 1.0, "mscale_all_dim": 0.5, "attention_factor": 1.5}
