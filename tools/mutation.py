@@ -58,11 +58,16 @@ def work_dir(module):
     return WORK / module.replace("/", "__").removesuffix(".py")
 
 
-def _checked_tests(module, entry):
-    missing = [t for t in entry["tests"] if not (ROOT / t.split("::")[0]).is_file()]
+def _checked_tests(module, tests):
+    missing = [t for t in tests if not (ROOT / t.split("::")[0]).is_file()]
     if missing:
         sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module}: no such test file: {', '.join(missing)}")
-    return entry["tests"]
+    return tests
+
+
+def _survivors(codes):
+    """The mutants that were run and not killed."""
+    return sorted(k for k, c in codes.items() if c is not None and c not in KILLED)
 
 
 def prepare(module, entry):
@@ -81,7 +86,7 @@ def prepare(module, entry):
         "source_paths": "keras_posenc",
         "only_mutate": module,
         "also_copy": "\ntests\nexport\ntools\nsetup.cfg",
-        "pytest_add_cli_args_test_selection": "\n" + "\n".join(_checked_tests(module, entry)),
+        "pytest_add_cli_args_test_selection": "\n" + "\n".join(_checked_tests(module, entry["tests"])),
         "pytest_add_cli_args": "\n-p\nno:cacheprovider",
         "use_git_change_detection": "false",
         # TensorFlow's runtime does not survive a fork once it has run ops (its thread pools stay in
@@ -111,7 +116,8 @@ def refresh_tests(module, entry):
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(work / "setup.cfg")
-    cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(_checked_tests(module, entry))
+    selection = _checked_tests(module, entry["tests"])
+    cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(selection)
     with open(work / "setup.cfg", "w", encoding="utf-8") as f:
         cfg.write(f)
     return work
@@ -140,11 +146,15 @@ cli()
 """
 
 
-def run_mutmut(work, names=()):
-    env = dict(os.environ)
-    site = str(ROOT / ".cache" / "mutmut-site")
-    env["PYTHONPATH"] = site
+def _mutant_env(**settings):
+    """The environment of a test run under mutmut: its site (the trampolines import it) on the path."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / ".cache" / "mutmut-site"), **settings)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def run_mutmut(work, names=()):
+    env = _mutant_env()
     env.setdefault("EDGE_CACHE", str(ROOT / ".edge-cache"))  # tests/edge/ files configured for a module
     return subprocess.call([sys.executable, "-c", LAUNCHER, "run", "--max-children", "1", *names], cwd=work,
                            env=env)
@@ -172,7 +182,8 @@ def jax_results(work, codes):
         return {}
     with open(path, encoding="utf-8") as f:
         saved = json.load(f)
-    return {k: c for k, c in saved.items() if k in codes and codes[k] is not None and codes[k] not in KILLED}
+    survivors = set(_survivors(codes))
+    return {k: c for k, c in saved.items() if k in survivors}
 
 
 def run_jax(module, entry, work, codes):
@@ -182,13 +193,10 @@ def run_jax(module, entry, work, codes):
         sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module} has no `jax_tests`")
     if not JAX_PYTHON.is_file():
         sys.exit(f"error: {JAX_PYTHON.relative_to(ROOT)} missing: run `make venv-keras3` first")
-    missing = [t for t in tests if not (ROOT / t.split("::")[0]).is_file()]
-    if missing:
-        sys.exit(f"error: {CONFIG.relative_to(ROOT)}: {module}: no such test file: {', '.join(missing)}")
+    _checked_tests(module, tests)
     equivalent = entry.get("equivalent", {})
-    names = sorted(k for k, c in codes.items() if c is not None and c not in KILLED and k not in equivalent)
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT / ".cache" / "mutmut-site"))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    names = [k for k in _survivors(codes) if k not in equivalent]
+    env = _mutant_env(KERAS_BACKEND="jax")
     saved = {}
     for number, name in enumerate(names, 1):
         env["MUTANT_UNDER_TEST"] = name
@@ -207,7 +215,7 @@ def report(module, entry, codes, on_jax=None):
     codes = {k: (1 if on_jax.get(k) == 1 else c) for k, c in codes.items()}
     untested = sorted(k for k, c in codes.items() if c is None)
     killed = sorted(k for k, c in codes.items() if c in KILLED)
-    survived = sorted(k for k, c in codes.items() if c is not None and c not in KILLED)
+    survived = _survivors(codes)
     unexplained = [k for k in survived if k not in equivalent]
     stale = sorted(k for k in equivalent if k not in survived and k not in untested)
     tested = len(codes) - len(untested)
@@ -256,8 +264,7 @@ def main(argv=None):
         if args.resume or args.survivors:
             work = refresh_tests(args.module, entry)
             if args.survivors:
-                names = sorted(k for k, c in results(work, args.module).items()
-                               if c is not None and c not in KILLED)
+                names = _survivors(results(work, args.module))
                 if not names:
                     print("no survivors to re-test")
         else:
