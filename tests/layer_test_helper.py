@@ -17,10 +17,11 @@
     call with keyword tensors (`layer(inputs=x, language_ids=l)`) work.
 
 It runs on Keras 2 and on Keras 3 with the TensorFlow or JAX backend, as do
-the small helpers below (`to_numpy`, `requires_tf`).
+the small helpers below (`to_numpy`, `requires_tf`, `error_message`).
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -31,6 +32,14 @@ requires_tf = pytest.mark.skipif(
     not is_tensorflow(),
     reason=f"TensorFlow graphs (tf.function, InvalidArgumentError, SavedModel, GradientTape); "
            f"the {backend_name()} backend runs the backend-agnostic tests")
+
+
+def error_message(call, error=(ValueError, TypeError)):
+    """The message of the `error` that `call` raises, without the ANSI bold Keras 3 may add (Keras may
+    also add lines naming the layer and its arguments)."""
+    with pytest.raises(error) as raised:
+        call()
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(raised.value))
 
 
 def to_numpy(x):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from layer_test_helper import run_layer_test
+from layer_test_helper import error_message, run_layer_test
 
 from keras_posenc import Encoder, EncoderLayer
 from keras_posenc.backend import keras
@@ -476,11 +476,7 @@ def test_config_holds_every_setting_and_round_trips():
 
 
 def _message(call):
-    import re
-
-    with pytest.raises(ValueError) as error:
-        call()
-    return re.sub(r"\x1b\[[0-9;]*m", "", str(error.value))
+    return error_message(call, ValueError)
 
 
 def test_sublayers_keep_their_names_and_the_layer_policy():

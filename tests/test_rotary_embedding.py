@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from layer_test_helper import run_layer_test, to_numpy
+from layer_test_helper import error_message, run_layer_test, to_numpy
 
 from keras_posenc.backend import is_tensorflow
 from keras_posenc.layers import RotaryEmbedding
@@ -168,15 +168,6 @@ def test_invalid_arguments_and_inputs():
 
 
 # The function forms, the messages in full and the paths a plain call does not take -------------------
-def _message(call, error=(ValueError, TypeError)):
-    """The message of the error `call` raises, without the ANSI bold Keras 3 may add."""
-    import re
-
-    with pytest.raises(error) as raised:
-        call()
-    return re.sub(r"\x1b\[[0-9;]*m", "", str(raised.value))
-
-
 def test_the_function_forms_default_to_half_pairs_and_take_the_base():
     x, ids = _inputs([2, 3, 2, 8]), np.array([[0, 1, 2], [4, 7, 9]])
     np.testing.assert_allclose(to_numpy(rotary_embedding(x, ids)), reference_rope(x, ids), atol=1e-6)
@@ -193,21 +184,21 @@ def test_the_function_forms_default_to_half_pairs_and_take_the_base():
 def test_argument_messages_in_full():
     x = np.zeros([1, 3, 4], np.float32)
     assert ("`layout` must be one of ('half', 'interleave'), got layout='pairs'."
-            in _message(lambda: apply_rotary(x, np.ones([1, 3, 2]), np.zeros([1, 3, 2]), "pairs")))
+            in error_message(lambda: apply_rotary(x, np.ones([1, 3, 2]), np.zeros([1, 3, 2]), "pairs")))
     assert ("`position_ids` must be an integer tensor, got dtype float32."
-            in _message(lambda: rotary_embedding(x, np.zeros([1, 3], np.float32))))
+            in error_message(lambda: rotary_embedding(x, np.zeros([1, 3], np.float32))))
     assert ("`position_ids` must have shape [batch, length] or [length], got shape (1, 1, 3)."
-            in _message(lambda: rotary_embedding(x, np.zeros([1, 1, 3], np.int32))))
-    assert "`length` must be >= 1, got length=0." in _message(lambda: RotaryEmbedding().freeze(0))
+            in error_message(lambda: rotary_embedding(x, np.zeros([1, 1, 3], np.int32))))
+    assert "`length` must be >= 1, got length=0." in error_message(lambda: RotaryEmbedding().freeze(0))
 
 
 def test_range_messages_in_full_at_the_ends():
     layer = RotaryEmbedding(max_length=100, name="rope")
     x = np.zeros([1, 2, 4], np.float32)
     template = "Position ids must be in [0, max_length=100) of RotaryEmbedding 'rope', got min {} and max {}."
-    assert template.format(70, 200) in _message(lambda: layer(x, position_ids=np.array([[70, 200]])))
+    assert template.format(70, 200) in error_message(lambda: layer(x, position_ids=np.array([[70, 200]])))
     for single in (100, 2**31 - 1, -2**31):  # one id alone decides the check
-        assert template.format(single, single) in _message(
+        assert template.format(single, single) in error_message(
             lambda single=single: layer(x[:, :1], position_ids=np.array([[single]])))
     np.testing.assert_allclose(to_numpy(layer(_inputs([1, 2, 4]), position_ids=np.array([[99, 0]]))),
                                reference_rope(_inputs([1, 2, 4]), np.array([[99, 0]])), atol=1e-5)
@@ -340,7 +331,7 @@ def test_one_rotary_per_attention_type_names_and_messages():
     unnamed = RotaryEmbedding.from_hf_config_per_layer_type(gemma3)
     assert not any(layer.name.startswith("None") for layer in unnamed.values())
     assert ("The config has one RoPE for every layer (no `rope_parameters` per attention type): use "
-            "RotaryEmbedding.from_hf_config." in _message(
+            "RotaryEmbedding.from_hf_config." in error_message(
                 lambda: RotaryEmbedding.from_hf_config_per_layer_type({"head_dim": 8, "rope_theta": 5e5})))
 
 
@@ -352,10 +343,10 @@ def test_constructor_messages_in_full():
             *(({"partial_rotary_factor": factor},
                f"`partial_rotary_factor` must be in (0, 1], got partial_rotary_factor={factor!r}.")
               for factor in (0, 1.5, True, "1"))]:
-        assert message in _message(lambda kwargs=kwargs: RotaryEmbedding(**kwargs))
+        assert message in error_message(lambda kwargs=kwargs: RotaryEmbedding(**kwargs))
     for head_dim, factor in ((4, 0.75), (6, 0.5)):
         assert (f"The rotated width int(head_dim * partial_rotary_factor) = int({head_dim} * {factor}) = 3 "
-                "must be even and >= 2." in _message(
+                "must be even and >= 2." in error_message(
                     lambda head_dim=head_dim, factor=factor: RotaryEmbedding(
                         partial_rotary_factor=factor).rotated_width(head_dim)))
     assert RotaryEmbedding(head_dim=2).rotated_width(2) == 2  # the smallest head: one pair

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from layer_test_helper import requires_tf, run_layer_test
+from layer_test_helper import error_message, requires_tf, run_layer_test
 
 from keras_posenc import position_ids
 from keras_posenc.backend import keras
@@ -430,12 +430,8 @@ def test_large_and_small_batches_give_the_same_values(tmp_path):
 
 # The shared base (PositionEmbeddingBase): its messages in full and its paths ---------------------------
 def _message_lines(call):
-    """The lines of the ValueError or TypeError that `call` raises (Keras may add lines naming the
-    layer and its arguments, and Keras 3 sets the message in bold)."""
-
-    with pytest.raises((ValueError, TypeError)) as error:
-        call()
-    return re.sub(r"\x1b\[[0-9;]*m", "", str(error.value)).splitlines()
+    """The lines of the ValueError or TypeError that `call` raises."""
+    return error_message(call).splitlines()
 
 
 def test_call_argument_messages_in_full():
