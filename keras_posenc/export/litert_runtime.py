@@ -11,8 +11,12 @@ Quantizer 0.11 and ai-edge-litert 2.3 come with LiteRT-LM's builder, whose proto
 float activations quantized by the kernels), then writes the file with every buffer inside the
 flatbuffer and byte-identical buffers shared: the quantizer stores buffers past 256 KB after the
 flatbuffer (offsets that TFLite before 2.15 cannot read, "Input tensor lacks data") and gives the
-prefill and decode subgraphs their own copy of every weight. It prints one JSON line
-`{"out", "bytes", "shared"}`.
+prefill and decode subgraphs their own copy of every weight. Byte-identical vectors are written
+once too (FlatBuffers lets tables share them): the quantizer gives every per-channel tensor its own
+int64 zero points, all 0, 8 bytes a channel. Tensor names are dropped except those of the
+subgraphs' inputs and outputs (signatures name their tensors themselves; no runtime reads the
+others): the converter's fused names were a ninth of the demo's int4 `cpu` file. It prints one
+JSON line `{"out", "bytes", "shared"}`.
 
 `serve` reads one JSON request a line and answers one JSON line each (arrays go through `.npz`
 files whose paths the request names):
@@ -32,9 +36,58 @@ import os
 import sys
 
 
-def _inline(data):
-    """The model's flatbuffer with every buffer inside it and identical buffers shared: `(bytes, shared)`."""
+def _sharing_builder(size):
+    """A flatbuffers `Builder` that writes each byte-identical vector (or string) once.
+
+    Every vector goes through `EndVector`; when its bytes (length, data and the padding before the
+    older data) were written before, the copy is dropped and the earlier offset returned, as
+    FlatBuffers' C++ `CreateSharedString` does for strings. Offsets count from the buffer's end,
+    so an earlier vector keeps its alignment.
+    """
     import flatbuffers
+
+    class SharingBuilder(flatbuffers.Builder):
+        def __init__(self, initial_size):
+            super().__init__(initial_size)
+            self._written, self._start = {}, None
+
+        def StartVector(self, elemSize, numElems, alignment):  # noqa: N802, N803 (flatbuffers' names)
+            self._start = self.Offset()
+            return super().StartVector(elemSize, numElems, alignment)
+
+        def CreateNumpyVector(self, x):  # noqa: N802
+            self._start = self.Offset()
+            return super().CreateNumpyVector(x)
+
+        def CreateString(self, s, encoding="utf-8", errors="strict"):  # noqa: N802
+            self._start = self.Offset()
+            return super().CreateString(s, encoding, errors)
+
+        def CreateByteVector(self, x):  # noqa: N802
+            self._start = self.Offset()
+            return super().CreateByteVector(x)
+
+        def EndVector(self, *args):  # noqa: N802
+            offset = super().EndVector(*args)
+            start, self._start = self._start, None
+            if start is None:
+                return offset
+            end = len(self.Bytes) - start
+            written = self._written.setdefault(bytes(self.Bytes[self.head:end]), offset)
+            if written != offset:
+                self.Bytes[self.head:end] = bytes(end - self.head)
+                self.head = end
+            return written
+
+    return SharingBuilder(size)
+
+
+def _inline(data):
+    """The model's flatbuffer with every buffer inside it and identical buffers shared: `(bytes, shared)`.
+
+    Identical vectors are written once and only the subgraphs' input and output tensors keep
+    their names (this module's docstring says why).
+    """
     import numpy as np
     from ai_edge_litert import schema_py_generated as schema
 
@@ -53,7 +106,13 @@ def _inline(data):
             tensor.buffer = moved.get(tensor.buffer, tensor.buffer)
     for index in moved:
         model.buffers[index].data = None
-    builder = flatbuffers.Builder(len(data))
+    for subgraph in model.subgraphs:
+        named = set(subgraph.inputs if subgraph.inputs is not None else ()) | set(
+            subgraph.outputs if subgraph.outputs is not None else ())
+        for index, tensor in enumerate(subgraph.tensors):
+            if index not in named:
+                tensor.name = None
+    builder = _sharing_builder(len(data))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output()), len(moved)
 

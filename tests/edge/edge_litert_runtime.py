@@ -147,3 +147,51 @@ def test_identical_buffers_are_stored_once(litert, two_matmuls):
     flat, shared = litert_runtime._inline(outside)
     assert shared == 1 and _weights(litert, flat) == [kept, kept]
     np.testing.assert_allclose(_run(flat), 2 * (X @ W1), rtol=1e-5)
+
+
+def _per_channel(schema, scales):
+    """Per-channel parameters of a [6, 8] weight: zero points all 0, as the quantizer writes them."""
+    parameters = schema.QuantizationParametersT()
+    parameters.scale = np.asarray(scales, np.float32)
+    parameters.zeroPoint = np.zeros(len(scales), np.int64)
+    parameters.quantizedDimension = 0
+    return parameters
+
+
+def test_identical_vectors_are_written_once(litert, two_matmuls):
+    """Both weights' six int64 zero points (0) and shapes are stored once; every value reads back the same."""
+    model = litert.ModelT.InitFromPackedBuf(two_matmuls, 0)
+    graph = model.subgraphs[0]
+    for index, scale in zip(_weights(litert, two_matmuls), (0.5, 0.25)):
+        (tensor,) = [t for t in graph.tensors if t.buffer == index]
+        tensor.quantization = _per_channel(litert, [scale * (k + 1) for k in range(6)])
+    quantized = _pack(litert, model)
+    flat, _ = litert_runtime._inline(quantized)
+    unnamed = litert.ModelT.InitFromPackedBuf(quantized, 0)
+    kept = set(unnamed.subgraphs[0].inputs) | set(unnamed.subgraphs[0].outputs)
+    for index, tensor in enumerate(unnamed.subgraphs[0].tensors):
+        tensor.name = tensor.name if index in kept else None
+    assert len(_pack(litert, unnamed)) - len(flat) >= 4 + 6 * 8  # a zero-point vector less, at least
+    rewritten = litert.ModelT.InitFromPackedBuf(flat, 0).subgraphs[0]
+    quantized = [t.quantization for t in rewritten.tensors if t.quantization is not None]
+    quantization = [(q.scale.tolist(), q.zeroPoint.tolist()) for q in quantized if q.scale is not None]
+    assert sorted(quantization) == [([0.25 * (k + 1) for k in range(6)], [0] * 6),
+                                    ([0.5 * (k + 1) for k in range(6)], [0] * 6)]
+    assert [list(t.shape) for t in rewritten.tensors] == [list(t.shape) for t in unnamed.subgraphs[0].tensors]
+    np.testing.assert_allclose(_run(flat), X @ W1 + X @ W2, rtol=1e-5)
+
+
+def test_only_the_inputs_and_outputs_keep_their_names(litert, two_matmuls):
+    original = litert.ModelT.InitFromPackedBuf(two_matmuls, 0).subgraphs[0]
+    flat, _ = litert_runtime._inline(two_matmuls)
+    rewritten = litert.ModelT.InitFromPackedBuf(flat, 0).subgraphs[0]
+    ends = set(original.inputs) | set(original.outputs)
+    assert len(original.tensors) > len(ends)
+    for index, (before, after) in enumerate(zip(original.tensors, rewritten.tensors)):
+        assert after.name == (before.name if index in ends else None), index
+    import tensorflow as tf
+
+    interpreter = tf.lite.Interpreter(model_content=flat)
+    assert interpreter.get_input_details()[0]["name"] == "x"
+    signatures = tf.lite.Interpreter(model_content=two_matmuls).get_signature_list()
+    assert interpreter.get_signature_list() == signatures
