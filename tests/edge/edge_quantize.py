@@ -162,8 +162,18 @@ def test_int8_prefill_decode_runs_on_the_gpu_runtimes_with_the_keras_tokens(trai
         assert ids == keras_ids, target
 
 
+# A float32 margin (logits) that int8 weights may overturn: the greedy pick of the int8 files may
+# differ from Keras's only where float32's best two logits are this close.
+NEAR_TIE = 0.5
+
+
 def test_int8_tensorrt_prefill_decode_keeps_the_keras_tokens_on_onnxruntime(trained, held_out, edge):
-    """The two ONNX models quantized to int8 QDQ, calibrated on the float32 models' own greedy runs."""
+    """The two ONNX models quantized to int8 QDQ, calibrated on the float32 models' own greedy runs.
+
+    Fed Keras's greedy tokens, the int8 files pick Keras's token at >= 95% of the steps, and where
+    they do not, float32 itself was at a near-tie (a free-running greedy text would go its own way
+    from there: which near-tie flips depends on the CPU's roundings in training).
+    """
     from edge_generate import NEW_TOKENS, PROMPT
 
     result = export.export_generation(trained, prompt_length=16, cache_length=LENGTH, target="tensorrt",
@@ -171,6 +181,12 @@ def test_int8_tensorrt_prefill_decode_keeps_the_keras_tokens_on_onnxruntime(trai
     assert result.failures() == [], result.lines
     quality = result.report["quality"]
     assert quality["loss_increase"] <= 0.01 and quality["generation_agreement"] >= 0.95
-    session = generator.OnnxSession(*result.models)
-    ids, _ = generator.greedy_generate(session, PROMPT, NEW_TOKENS)
-    assert ids == trained.generate(PROMPT, NEW_TOKENS).ids[0].tolist()
+    keras_ids = trained.generate(PROMPT, NEW_TOKENS).ids[0].tolist()
+    picks, _ = generator.greedy_generate(generator.OnnxSession(*result.models), PROMPT, NEW_TOKENS,
+                                         forced_ids=keras_ids)
+    logits = np.asarray(trained(np.array([PROMPT + keras_ids], np.int32)), np.float64)[0, len(PROMPT) - 1:-1]
+    assert logits.argmax(axis=-1).tolist() == keras_ids
+    flips = [step for step, (pick, kept) in enumerate(zip(picks, keras_ids)) if pick != kept]
+    assert len(flips) <= 0.05 * NEW_TOKENS, flips
+    margins = [logits[step, keras_ids[step]] - logits[step, picks[step]] for step in flips]
+    assert all(margin <= NEAR_TIE for margin in margins), margins
