@@ -148,10 +148,15 @@ def _row(row):
     if isinstance(row[3], str):
         return f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} |"
     name, target, label, size, ratio, loss, agreement, speed, ms, failures, loss_float = row
-    quality = "- | -" if loss is None else f"{loss:+.2%} ({loss_float:.3f}) | {agreement:.1%}"
     flag = " (fails the 1% gate)" if failures else ""
-    return (f"| {name} | {target} | {label} | {size:,} | {ratio:.3f} | {quality}{flag} | {ms:.2f} | "
-            f"{speed:.2f} |")
+    quality = "- | -" if loss is None else f"{loss:+.2%} ({loss_float:.3f}){flag} | {agreement:.1%}"
+    return f"| {name} | {target} | {label} | {size:,} | {ratio:.3f} | {quality} | {ms:.2f} | {speed:.2f} |"
+
+
+def _failed_checks(failures):
+    """The generation checks that failed, in a few words (a table cell)."""
+    words = {"95%": "fails the 95% rule", "engine": "engine text differs from LiteRT's interpreter"}
+    return [text for key, text in words.items() if any(key in line for line in failures)]
 
 
 def generation_rows(args, name, model, sp_model, eval_ids):
@@ -290,8 +295,10 @@ def main():
         for name, kind, label, ratio, loss, agreement, speed, relative, failures in generation:
             loss = "-" if loss is None else f"{loss:+.2%}"
             agreement = "-" if agreement is None else f"{agreement:.1%}"
+            failed = _failed_checks(failures)
+            agreement += f" ({'; '.join(failed)})" if failed else ""
             print(f"| {name} | {kind} | {label} | {ratio:.3f} | {loss} | {agreement} | {speed:,.0f} | "
-                  f"{relative:.2f} |" + (" fails" if failures else ""))
+                  f"{relative:.2f} |")
     if seed:
         print("\n## Seed size (untrained; bytes only)")
         print("| target | precision | bytes (file + host table) | / float32 |")

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from keras_posenc import special_ids
 from keras_posenc.app import cli
 from keras_posenc.backend import is_keras3, keras
 from keras_posenc.export import contract, litert_python, litertlm, litertlm_bundle
@@ -224,3 +225,34 @@ def test_the_contract_names_the_litertlm_tensors():
     doc = contract.document()
     assert doc["tensors"]["input_pos"] == "input_pos" and doc["files"]["litertlm_suffix"] == ".litertlm"
     assert contract.kv_cache_name("value", 3) == "kv_cache_v_3"
+
+
+def test_near_greedy_takes_another_runtime_s_pick_only_at_a_near_tie(tmp_path, corpus):
+    """A one-token turn of the second-best token passes when its logit is within `near_tie` of the best."""
+    import sentencepiece as spm
+
+    sp_model = _spm(tmp_path, corpus)
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    model = _model(vocab_size=100)
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36)
+    sessions = [["the cat sat"]]
+    own = litertlm_bundle.feeder_texts(flat, sp_model, sessions, 6, pad_id=0)
+    assert litertlm_bundle.near_greedy(flat, sp_model, sessions, own, 6, pad_id=0, near_tie=0.0)
+    assert not litertlm_bundle.near_greedy(flat, sp_model, sessions, [own[0] + ["more"]], 6, pad_id=0)
+    logits = []
+    ids = [[special_ids.BOS_ID] + processor.EncodeAsIds(sessions[0][0])]
+    (best,), = litertlm.engine_greedy(litertlm.EngineFeeder(flat), ids, 1, pad_id=0, logits=logits)
+    step = logits[0][0]
+    text = processor.DecodeIds([best])
+    ordinary = [int(i) for i in np.argsort(-step) if i >= special_ids.NUM_RESERVED_IDS and i != best]
+    other = next(i for i in ordinary if processor.DecodeIds([i]) and not (
+        processor.DecodeIds([i]).startswith(text) or text.startswith(processor.DecodeIds([i]))))
+    margin = step[best] - step[other]
+
+    def near(texts, near_tie):
+        return litertlm_bundle.near_greedy(flat, sp_model, sessions, texts, 1, pad_id=0, near_tie=near_tie)
+
+    turn = [[processor.DecodeIds([other])]]
+    assert near(turn, margin + 1e-6) and not near(turn, margin - 1e-6)
+    assert near([[text]], 0.0) and not near([[text, "a second turn"]], 1e9)

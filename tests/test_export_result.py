@@ -130,7 +130,7 @@ def test_a_window_report_is_not_a_generation():
 
 def test_the_engine_s_text():
     message = ("FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
-               "(or did not run the bundle).")
+               "(a quantized bundle: its model on LiteRT's interpreter), or did not run the bundle.")
     assert _result(_generation(True, engine_same_text=False)).failures() == [message]
     assert _result(_generation(True, engine_same_text=True)).failures() == []
     assert _result(_generation(True, engine_same_text=None)).failures() == []
@@ -143,7 +143,7 @@ def test_every_failed_check_is_named_in_order():
         "FAILED: the file does not generate what the model generates (greedy tokens differ from "
         "CausalLM.generate).",
         "FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
-        "(or did not run the bundle).",
+        "(a quantized bundle: its model on LiteRT's interpreter), or did not run the bundle.",
         "FAILED: parity 1 exceeds the tolerance 0.0001.",
         "FAILED: --require-gpu and OpenGL ES (Jetson + tflite-runtime) does not run CUMSUM"]
 

@@ -233,7 +233,7 @@ class EngineFeeder:
         return logits[0, 0]
 
 
-def engine_greedy(feeder, turns, max_new_tokens, *, pad_id=0, stop_id=None, forced=None):
+def engine_greedy(feeder, turns, max_new_tokens, *, pad_id=0, stop_id=None, forced=None, logits=None):
     """Greedy turns through an `EngineFeeder` (one session): the generated ids of each turn.
 
     Args:
@@ -245,6 +245,7 @@ def engine_greedy(feeder, turns, max_new_tokens, *, pad_id=0, stop_id=None, forc
             engine does).
         forced: optional list per turn of the ids to feed back instead of the file's picks
             (teacher forcing; the turn then runs `len(forced[i])` steps).
+        logits: optional list; receives, per turn, the logits of each step (pad_id at -inf).
 
     Returns:
         list of lists of int: the file's pick at each step.
@@ -252,14 +253,17 @@ def engine_greedy(feeder, turns, max_new_tokens, *, pad_id=0, stop_id=None, forc
     generated = []
     for turn, ids in enumerate(turns):
         feeder.prefill(ids)
-        new = []
+        new, steps_logits = [], []
         steps = max_new_tokens if forced is None else len(forced[turn])
         for step in range(steps):
-            logits = np.array(feeder.decode(), np.float64)
-            logits[pad_id] = -np.inf
-            new.append(int(np.argmax(logits)))
+            step_logits = np.array(feeder.decode(), np.float64)
+            step_logits[pad_id] = -np.inf
+            new.append(int(np.argmax(step_logits)))
+            steps_logits.append(step_logits)
             feeder.held = new[-1] if forced is None else int(forced[turn][step])
             if feeder.held == stop_id:
                 break
         generated.append(new)
+        if logits is not None:
+            logits.append(steps_logits)
     return generated

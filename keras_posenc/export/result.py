@@ -88,7 +88,8 @@ class ExportResult:
                               f"(at least {MIN_GENERATION_AGREEMENT:.0%} needed).")
         if self.report.get("engine_same_text") is False:
             failed.append("FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
-                          "(or did not run the bundle).")
+                          "(a quantized bundle: its model on LiteRT's interpreter), or did not run "
+                          "the bundle.")
         if tolerance is not None and not self.parity <= tolerance:
             failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
         if quality is not None and limit is not None and "loss_increase" in quality and not (
