@@ -227,6 +227,28 @@ def test_the_contract_names_the_litertlm_tensors():
     assert contract.kv_cache_name("value", 3) == "kv_cache_v_3"
 
 
+def test_a_near_tie_flip_is_to_a_token_that_adds_text_and_a_finished_turn_ends_there(tmp_path, corpus):
+    """Control ids decode to nothing: near the best, they must not stand in for the token a runtime picked."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(_spm(tmp_path, corpus))
+    ordinary = range(special_ids.NUM_RESERVED_IDS, processor.GetPieceSize())
+    words = {i: processor.DecodeIds([i]) for i in ordinary}
+    best, flip = next((a, b) for a in words for b in words if len(words[a]) > 1 and len(words[b]) > 1
+                      and not (words[a].startswith(words[b]) or words[b].startswith(words[a])))
+    step = np.full(processor.GetPieceSize(), -10.0)
+    step[[best, special_ids.PAD_ID, special_ids.EOS_ID, flip]] = [1.0, 0.9, 0.85, 0.8]
+
+    def pick(near_tie, new, text):
+        return litertlm_bundle._followed_pick(processor, step, near_tie, new, text)
+
+    assert pick(0.0, [], words[best]) == best
+    assert pick(0.25, [], words[flip]) == flip and pick(0.15, [], words[flip]) is None
+    assert pick(0.25, [flip], words[flip]) == special_ids.EOS_ID  # the runtime stopped after its turn
+    assert pick(0.1, [flip], words[flip]) is None
+
+
 def test_near_greedy_takes_another_runtime_s_pick_only_at_a_near_tie(tmp_path, corpus):
     """A one-token turn of the second-best token passes when its logit is within `near_tie` of the best."""
     import sentencepiece as spm
@@ -244,10 +266,21 @@ def test_near_greedy_takes_another_runtime_s_pick_only_at_a_near_tie(tmp_path, c
     ids = [[special_ids.BOS_ID] + processor.EncodeAsIds(sessions[0][0])]
     (best,), = litertlm.engine_greedy(litertlm.EngineFeeder(flat), ids, 1, pad_id=0, logits=logits)
     step = logits[0][0]
+    order = [int(i) for i in np.argsort(-step, kind="stable")]
+    assert order[0] == best
     text = processor.DecodeIds([best])
-    ordinary = [int(i) for i in np.argsort(-step) if i >= special_ids.NUM_RESERVED_IDS and i != best]
-    other = next(i for i in ordinary if processor.DecodeIds([i]) and not (
-        processor.DecodeIds([i]).startswith(text) or text.startswith(processor.DecodeIds([i]))))
+
+    def shown(token):  # what a token adds to a turn's text; control ids add nothing
+        keeps = token >= special_ids.NUM_RESERVED_IDS or token == special_ids.UNK_ID
+        return processor.DecodeIds([token]) if keeps else ""
+
+    def stands_apart(rank):  # neither the best nor a token ranked above it could begin its text
+        piece = shown(order[rank])
+        return (order[rank] >= special_ids.NUM_RESERVED_IDS and piece
+                and not (piece.startswith(text) or text.startswith(piece))
+                and not any(shown(above) and piece.startswith(shown(above)) for above in order[1:rank]))
+
+    other = order[next(rank for rank in range(1, len(order)) if stands_apart(rank))]
     margin = step[best] - step[other]
 
     def near(texts, near_tie):

@@ -356,16 +356,38 @@ def near_greedy(flat, sp_model, sessions, texts, max_new_tokens, pad_id, *, near
                 litertlm.engine_greedy(feeder, ids[:turn + 1], max_new_tokens, pad_id=pad_id,
                                        stop_id=special_ids.EOS_ID, forced=chosen + [new + [pad_id]],
                                        logits=logits)
-                step = logits[-1][len(new)]
-                close = [int(i) for i in np.argsort(-step) if step[i] >= step.max() - near_tie]
-                following = [i for i in close if text.startswith(_decode(processor, new + [i]))]
-                if not following:
+                pick = _followed_pick(processor, logits[-1][len(new)], near_tie, new, text)
+                if pick is None:
                     return False
-                new.append(following[0])
+                new.append(pick)
             if _decode(processor, new) != text:
                 return False
             chosen.append(new)
     return len(texts) == len(sessions)
+
+
+def _followed_pick(processor, step, near_tie, new, text):
+    """The token a runtime whose turn reads `text` picked after `new`, or None if none is near the best.
+
+    The step's best is taken where it keeps to `text`. Another token (a flip at a near-tie) must
+    add characters: a token that decodes to nothing (padding, a control id) keeps to any text,
+    and taking it would hide the token the runtime really picked. Once `text` is complete, the
+    runtime stopped: end of sequence must be near the best.
+    """
+    so_far = _decode(processor, new)
+    best = int(np.argmax(step))
+    close = [int(i) for i in np.argsort(-step, kind="stable") if step[i] >= step[best] - near_tie]
+    if so_far == text:
+        if special_ids.EOS_ID in close:
+            return special_ids.EOS_ID
+        return best if _decode(processor, new + [best]) == text else None
+    if best != special_ids.EOS_ID and text.startswith(_decode(processor, new + [best])):
+        return best
+    for token in close:
+        grown = _decode(processor, new + [token])
+        if token != special_ids.EOS_ID and len(grown) > len(so_far) and text.startswith(grown):
+            return token
+    return None
 
 
 def _turn_ids(processor, turns):

@@ -159,12 +159,29 @@ def test_int8_prefill_decode_runs_on_the_gpu_runtimes_with_the_keras_tokens(trai
                                       table=rows)
             assert gl.returncode == 0 and edge.refusals(gl.log) == [], gl.log[-3000:]
             ids = gl.output[0]
-        assert ids == keras_ids, target
+        _assert_greedy_through_a_near_tie(trained, keras_ids, ids, target)
 
 
 # A float32 margin (logits) that int8 weights may overturn: the greedy pick of the int8 files may
 # differ from Keras's only where float32's best two logits are this close.
 NEAR_TIE = 0.5
+
+
+def _assert_greedy_through_a_near_tie(trained, keras_ids, ids, target):
+    """A free-running int8 text is Keras's up to where it first differs, and float32 was near a tie there.
+
+    From that step on, the texts go their own ways; which near-tie flips depends on the CPU's
+    roundings in training, so nothing after it is compared.
+    """
+    from edge_generate import PROMPT
+
+    first = next((step for step, (pick, kept) in enumerate(zip(ids, keras_ids)) if pick != kept), None)
+    if first is None:
+        assert ids == keras_ids, target
+        return
+    logits = np.asarray(trained(np.array([PROMPT + keras_ids], np.int32)), np.float64)[0, len(PROMPT) - 1:]
+    margin = logits[first, keras_ids[first]] - logits[first, ids[first]]
+    assert margin <= NEAR_TIE, (target, first, margin)
 
 
 def test_int8_tensorrt_prefill_decode_keeps_the_keras_tokens_on_onnxruntime(trained, held_out, edge):
