@@ -42,18 +42,24 @@ def _sharing_builder(size):
     Every vector goes through `EndVector`; when its bytes (length, data and the padding before the
     older data) were written before, the copy is dropped and the earlier offset returned, as
     FlatBuffers' C++ `CreateSharedString` does for strings. Offsets count from the buffer's end,
-    so an earlier vector keeps its alignment.
+    so an earlier vector keeps its alignment. A vector of tables or strings is never shared: its
+    elements are offsets relative to their own position, so equal bytes elsewhere name other
+    objects.
     """
     import flatbuffers
 
     class SharingBuilder(flatbuffers.Builder):
         def __init__(self, initial_size):
             super().__init__(initial_size)
-            self._written, self._start = {}, None
+            self._written, self._start, self._relative = {}, None, False
 
         def StartVector(self, elemSize, numElems, alignment):  # noqa: N802, N803 (flatbuffers' names)
             self._start = self.Offset()
             return super().StartVector(elemSize, numElems, alignment)
+
+        def PrependUOffsetTRelative(self, off):  # noqa: N802
+            self._relative = self._relative or self._start is not None
+            return super().PrependUOffsetTRelative(off)
 
         def CreateNumpyVector(self, x):  # noqa: N802
             self._start = self.Offset()
@@ -69,8 +75,8 @@ def _sharing_builder(size):
 
         def EndVector(self, *args):  # noqa: N802
             offset = super().EndVector(*args)
-            start, self._start = self._start, None
-            if start is None:
+            (start, relative), self._start, self._relative = (self._start, self._relative), None, False
+            if start is None or relative:
                 return offset
             end = len(self.Bytes) - start
             written = self._written.setdefault(bytes(self.Bytes[self.head:end]), offset)

@@ -181,6 +181,32 @@ def test_identical_vectors_are_written_once(litert, two_matmuls):
     np.testing.assert_allclose(_run(flat), X @ W1 + X @ W2, rtol=1e-5)
 
 
+def _structure(schema, flat):
+    """What a runtime reads of a file, but for tensor names: ops, tensors, buffers, signatures."""
+    model = schema.ModelT.InitFromPackedBuf(flat, 0)
+    graphs = [([(op.opcodeIndex, list(op.inputs), list(op.outputs)) for op in graph.operators],
+               [(list(t.shape), t.type, t.buffer) for t in graph.tensors],
+               list(graph.inputs), list(graph.outputs)) for graph in model.subgraphs]
+    signatures = [(s.signatureKey, s.subgraphIndex, [(t.name, t.tensorIndex) for t in s.inputs],
+                   [(t.name, t.tensorIndex) for t in s.outputs]) for s in model.signatureDefs or []]
+    return (graphs, [code.builtinCode for code in model.operatorCodes],
+            [None if b.data is None else bytes(b.data) for b in model.buffers], signatures)
+
+
+def test_vectors_of_tables_are_never_shared(litert):
+    """One FULLY_CONNECTED: its operators, subgraph and signature vectors hold one offset each, with the
+    same relative bytes; shared, each would name the wrong table (the file would not even decode)."""
+    import tensorflow as tf
+
+    function = tf.function(lambda x: tf.matmul(x, tf.constant(W1)),
+                           input_signature=[tf.TensorSpec([1, 8], tf.float32, name="x")])
+    one_matmul = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()]).convert()
+    flat, shared = litert_runtime._inline(one_matmul)
+    assert shared == 0
+    assert _structure(litert, flat) == _structure(litert, one_matmul)
+    np.testing.assert_allclose(_run(flat), X @ W1, rtol=1e-5)
+
+
 def test_only_the_inputs_and_outputs_keep_their_names(litert, two_matmuls):
     original = litert.ModelT.InitFromPackedBuf(two_matmuls, 0).subgraphs[0]
     flat, _ = litert_runtime._inline(two_matmuls)
