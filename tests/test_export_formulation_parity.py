@@ -9,6 +9,7 @@ with the layer's own call (float32; tolerances below).
 
 import inspect
 import math
+import re
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import conversion, formulation, formulations, gather, gl, gpu
+from keras_posenc.export import conversion, formulation, formulations, gather, gl, gpu, shader_ops
 from keras_posenc.layers import SinusoidalPositionEmbedding, TokenAndPositionEmbedding
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.layers.encoder_layer import EncoderLayer
@@ -427,12 +428,49 @@ def test_rope_and_alibi_encoders_match_the_layer(function, target, position):
     assert_close(got, want, ENCODER_TOL, real_rows(IDS))
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi"])
 @pytest.mark.parametrize("function, target", [(gl.encoder, "gl"), (gpu.encoder, "gpu")])
-def test_shader_encoders_refuse_explicit_position_ids_with_rope(function, target):
-    layer = encoder(position="rope")
-    with pytest.raises(ValueError, match="explicit position_ids are not supported"):
+def test_shader_encoders_refuse_explicit_position_ids_with_rope_and_alibi(function, target, position):
+    layer = encoder(position=position)
+    message = (f"The {position} encoder exports with the ids it derives from padding and segments; "
+               "explicit position_ids are not supported on the gl and gpu targets.")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         graph_call(lambda ids, p: function(context(target), layer, ids, position_ids=p),
                    IDS[:1], POSITIONS[:1])
+
+
+@pytest.mark.parametrize("function, target", [(gl.encoder, "gl"), (gpu.encoder, "gpu")])
+def test_shader_encoders_refuse_an_attention_mask_known_only_at_run_time(function, target):
+    layer = encoder()
+    allowed = np.tril(np.ones([1, LENGTH, LENGTH], np.int32))
+    message = "The gl and gpu targets need a constant attention_mask (attention_mask is not constant)."
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        graph_call(lambda ids, m: function(context(target), layer, ids, attention_mask=m), IDS[:1], allowed)
+
+
+def test_broadcast_rows_gives_any_number_of_copies_by_concatenations_of_few_inputs():
+    """Powers of two included (the doubling stops after the largest one not above the count)."""
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    for copies in [1, 2, 3, 4, 6, 8, 9, 16, 31]:
+        got = graph_call(lambda t, copies=copies: shader_ops.broadcast_rows(t, copies, axis=1), x)
+        np.testing.assert_array_equal(got, np.concatenate([x] * copies, axis=1), err_msg=str(copies))
+    graph = tf.function(lambda t: shader_ops.broadcast_rows(t, 31, axis=2)).get_concrete_function(
+        tf.TensorSpec([1, 2, 3], tf.float32)).graph
+    inputs = [len(op.inputs) - 1 for op in graph.get_operations() if op.type == "ConcatV2"]
+    assert inputs and max(inputs) <= 16  # a GL shader binds at most 16 storage buffers
+
+
+def test_shader_layer_norm_keeps_epsilon_where_the_variance_is_as_small():
+    """Centered values are scaled by 1/8 before squaring, epsilon by 1/64: exact where epsilon matters."""
+    norm = keras.layers.LayerNormalization(epsilon=0.01)
+    x = features(1) * 0.1  # variance ~0.01, as large as epsilon
+    norm(x)
+    randomize(norm, 6)
+    got = graph_call(lambda x: shader_ops.layer_norm(x, norm), x)
+    centered = x.astype(np.float64) - x.astype(np.float64).mean(-1, keepdims=True)
+    y = centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 0.01)
+    assert_close(got, y * norm.gamma.numpy() + norm.beta.numpy(), 1e-5)
+    assert_close(got, norm(x).numpy(), 1e-5)
 
 
 @pytest.mark.parametrize("center, scale", [(False, True), (True, False)])
