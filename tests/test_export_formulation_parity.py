@@ -419,10 +419,17 @@ def test_gpu_encoder_compares_segments_at_run_time_only_when_they_are_runtime_in
     assert runtime > plain == constant
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi"])
+ROPE_AND_ALIBI = {"rope": {"position": "rope"}, "alibi": {"position": "alibi"},
+                  "rope-interleave": {"position": "rope", "layout": "interleave"},
+                  "rope-partial": {"position": "rope", "partial_rotary_factor": 0.5},
+                  "rope-interleave-partial": {"position": "rope", "layout": "interleave",
+                                               "partial_rotary_factor": 0.5}}
+
+
+@pytest.mark.parametrize("position", sorted(ROPE_AND_ALIBI))
 @pytest.mark.parametrize("function, target", ENCODERS)
 def test_rope_and_alibi_encoders_match_the_layer(function, target, position):
-    layer = encoder(position=position)
+    layer = encoder(**ROPE_AND_ALIBI[position])
     want = layer(IDS, use_causal_mask=True).numpy()
     got = _encoder_calls(layer, target, function, {}, use_causal_mask=True)
     assert_close(got, want, ENCODER_TOL, real_rows(IDS))
