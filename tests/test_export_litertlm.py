@@ -271,8 +271,7 @@ def test_near_greedy_takes_another_runtime_s_pick_only_at_a_near_tie(tmp_path, c
     text = processor.DecodeIds([best])
 
     def shown(token):  # what a token adds to a turn's text; control ids add nothing
-        keeps = token >= special_ids.NUM_RESERVED_IDS or token == special_ids.UNK_ID
-        return processor.DecodeIds([token]) if keeps else ""
+        return litertlm_bundle._decode(processor, [token])
 
     def stands_apart(rank):  # neither the best nor a token ranked above it could begin its text
         piece = shown(order[rank])

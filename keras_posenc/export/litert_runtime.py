@@ -75,7 +75,8 @@ def _sharing_builder(size):
 
         def EndVector(self, *args):  # noqa: N802
             offset = super().EndVector(*args)
-            (start, relative), self._start, self._relative = (self._start, self._relative), None, False
+            start, relative = self._start, self._relative
+            self._start, self._relative = None, False
             if start is None or relative:
                 return offset
             end = len(self.Bytes) - start
