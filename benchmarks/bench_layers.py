@@ -22,7 +22,7 @@ repetition, all measured in this run):
   (e) TensorFlow only: ours / the layer's former fused path, the gather and
       add in a nested `tf.function(jit_compile=True)` behind a `tf.cond` on
       the batch's token count (replaced because exporters reject the nested
-      call; today the two ops carry an XLA mark instead, `backend.add_rows`),
+      call; today the two ops carry an XLA mark instead on Keras 3, `backend.add_rows`),
       left-padded, in the same plain graph.
 
 Run: python benchmarks/bench_layers.py [--reps N]

@@ -143,7 +143,7 @@ def eager_scope():
 def add_rows(x, table, ids):
     """`x + take(table, ids, axis=0)`: the gather-and-add of the position layers, fused where it can be.
 
-    In a TensorFlow graph (a `tf.function`: Keras's train and predict
+    In a Keras 3 TensorFlow graph (a `tf.function`: Keras's train and predict
     functions) the gather and the add are marked as one XLA cluster
     (`tf.xla.experimental.jit_scope`), so the rows are added as they are read
     instead of being written to memory and read back: a plain graph pays one
@@ -154,8 +154,14 @@ def add_rows(x, table, ids):
     repeats, and stops compiling one that keeps seeing new shapes, so inputs
     of varying length do not pay a compilation per call. Eagerly and on JAX
     (whose `jit` fuses the two anyway) these are the plain ops.
+
+    Keras 2 (TF 2.12) gets the plain ops too: its clustering grows the mark
+    into the whole training step, forward, gradients and optimizer, and the
+    step then needs the count of distinct token ids (the embedding's sparse
+    gradient) at compile time, so it is compiled again, about 2 s on 2 cores,
+    each time a new count repeats (benchmarks/bench_train_step.py).
     """
-    if is_tensorflow():
+    if is_keras3() and is_tensorflow():
         import tensorflow as tf
 
         if not tf.executing_eagerly():

@@ -45,7 +45,8 @@ def test_make_deterministic_seeds_keras_and_numpy():
     np.testing.assert_array_equal(backend.ops.convert_to_numpy(again.kernel), kernel)
 
 
-@pytest.mark.skipif(not backend.is_tensorflow(), reason="the XLA mark is a TensorFlow graph attribute")
+@pytest.mark.skipif(not (backend.is_keras3() and backend.is_tensorflow()),
+                    reason="the XLA mark is a TensorFlow graph attribute, left off on Keras 2")
 def test_add_rows_marks_one_xla_cluster_in_graphs_and_gives_the_plain_values():
     import numpy as np
     import tensorflow as tf
@@ -65,3 +66,45 @@ def test_add_rows_marks_one_xla_cluster_in_graphs_and_gives_the_plain_values():
     assert marked == ["AddV2", "GatherV2"]
     calls = {"If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"}
     assert not calls & {node.op for node in nodes}
+
+
+def _marked_ops(graph_def):
+    """The ops of a graph and of its function library that carry an XLA mark."""
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return sorted(n.op for n in nodes if n.attr["_XlaCompile"].b and n.op != "Const")
+
+
+@pytest.mark.skipif(backend.is_keras3(), reason="Keras 2 (TF 2.12): Keras 3 marks the gather and the add")
+def test_a_keras2_training_step_carries_no_xla_mark_and_adds_the_plain_rows():
+    # TF 2.12 grows a mark into the whole training step (forward, gradients, Adam's updates); that
+    # step needs the count of distinct token ids at compile time and is compiled again, about 2 s,
+    # each time a new count repeats (benchmarks/bench_train_step.py).
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_posenc.layers import SinusoidalPositionEmbedding
+
+    keras = backend.keras
+    embed = keras.layers.Embedding(50, 8, mask_zero=True)
+    position = SinusoidalPositionEmbedding(max_length=16)
+    head = keras.layers.Dense(50)
+    optimizer = keras.optimizers.Adam(1e-2)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def step(ids):
+        with tf.GradientTape() as tape:
+            x = embed(ids)
+            added = position(x, mask=embed.compute_mask(ids))
+            logits = head(added)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(ids, logits, from_logits=True))
+        variables = embed.trainable_variables + head.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return x, added
+
+    ids = np.array([[3, 7, 9, 0, 0], [0, 0, 4, 4, 1]], np.int32)
+    x, added = (t.numpy() for t in step(ids))
+    counts = np.cumsum(ids != 0, axis=1) - 1
+    table = position._lookup_table[1:]  # row 0 of the lookup table is padding's zero row
+    expected = np.where((ids != 0)[..., None], x + table[np.maximum(counts, 0)], x)
+    np.testing.assert_allclose(added, expected, rtol=0, atol=1e-6)
+    assert _marked_ops(step.get_concrete_function().graph.as_graph_def()) == []

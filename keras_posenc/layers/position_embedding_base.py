@@ -68,8 +68,8 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
     constants of each traced graph), position ids from a mask by a 0/1
     triangular matmul (`keras_posenc.positions.running_count`), not a
     cumulative sum: Keras's own `model.export` (SavedModel, ONNX, LiteRT)
-    takes it as it is. In TensorFlow graphs the gather and the add of a
-    masked call are marked as one XLA cluster (`backend.add_rows`), so the
+    takes it as it is. In Keras 3 TensorFlow graphs the gather and the add of
+    a masked call are marked as one XLA cluster (`backend.add_rows`), so the
     gathered rows are not written to memory and read back.
 
     A subclass implements `_build_table(depth)`, `_table_rows(ids)` (float32
