@@ -423,7 +423,10 @@ ROPE_AND_ALIBI = {"rope": {"position": "rope"}, "alibi": {"position": "alibi"},
                   "rope-interleave": {"position": "rope", "layout": "interleave"},
                   "rope-partial": {"position": "rope", "partial_rotary_factor": 0.5},
                   "rope-interleave-partial": {"position": "rope", "layout": "interleave",
-                                               "partial_rotary_factor": 0.5}}
+                                               "partial_rotary_factor": 0.5},
+                  # YaRN's attention factor (0.1 ln 4 + 1) scales cos and sin of every rotated pair.
+                  "rope-yarn": {"position": "rope", "scaling": "yarn", "scaling_factor": 4.0,
+                                "original_length": 8}}
 
 
 @pytest.mark.parametrize("position", sorted(ROPE_AND_ALIBI))
