@@ -172,7 +172,11 @@ def test_help_prints_no_tensorflow_log_line(argv):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "keras-posenc" in result.stdout
     assert result.stderr == ""
-    # A library import leaves the log level as importing TensorFlow alone does.
+
+
+def test_importing_the_library_leaves_tensorflows_log_level_as_it_was():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     code = "import os, {}; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
     levels = [subprocess.run([sys.executable, "-c", code.format(module)], env=env, capture_output=True,
                              text=True, timeout=120).stdout.strip()
