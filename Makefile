@@ -75,7 +75,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
-        pytest-keras3 test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice \
+        pytest-keras3 pytest-keras3-tensorflow pytest-keras3-jax test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice \
         mutation
 
 help:
@@ -166,14 +166,19 @@ $(KERAS3_VENV)/.stamp: $(KERAS3_VENV)/.lock-stamp setup.cfg pyproject.toml
 pytest-keras2: venv
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
-pytest-keras3: venv-keras3
+pytest-keras3: pytest-keras3-tensorflow pytest-keras3-jax
+
+pytest-keras3-tensorflow: venv-keras3
 	KERAS_BACKEND=tensorflow $(KERAS3_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+pytest-keras3-jax: venv-keras3
 	KERAS_BACKEND=jax $(KERAS3_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) $(KERAS3_JAX_TESTS)
 
-# The two stacks are independent processes in separate venvs: they run side by side (one per core),
-# each one's output printed in one piece when it ends (--output-sync); either failing fails `test`.
+# The stacks are independent processes in separate venvs: they run two at a time (one per core),
+# the JAX run on the core that frees first, each one's output printed in one piece when it ends
+# (--output-sync); any failing fails `test`.
 test: lint
-	@$(MAKE) -j2 --output-sync=target pytest-keras2 pytest-keras3
+	@$(MAKE) -j2 --output-sync=target pytest-keras2 pytest-keras3-tensorflow pytest-keras3-jax
 
 test-keras2: lint
 	@$(MAKE) pytest-keras2
