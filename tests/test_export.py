@@ -541,14 +541,6 @@ def test_token_ids_above_2048_are_split_into_exact_digits():
         assert export.check_parity(model, flat, batch) <= 1e-4
 
 
-def test_token_one_hot_digits_equal_the_one_hot_row():
-    ids = np.array([[0, 1, 70, 71, 2048, 2049, 4999, 5040]], np.float32)
-    for dtype in (tf.int32, tf.float32):
-        rows = shader_ops.token_one_hot(tf.constant(ids, dtype), 5041).numpy()[0]
-        expected = np.eye(rows.shape[-1], dtype=np.float32)[ids[0].astype(int)]
-        np.testing.assert_array_equal(rows, expected)
-
-
 def test_masked_scores_are_finite_in_float16():
     assert np.isfinite(np.float16(shader_ops.MASKED))
     assert np.exp(np.float32(shader_ops.MASKED) + 50.0) == 0.0  # a masked key gets exactly 0 weight

@@ -470,6 +470,20 @@ def test_broadcast_rows_gives_any_number_of_copies_by_concatenations_of_few_inpu
     assert inputs and max(inputs) <= 16  # a GL shader binds at most 16 storage buffers
 
 
+@pytest.mark.parametrize("vocab", [2048, 2049, 4096, 5041, 8000])
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_token_one_hot_gives_every_id_its_own_row(vocab, dtype):
+    """Past 2048 (float16's last exact integer) an id is split into two digits, one-hot each, and
+    joined by their outer product: int32 ids (gpu) by FLOOR_DIV, float ids (gl) by thresholds."""
+    edges = [0, 1, 2, 63, 64, 65, 70, 71, 127, 128, 2047, 2048, 2049, 4095, 4096, 4999, 5040, 7999]
+    ids = np.array(sorted({i for i in edges if i < vocab} | {vocab - 1}), dtype)
+    ids = np.resize(ids, 2 * math.ceil(len(ids) / 2)).reshape(2, -1)  # [B = 2, T]
+    rows = graph_call(lambda t: shader_ops.token_one_hot(t, vocab), ids)
+    assert rows.shape[:2] == (1, ids.size) and rows.shape[2] >= vocab
+    expected = np.eye(rows.shape[2], dtype=np.float32)[ids.reshape(-1).astype(int)]
+    np.testing.assert_array_equal(rows[0], expected)
+
+
 def test_shader_layer_norm_keeps_epsilon_where_the_variance_is_as_small():
     """Centered values are scaled by 1/8 before squaring, epsilon by 1/64: exact where epsilon matters."""
     norm = keras.layers.LayerNormalization(epsilon=0.01)
