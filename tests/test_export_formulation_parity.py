@@ -21,6 +21,7 @@ from keras_posenc.export import conversion, formulation, formulations, gather, g
 from keras_posenc.layers import SinusoidalPositionEmbedding, TokenAndPositionEmbedding
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.layers.encoder_layer import EncoderLayer
+from keras_posenc.layers.positional_attention import PositionalAttention
 from keras_posenc.models import CausalLM
 from keras_posenc.positions import position_ids as derive_position_ids
 
@@ -482,6 +483,18 @@ def test_token_one_hot_gives_every_id_its_own_row(vocab, dtype):
     assert rows.shape[:2] == (1, ids.size) and rows.shape[2] >= vocab
     expected = np.eye(rows.shape[2], dtype=np.float32)[ids.reshape(-1).astype(int)]
     np.testing.assert_array_equal(rows[0], expected)
+
+
+def test_alibi_constants_are_minus_the_slope_times_the_distance():
+    """The bias the gl and gpu files hold: -m_h |i - j|, zero on the diagonal (a softmax would hide a
+    constant added to every score, a file's float16 constants would not)."""
+    attention = PositionalAttention(4, 8, position="alibi")
+    bias = shader_ops.alibi_constants(attention, 5)
+    slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)  # the ALiBi paper's slopes for 4 heads
+    distance = np.abs(np.arange(5)[None, :] - np.arange(5)[:, None])
+    assert bias.dtype == np.float32
+    np.testing.assert_array_equal(bias, (-slopes[:, None, None] * distance).astype(np.float32))
+    assert shader_ops.alibi_constants(PositionalAttention(4, 8, position="rope"), 5) is None
 
 
 def test_shader_layer_norm_keeps_epsilon_where_the_variance_is_as_small():
