@@ -61,9 +61,9 @@ def test_add_rows_marks_one_xla_cluster_in_graphs_and_gives_the_plain_values():
     np.testing.assert_array_equal(backend.ops.convert_to_numpy(backend.add_rows(x, table, ids)), expected)
     for _ in range(3):  # the cluster is compiled once a shape repeats: the compiled values too
         np.testing.assert_array_equal(traced(x, ids).numpy(), expected)
-    nodes = traced.get_concrete_function().graph.as_graph_def().node
-    marked = sorted(node.op for node in nodes if node.attr["_XlaCompile"].b and node.op != "Const")
-    assert marked == ["AddV2", "GatherV2"]
+    graph = traced.get_concrete_function().graph.as_graph_def()
+    nodes = graph.node
+    assert _marked_ops(graph) == ["AddV2", "GatherV2"]
     calls = {"If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"}
     assert not calls & {node.op for node in nodes}
 

@@ -164,10 +164,16 @@ def test_help_shows_every_default(command, capsys):
         assert entries["--no-bos"] == "--no-bos do not start sequences with <s> (default: off)"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
-def test_help_prints_no_tensorflow_log_line(argv):
+def _env_with_tensorflows_own_log_level():
+    """This environment without TF_CPP_MIN_LOG_LEVEL, the checkout first on the path."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
+def test_help_prints_no_tensorflow_log_line(argv):
+    env = _env_with_tensorflows_own_log_level()
     result = subprocess.run([sys.executable, "-m", "keras_posenc.app.cli"] + argv, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "keras-posenc" in result.stdout
@@ -175,8 +181,7 @@ def test_help_prints_no_tensorflow_log_line(argv):
 
 
 def test_importing_the_library_leaves_tensorflows_log_level_as_it_was():
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env = _env_with_tensorflows_own_log_level()
     code = "import os, {}; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"
     levels = [subprocess.run([sys.executable, "-c", code.format(module)], env=env, capture_output=True,
                              text=True, timeout=120).stdout.strip()
@@ -188,8 +193,7 @@ def test_train_and_export_print_no_runtime_log_line(tsv_corpus, tmp_path):
     """The command's stderr holds its own lines only: no TensorFlow, absl, XLA or TFLite line, no
     library warning (TF 2.21 on a machine without a GPU driver logs `failed call to cuInit`, its
     tf.data logs `use_unbounded_threadpool` lines, TFLite an XNNPACK `INFO` line)."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env = _env_with_tensorflows_own_log_level()
     out = str(tmp_path / "run")
     flags = [f for f in TINY_FLAGS]
     flags[flags.index("--steps") + 1] = "2"
