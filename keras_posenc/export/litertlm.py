@@ -208,11 +208,11 @@ class EngineFeeder:
         ids = ([] if self.held is None else [self.held]) + list(ids)
         if not ids:
             return
-        self.held = ids[-1]
         feed = ids[:-1]
-        if self.step + len(feed) + 1 > self.cache_length:
+        if self.step + len(feed) + 1 > self.cache_length:  # refused before the session changes
             raise ValueError(f"{self.step + len(feed) + 1} tokens do not fit in "
                              f"cache_length={self.cache_length}.")
+        self.held = ids[-1]
         for start in range(0, max(1, len(feed)), self.prompt_length):
             chunk = feed[start:start + self.prompt_length]
             tokens = np.zeros([1, self.prompt_length], np.int32)

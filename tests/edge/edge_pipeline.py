@@ -1,0 +1,100 @@
+"""`export_and_check(target="tensorrt")`: the ONNX path of one export, its file run by onnxruntime here.
+
+The report's parity is recomputed from the file run row by row in an `onnxruntime.InferenceSession`
+of its own against the Keras model; the lines, metadata and host rows are checked as the CLI and
+the kit read them (tests/test_export_pipeline.py checks the TFLite targets the same way).
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+from test_export_quality import reference_cross_entropy  # noqa: E402
+from tiny_lm import tiny_lm  # noqa: E402
+
+from keras_posenc import export  # noqa: E402
+from keras_posenc.backend import ops  # noqa: E402
+from keras_posenc.export.host_table import dequantized_table  # noqa: E402
+
+LENGTH = 12
+VOCAB = 64
+HOST_LINE = ("Embedding: host (int8 rows, 32 values a scale); the runner feeds the rows of "
+             "FILE.embeddings.npz[token_ids] as `embeddings` (export/jetson/run_tflite.py and run_tensorrt.py do)")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_lm(VOCAB, seed=5)
+
+
+def _rows(seed):
+    ids = np.random.default_rng(seed).integers(5, VOCAB, size=[4, LENGTH]).astype(np.int32)
+    ids[1, 8:] = 0
+    ids[3, :5] = 0  # left padding
+    return ids
+
+
+def _onnx_outputs(flat, token_ids, table=None):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(bytes(flat), providers=["CPUExecutionProvider"])
+    outputs = []
+    for ids in token_ids:
+        feeds = {"token_ids": ids[None]}
+        if table is not None:
+            feeds["embeddings"] = table[ids][None].astype(np.float32)
+        outputs.append(session.run(None, feeds)[0][0])
+    return np.asarray(outputs, np.float64)
+
+
+def _parity(flat, model, rows, table=None):
+    keras_outputs = np.asarray(ops.convert_to_numpy(model(rows, training=False)), np.float64)
+    return np.abs(_onnx_outputs(flat, rows, table) - keras_outputs)[rows != 0].max()
+
+
+def test_a_float32_onnx_export_with_its_lines_and_metadata(edge, lm):
+    rows = _rows(seed=1)
+    result = export.export_and_check(lm, sequence_length=LENGTH, target="tensorrt", token_ids=rows)
+    assert (result.target, result.quantize, result.embedding, result.host_table) == ("tensorrt", None, "graph",
+                                                                                       None)
+    assert result.lines[0] == "ONNX opset 17, static shapes, int32 ids (trtexec --onnx=FILE --fp16)"
+    assert result.lines[1] == f"Parity onnxruntime vs Keras: max abs diff {result.parity:.3g} on real tokens"
+    assert result.lines[2].startswith("Cost: ") and len(result.lines) == 3
+    assert result.parity == pytest.approx(_parity(result.exported, lm, rows), rel=1e-3, abs=1e-7)
+    assert result.parity < 1e-5 and result.failures() == []
+    assert result.report["verdicts"] == {} and result.report["file_bytes"] == len(result.exported)
+    assert result.metadata["cost"] == result.report["cost"] and result.metadata["target"] == "tensorrt"
+    assert result.metadata["inputs"] == ["token_ids"] and "quantization" not in result.metadata
+    assert result.description == f"target tensorrt, quantize=none, batch 1 x length {LENGTH}"
+
+
+def test_an_int8_onnx_export_with_host_rows_calibrated_on_the_given_rows(edge, lm):
+    rows = _rows(seed=2)
+    result = export.export_and_check(lm, sequence_length=LENGTH, target="tensorrt", embedding="host",
+                                     quantize="int8", token_ids=rows, eval_token_ids=rows)
+    assert isinstance(result.host_table, dict) and result.embedding == "host"
+    assert result.lines[0] == ("Quantized by onnxruntime.quantization: int8 QDQ: weights per channel (MatMul, "
+                               "Gemm, Gather), activations per tensor, calibrated on the parity rows")
+    assert result.lines[1] == "ONNX opset 17, static shapes, int32 ids (trtexec --onnx=FILE)"
+    assert result.lines[-1] == HOST_LINE
+    assert result.metadata["quantization"]["runtime"] == "onnxruntime"
+    assert result.metadata["inputs"] == ["token_ids", "embeddings"]
+    own = dequantized_table(result.host_table)
+    assert result.parity == pytest.approx(_parity(result.exported, lm, rows, own), rel=1e-4)
+    float32_rows = _parity(result.exported, lm, rows, export.host_embedding_table(lm))
+    assert float32_rows != pytest.approx(result.parity, rel=1e-3)  # the file was checked with its own rows
+    # The held-out loss: the int8 file fed its own rows against the float32 file (the Keras model's loss).
+    quality = result.report["quality"]
+    keras_logits = np.asarray(ops.convert_to_numpy(lm(rows, training=False)), np.float64)
+    assert quality["loss_float"] == pytest.approx(reference_cross_entropy(keras_logits, rows, 0)[0], rel=1e-5)
+    own_loss, count = reference_cross_entropy(_onnx_outputs(result.exported, rows, own), rows, 0)
+    assert quality["loss_quantized"] == pytest.approx(own_loss, rel=1e-9) and quality["tokens"] == count
+    other = export.export_and_check(lm, sequence_length=LENGTH, target="tensorrt", embedding="host",
+                                    quantize="int8", token_ids=_rows(seed=3))
+    assert other.exported != result.exported  # the activations' ranges come from the rows given

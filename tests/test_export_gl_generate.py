@@ -1,0 +1,121 @@
+"""The `gpu`/`gl` prefill and decode graphs (`gl_generate`), run eagerly against the Keras `CausalLM`.
+
+No conversion: the graphs of `prefill_graph` and `decode_graph` are the ones the generation export
+freezes, here called op by op on the float32 clone the export builds. Each decode step's logits
+must equal the Keras model's full pass at that position, and each cache write must change only its
+own slot. The converted files run on the interpreter and the GPU runtimes in
+tests/test_export_generator.py and tests/edge/edge_generate.py.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc.backend import keras
+from keras_posenc.export import gl_generate, shader_ops
+from keras_posenc.export.conversion import ModelSpec, host_embedding_table, rebuild
+from keras_posenc.models import CausalLM
+
+BASE = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 40, "max_length": 24,
+        "dropout": 0.0}
+CACHE = 12
+PROMPT = [2, 9, 17, 5, 11]
+CASES = {
+    "sinusoidal": {},
+    "sinusoidal-factorized-pre-ln": {"table": "factorized", "norm_first": True},
+    "learned-unscaled": {"position": "learned", "scale_embeddings": False},
+    "rope": {"position": "rope"},
+    "rope-yarn-pre-ln": {"position": "rope", "scaling": "yarn", "scaling_factor": 2.0, "original_length": 8,
+                         "norm_first": True},
+    "alibi": {"position": "alibi", "num_heads": 4},
+    "vocab-3000": {"vocab_size": 3000},
+}
+
+
+def _model(**config):
+    """A built model whose biases and LayerNorm offsets and scales are not their initial 0 and 1."""
+    keras.utils.set_random_seed(3)
+    model = CausalLM({**BASE, **config})
+    model.build_on_dummy()
+    rng = np.random.default_rng(7)
+    for weight in model.trainable_weights:
+        weight.assign(np.asarray(weight) + rng.normal(0.0, 0.1, weight.shape).astype(np.float32))
+    return model
+
+
+def _clone(model):
+    return rebuild(model, ModelSpec.of(model, CACHE, 1))
+
+
+def _ids(values, dtype):
+    return tf.constant(np.asarray(values, np.int32)[None], dtype)
+
+
+def _full_pass(model, ids):
+    return np.asarray(model(np.asarray([ids], np.int32), training=False), np.float64)[0]
+
+
+def _run(model, embedding, dtype, prompt_length):
+    """Prefill a right-padded prompt, then decode greedily to the last slot: the logits of each step."""
+    clone = _clone(model)
+    table = host_embedding_table(model)
+    padded = PROMPT + [0] * (prompt_length - len(PROMPT))
+
+    def rows(ids):
+        return None if embedding == "graph" else tf.constant(table[np.asarray(ids)][None])
+
+    logits, keys, values = gl_generate.prefill_graph(clone, _ids(padded, dtype), CACHE, rows(padded))
+    steps = [np.asarray(logits, np.float64)[0, :len(PROMPT)]]
+    tokens = list(PROMPT)
+    for position in range(len(PROMPT), CACHE):
+        token = int(np.argmax(steps[-1][-1]))
+        tokens.append(token)
+        step, new_keys, new_values = gl_generate.decode_graph(
+            clone, _ids([token], dtype), tf.constant([position], dtype), keys, values, rows([token]))
+        for old, new in zip(keys + values, new_keys + new_values):
+            old, new = np.asarray(old), np.asarray(new)
+            others = np.arange(CACHE) != position
+            np.testing.assert_array_equal(new[:, others], old[:, others])  # every other slot bit for bit
+            assert not np.array_equal(new[:, position], old[:, position])
+        keys, values = new_keys, new_values
+        steps.append(np.asarray(step, np.float64))
+    return tokens, np.concatenate(steps)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_prefill_and_every_decode_step_equal_the_keras_full_pass(name):
+    model = _model(**CASES[name])
+    dtype = tf.int32 if name == "vocab-3000" else tf.float32  # above 2048: the gpu target's int32 digits
+    tokens, logits = _run(model, "graph", dtype, prompt_length=len(PROMPT))
+    np.testing.assert_allclose(logits, _full_pass(model, tokens), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "sinusoidal-factorized-pre-ln"])
+def test_host_rows_and_a_right_padded_prompt_give_the_same_steps(name):
+    """Rows looked up on the host, a prompt padded to 8 slots: the padded slots are overwritten."""
+    model = _model(**CASES[name])
+    tokens, logits = _run(model, "host", tf.int32, prompt_length=8)
+    np.testing.assert_allclose(logits, _full_pass(model, tokens), atol=2e-5, rtol=0)
+    graph_tokens, _ = _run(model, "graph", tf.float32, prompt_length=len(PROMPT))
+    assert tokens == graph_tokens
+
+
+def test_the_prefill_cache_holds_the_prompt_values_and_zeros_after_it():
+    model = _model(position="alibi")
+    clone = _clone(model)
+    _, keys, values = gl_generate.prefill_graph(clone, _ids(PROMPT, tf.float32), CACHE)
+    heads, head_dim = BASE["num_heads"], BASE["d_model"] // BASE["num_heads"]
+    assert [tuple(t.shape) for t in keys + values] == [(1, CACHE, heads, head_dim)] * 4
+    # The first layer (post-LN) attends over the token rows themselves: ALiBi adds no position rows.
+    embedded = np.asarray(clone.encoder.embedding(np.asarray([PROMPT], np.int32)), np.float64)[0]
+    value = clone.encoder.encoder_layers[0].attention.projections([1, 1, BASE["d_model"]])[2]
+    kernel, bias = np.asarray(value.kernel, np.float64), np.asarray(value.bias, np.float64)
+    expected = np.einsum("td,dhk->thk", embedded, kernel) + bias
+    np.testing.assert_allclose(np.asarray(values[0])[0, :len(PROMPT)], expected, atol=1e-5)
+    for cache in keys + values:
+        assert not np.asarray(cache)[0, len(PROMPT):].any()
+        assert np.asarray(cache)[0, :len(PROMPT)].any(axis=(1, 2)).all()
+
+
+def test_the_cache_length_limit_is_the_float16_integers():
+    assert gl_generate.MAX_CACHE_LENGTH == shader_ops.FLOAT16_INTEGERS == 2048
