@@ -1,4 +1,4 @@
-"""`export_and_check` on the TFLite targets: what one call hands back (the ONNX path: tests/edge/edge_pipeline.py).
+"""`export_and_check` on the TFLite targets: what one call hands back (ONNX: tests/edge/edge_pipeline.py).
 
 A tiny language model and a tiny embedding model, converted in well under a second each, so that
 `make mutation MODULE=keras_posenc/export/pipeline.py` can run these per mutant. Each number a
@@ -18,8 +18,8 @@ from keras_posenc.layers import TokenAndPositionEmbedding
 
 LENGTH = 12
 VOCAB = 64
-INT8_WEIGHTS = ("int8 weights (dynamic range: per channel for CONV_2D, per tensor or channel for FULLY_CONNECTED "
-                "as the converter chooses), float32 activations")
+INT8_WEIGHTS = ("int8 weights (dynamic range: per channel for CONV_2D, per tensor or channel for "
+                "FULLY_CONNECTED as the converter chooses), float32 activations")
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,8 @@ def test_the_graph_embedding_can_be_asked_for_on_a_gpu_target(lm):
 def test_the_parity_is_measured_on_the_given_rows(lm):
     """int8 weights: the parity depends on the rows; int64 ids are taken as int32."""
     rows = _rows(rows=3, seed=11).astype(np.int64)
-    result = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="int8", token_ids=rows)
+    result = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="int8",
+                                     token_ids=rows)
     difference = np.abs(_run(result.exported, rows) - _keras(lm, rows.astype(np.int32)))
     expected = difference[rows != 0].max()
     assert result.parity == pytest.approx(expected, rel=1e-4)
@@ -161,8 +162,8 @@ def test_a_quantized_export_names_its_recipe_first_and_says_when_the_loss_is_not
     assert result.report["quality"] is None and "quality" not in result.metadata
     assert result.report["max_loss_increase"] == 0.0 and result.failures() == []
     assert result.lines[-1] == (
-        "Held-out loss of the quantized file: not measured (pass eval_token_ids; the CLI reads the run's eval "
-        "split or --eval-corpus; a model whose output is not next-token logits has none)")
+        "Held-out loss of the quantized file: not measured (pass eval_token_ids; the CLI reads the run's "
+        "eval split or --eval-corpus; a model whose output is not next-token logits has none)")
 
 
 def test_the_held_out_loss_of_both_files_and_the_limit_applied(lm):
