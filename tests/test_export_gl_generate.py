@@ -68,7 +68,7 @@ def _run(model, embedding, dtype, prompt_length):
     steps = [np.asarray(logits, np.float64)[0, :len(PROMPT)]]
     tokens = list(PROMPT)
     for position in range(len(PROMPT), CACHE):
-        token = int(np.argmax(steps[-1][-1]))
+        token = int(np.argmax(steps[-1][-1][1:])) + 1  # never the pad id: the Keras pass would mask it
         tokens.append(token)
         step, new_keys, new_values = gl_generate.decode_graph(
             clone, _ids([token], dtype), tf.constant([position], dtype), keys, values, rows([token]))
