@@ -485,6 +485,21 @@ def test_token_one_hot_gives_every_id_its_own_row(vocab, dtype):
     np.testing.assert_array_equal(rows[0], expected)
 
 
+@pytest.mark.parametrize("vocab", [40, 2048, 2049, 3000, 4097, 5041, 8000, 50257])
+def test_token_one_hot_rows_stay_near_the_vocab_and_split_only_past_2048(vocab):
+    """The digits' base is 2^ceil(log2(vocab) / 2): two one-hots of about sqrt(vocab) columns each,
+    and fewer than `base` zero rows past the vocab in the file's token table; up to 2048 one plain
+    one-hot (no FLOOR_DIV to run)."""
+    base = 2 ** math.ceil(math.log2(vocab) / 2)
+    width = vocab if vocab <= 2048 else base * math.ceil(vocab / base)
+    ids = tf.TensorSpec([1, 3], tf.int32)
+    function = tf.function(lambda t: shader_ops.token_one_hot(t, vocab), autograph=False)
+    graph = function.get_concrete_function(ids)
+    assert graph.structured_outputs.shape == (1, 3, width)
+    op_types = {op.type for op in graph.graph.get_operations()}
+    assert ("FloorDiv" in op_types) == (vocab > 2048)
+
+
 def test_alibi_constants_are_minus_the_slope_times_the_distance():
     """The bias the gl and gpu files hold: -m_h |i - j|, zero on the diagonal (a softmax would hide a
     constant added to every score, a file's float16 constants would not)."""
