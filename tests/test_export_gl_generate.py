@@ -64,14 +64,17 @@ def _run(model, embedding, dtype, prompt_length):
     def rows(ids):
         return None if embedding == "graph" else tf.constant(table[np.asarray(ids)][None])
 
-    logits, keys, values = gl_generate.prefill_graph(clone, _ids(padded, dtype), CACHE, rows(padded))
+    def fed(ids):  # as the export's signatures: zeros in place of the ids when the rows are given
+        return _ids(ids if embedding == "graph" else [0] * len(ids), dtype)
+
+    logits, keys, values = gl_generate.prefill_graph(clone, fed(padded), CACHE, rows(padded))
     steps = [np.asarray(logits, np.float64)[0, :len(PROMPT)]]
     tokens = list(PROMPT)
     for position in range(len(PROMPT), CACHE):
         token = int(np.argmax(steps[-1][-1][1:])) + 1  # never the pad id: the Keras pass would mask it
         tokens.append(token)
         step, new_keys, new_values = gl_generate.decode_graph(
-            clone, _ids([token], dtype), tf.constant([position], dtype), keys, values, rows([token]))
+            clone, fed([token]), tf.constant([position], dtype), keys, values, rows([token]))
         for old, new in zip(keys + values, new_keys + new_values):
             old, new = np.asarray(old), np.asarray(new)
             others = np.arange(CACHE) != position
@@ -115,6 +118,23 @@ def test_the_prefill_cache_holds_the_prompt_values_and_zeros_after_it():
     for cache in keys + values:
         assert not np.asarray(cache)[0, len(PROMPT):].any()
         assert np.asarray(cache)[0, :len(PROMPT)].any(axis=(1, 2)).all()
+
+
+@pytest.mark.parametrize("vocab, dtype, split", [(3000, tf.int32, True), (3000, tf.float32, False),
+                                                 (2048, tf.int32, False), (40, tf.int32, False)])
+def test_int32_ids_past_2048_are_split_by_floor_div_before_the_one_cast(vocab, dtype, split):
+    """The gpu target's int32 ids: FLOOR_DIV digits above 2048; gl's float ids: float thresholds."""
+    clone = _clone(_model(vocab_size=vocab))
+    caches = [tf.zeros([1, CACHE, 2, 8])] * 2
+
+    def decode(token_id, position):
+        return gl_generate.decode_graph(clone, token_id, position, caches, caches)[0]
+
+    graph = tf.function(decode).get_concrete_function(tf.TensorSpec([1, 1], dtype), tf.TensorSpec([1], dtype))
+    types = [op.type for op in graph.graph.get_operations()]
+    assert ("FloorDiv" in types) == split
+    casts = [op for op in graph.graph.get_operations() if op.type == "Cast" and op.inputs[0].dtype.is_integer]
+    assert len(casts) == (0 if dtype == tf.float32 else 3 if split else 2)  # the position's, the id's
 
 
 def test_the_cache_length_limit_is_the_float16_integers():

@@ -15,6 +15,7 @@ from tiny_lm import tiny_lm
 from keras_posenc import export
 from keras_posenc.backend import keras, ops
 from keras_posenc.layers import TokenAndPositionEmbedding
+from keras_posenc.models import CausalLM
 
 LENGTH = 12
 VOCAB = 64
@@ -35,22 +36,24 @@ def _rows(rows=8, seed=2):
 
 
 def _run(flat, ids, table=None, languages=None):
-    """The file's outputs, one row at a time (batch 1), float64."""
+    """The file's outputs, as many rows a call as its batch, float64."""
     interpreter = tf.lite.Interpreter(model_content=flat)
     interpreter.allocate_tensors()
     inputs = {detail["name"]: detail for detail in interpreter.get_input_details()}
+    batch = int(interpreter.get_input_details()[0]["shape"][0])
     outputs = []
-    for row in range(len(ids)):
+    for row in range(0, len(ids), batch):
+        rows = slice(row, row + batch)
         for name, detail in inputs.items():
             if "embeddings" in name:
-                value = table[ids[row:row + 1]].astype(np.float32)
+                value = table[ids[rows]].astype(np.float32)
             elif "language" in name:
-                value = languages[row:row + 1]
+                value = languages[rows]
             else:
-                value = ids[row:row + 1]
+                value = ids[rows]
             interpreter.set_tensor(detail["index"], value.astype(detail["dtype"]))
         interpreter.invoke()
-        outputs.append(interpreter.get_tensor(interpreter.get_output_details()[0]["index"])[0])
+        outputs.extend(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
     return np.asarray(outputs, np.float64)
 
 
@@ -128,10 +131,21 @@ def test_the_parity_is_measured_on_the_given_rows(lm):
     assert abs(sampled.parity - expected) > 1e-3 * expected  # the rows decide the figure
 
 
-def test_a_batch_of_two_is_described_and_checked_on_eight_sampled_rows(lm):
-    result = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", batch_size=2)
-    assert result.description == f"target cpu, quantize=none, batch 2 x length {LENGTH}"
-    assert result.metadata["batch_size"] == 2 and result.parity < 1e-4
+@pytest.mark.parametrize("batch, other_rows", [(1, 5), (2, 4)])
+def test_without_rows_the_parity_runs_four_sampled_rows_per_batch_row(batch, other_rows):
+    """`sample_token_batch` rows, 4 per exported batch row (int8 weights and this seed: the count shows)."""
+    lm = tiny_lm(VOCAB, seed=11)
+    result = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="int8",
+                                     batch_size=batch)
+    assert result.description == f"target cpu, quantize=int8, batch {batch} x length {LENGTH}"
+    assert result.metadata["batch_size"] == batch
+
+    def parity_of(count):
+        rows, _ = export.sample_token_batch(lm, LENGTH, rows=count)
+        return np.abs(_run(result.exported, rows) - _keras(lm, rows))[rows != 0].max()
+
+    assert result.parity == pytest.approx(parity_of(4 * batch), rel=1e-4)
+    assert parity_of(other_rows) != pytest.approx(result.parity, rel=1e-3)
 
 
 @pytest.mark.parametrize("language_shape", [(), (None,)])
@@ -176,6 +190,9 @@ def test_the_held_out_loss_of_both_files_and_the_limit_applied(lm):
     file_loss, _ = reference_cross_entropy(_run(result.exported, rows), rows, pad_id=0)
     assert (quality["rows"], quality["tokens"], count) == (8, 4 * 11 + 4 * 8, 76)
     assert quality["loss_float"] == pytest.approx(keras_loss, rel=1e-5)
+    float32_file = export.export_and_check(lm, sequence_length=LENGTH, target="cpu").exported
+    float32_loss, _ = reference_cross_entropy(_run(float32_file, rows), rows, pad_id=0)
+    assert quality["loss_float"] == pytest.approx(float32_loss, rel=1e-10)  # the same target's file
     assert quality["loss_quantized"] == pytest.approx(file_loss, rel=1e-6)
     assert file_loss != pytest.approx(keras_loss, rel=1e-7)
     assert result.metadata["quality"] == quality and result.report["max_loss_increase"] == 0.5
@@ -214,3 +231,53 @@ def test_a_float16_host_table_is_stored_and_fed_to_the_quantized_file(lm, target
     float32_parity = np.abs(_run(result.exported, rows, table) - _keras(lm, rows))[real].max()
     assert result.parity == pytest.approx(own_parity, rel=1e-4)
     assert float32_parity != pytest.approx(own_parity, rel=1e-3)
+
+
+@pytest.fixture(scope="module")
+def language_lm():
+    keras.utils.set_random_seed(4)
+    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
+                          dropout=0.0, num_languages=2), name="lm")
+    model.build_on_dummy()
+    [scale] = [weight for weight in model.weights if "language_scale" in weight.name]
+    scale.assign([1.0, 0.25])
+    return model
+
+
+def test_given_language_ids_are_the_ones_checked(language_lm):
+    """int8 weights: the parity shows which language ids were fed."""
+    model, rows = language_lm, _rows(rows=3, seed=5)
+    ones = np.ones_like(rows)
+    result = export.export_and_check(model, sequence_length=LENGTH, target="cpu", quantize="int8",
+                                     token_ids=rows, language_ids=ones)
+
+    def parity_with(languages):
+        keras_outputs = _keras(model, rows, language_ids=languages)
+        return np.abs(_run(result.exported, rows, languages=languages) - keras_outputs)[rows != 0].max()
+
+    assert result.parity == pytest.approx(parity_with(ones), rel=1e-4)
+    assert parity_with(0 * ones) != pytest.approx(result.parity, rel=1e-3)
+
+
+def test_a_language_model_s_held_out_loss_is_measured_in_language_0(language_lm):
+    model, rows = language_lm, _rows()
+    result = export.export_and_check(model, sequence_length=LENGTH, target="cpu", quantize="int8",
+                                     eval_token_ids=rows)
+    zeros = np.zeros_like(rows)
+    expected, _ = reference_cross_entropy(_keras(model, rows, language_ids=zeros), rows, pad_id=0)
+    other, _ = reference_cross_entropy(_keras(model, rows, language_ids=zeros + 1), rows, pad_id=0)
+    assert result.report["quality"]["loss_float"] == pytest.approx(expected, rel=1e-5)
+    assert other != pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.parametrize("target", ["gpu", "gl"])
+def test_a_float16_file_with_the_graph_lookup_is_measured_against_the_same_kind_of_file(lm, target):
+    rows = _rows(rows=4, seed=9)
+    result = export.export_and_check(lm, sequence_length=LENGTH, target=target, quantize="float16",
+                                     embedding="graph", eval_token_ids=rows)
+    assert result.embedding == "graph" and result.host_table is None
+    assert not any(line.startswith("Embedding") for line in result.lines)
+    float32_file = export.export_and_check(lm, sequence_length=LENGTH, target=target,
+                                           embedding="graph").exported
+    float32_loss, _ = reference_cross_entropy(_run(float32_file, rows), rows, pad_id=0)
+    assert result.report["quality"]["loss_float"] == pytest.approx(float32_loss, rel=1e-10)

@@ -100,3 +100,23 @@ def test_an_int8_onnx_export_with_host_rows_calibrated_on_the_given_rows(edge, l
     other = export.export_and_check(lm, sequence_length=LENGTH, target="tensorrt", embedding="host",
                                     quantize="int8", token_ids=_rows(seed=3))
     assert other.exported != result.exported  # the activations' ranges come from the rows given
+
+
+def test_a_litert_quantizer_file_is_checked_and_measured_by_litert_s_interpreter(edge, lm, tflite_file):
+    """cpu int4 (LiteRT Quantizer): TFLite 2.12 computes it wrong, so the parity and the held-out
+    loss come from LiteRT's interpreter; here the file runs in LiteRT's own runner."""
+    from edge_targets import feeds_of
+
+    rows = _rows(seed=4)
+    result = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="int4",
+                                     token_ids=rows, eval_token_ids=rows,
+                                     litert_python=edge.litertlm_python())
+    feeds = feeds_of(rows, None, range(len(rows)), np.int32)
+    run = edge.run_litert(tflite_file("cpu-int4", result.exported), feeds, accelerator="cpu")
+    assert run.returncode == 0, run.log[-3000:]
+    logits = np.asarray(run.output, np.float64).reshape(*rows.shape, -1)
+    keras_logits = np.asarray(ops.convert_to_numpy(lm(rows, training=False)), np.float64)
+    assert result.parity == pytest.approx(np.abs(logits - keras_logits)[rows != 0].max(), rel=1e-4)
+    loss, _ = reference_cross_entropy(logits, rows, 0)
+    assert result.report["quality"]["loss_quantized"] == pytest.approx(loss, rel=1e-5)
+    assert result.metadata["quantization"]["tool"] == "LiteRT Quantizer 0.11"
