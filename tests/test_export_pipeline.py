@@ -14,6 +14,7 @@ from tiny_lm import tiny_lm
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras, ops
+from keras_posenc.export.conversion import EMBEDDINGS
 from keras_posenc.layers import TokenAndPositionEmbedding
 from keras_posenc.models import CausalLM
 
@@ -81,8 +82,7 @@ def test_rows_of_another_shape_are_refused_naming_the_shape(lm, shape, argument)
 def test_an_unknown_embedding_is_refused_naming_the_choices(lm):
     with pytest.raises(ValueError) as error:
         export.export_and_check(lm, sequence_length=LENGTH, target="gpu", embedding="table")
-    assert "embedding" in str(error.value) and "'table'" in str(error.value)
-    assert "'host'" in str(error.value) and "'graph'" in str(error.value)
+    assert str(error.value) == f"`embedding` must be one of {EMBEDDINGS}, got embedding='table'."
 
 
 # A float32 export -------------------------------------------------------------------------------
@@ -110,6 +110,11 @@ def test_the_default_embedding_of_each_target_and_what_the_result_holds(lm, targ
         assert result.metadata["inputs"] == ["token_ids"]
     rows = _rows()
     assert _run(result.exported, rows, table) == pytest.approx(_keras(lm, rows), abs=1e-4)
+
+
+def test_the_default_target_is_gpu(lm):
+    result = export.export_and_check(lm, sequence_length=LENGTH)
+    assert (result.target, result.embedding, result.metadata["target"]) == ("gpu", "host", "gpu")
 
 
 def test_the_graph_embedding_can_be_asked_for_on_a_gpu_target(lm):

@@ -120,3 +120,32 @@ def test_a_litert_quantizer_file_is_checked_and_measured_by_litert_s_interpreter
     loss, _ = reference_cross_entropy(logits, rows, 0)
     assert result.report["quality"]["loss_quantized"] == pytest.approx(loss, rel=1e-5)
     assert result.metadata["quantization"]["tool"] == "LiteRT Quantizer 0.11"
+
+
+def test_given_language_ids_reach_the_onnx_parity(edge):
+    """A language model's int8 ONNX file: the parity shows which language ids were fed."""
+    import onnxruntime
+
+    from keras_posenc.backend import keras
+    from keras_posenc.models import CausalLM
+
+    keras.utils.set_random_seed(4)
+    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
+                          dropout=0.0, num_languages=2), name="lm")
+    model.build_on_dummy()
+    [scale] = [weight for weight in model.weights if "language_scale" in weight.name]
+    scale.assign([1.0, 0.25])
+    rows = _rows(seed=6)
+    ones = np.ones_like(rows)
+    result = export.export_and_check(model, sequence_length=LENGTH, target="tensorrt", quantize="int8",
+                                     token_ids=rows, language_ids=ones)
+    session = onnxruntime.InferenceSession(bytes(result.exported), providers=["CPUExecutionProvider"])
+
+    def parity_with(languages):
+        feeds = [{"token_ids": rows[i:i + 1], "language_ids": languages[i:i + 1]} for i in range(len(rows))]
+        outputs = np.concatenate([session.run(None, feed)[0] for feed in feeds]).astype(np.float64)
+        keras_outputs = np.asarray(ops.convert_to_numpy(model(rows, language_ids=languages, training=False)))
+        return np.abs(outputs - keras_outputs)[rows != 0].max()
+
+    assert result.parity == pytest.approx(parity_with(ones), rel=1e-4)
+    assert parity_with(0 * ones) != pytest.approx(result.parity, rel=1e-3)
