@@ -135,6 +135,10 @@ def test_int32_ids_past_2048_are_split_by_floor_div_before_the_one_cast(vocab, d
     assert ("FloorDiv" in types) == split
     casts = [op for op in graph.graph.get_operations() if op.type == "Cast" and op.inputs[0].dtype.is_integer]
     assert len(casts) == (0 if dtype == tf.float32 else 3 if split else 2)  # the position's, the id's
+    prefill = tf.function(lambda ids: gl_generate.prefill_graph(clone, ids, CACHE)[0])
+    prefill_graph = prefill.get_concrete_function(tf.TensorSpec([1, 4], dtype)).graph
+    types = [op.type for op in prefill_graph.get_operations()]
+    assert ("FloorDiv" in types) == split
 
 
 def test_the_cache_length_limit_is_the_float16_integers():
