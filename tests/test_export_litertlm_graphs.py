@@ -200,3 +200,37 @@ def test_the_feeder_refuses_what_does_not_fit_and_a_full_cache(converted):
     with pytest.raises(ValueError) as error:
         feeder.decode()
     assert str(error.value) == f"the cache is full (cache_length={CACHE})."
+
+
+# Quantized bundle models: the recipes of the "litertlm" kind -------------------------------------
+def test_an_int8_cpu_model_has_int8_weights_and_fewer_bytes():
+    model = _model(d_model=32, dff=64, vocab_size=64)  # kernels of 1024 values and more: quantized
+
+    def convert(quantize):
+        return litertlm.to_litertlm_tflite(model, prompt_length=PROMPT_LENGTH, cache_length=CACHE,
+                                           quantize=quantize)
+
+    flat, float32 = convert("int8"), convert(None)
+    types = [detail["dtype"] for detail in tf.lite.Interpreter(model_content=flat).get_tensor_details()]
+    assert np.int8 in types and len(flat) < 0.7 * len(float32)
+    assert litertlm.EngineFeeder(flat).cache_length == CACHE
+
+
+def test_the_gpu_bundle_model_refuses_int4_with_the_generation_reason():
+    with pytest.raises(ValueError) as error:
+        litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE, target="gpu",
+                                    quantize="int4")
+    assert str(error.value) == (
+        "--quantize int4 is refused for target='gpu': LiteRT Quantizer's int4 weights break the shader "
+        "prefill/decode graph's constant matrices (prefill logits of 1e7 on LiteRT 2.3): use --quantize "
+        "int8.")
+
+
+def test_the_given_litert_python_is_the_one_checked(monkeypatch, tmp_path):
+    for variable in ("KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"):
+        monkeypatch.delenv(variable, raising=False)
+    missing = str(tmp_path / "python")
+    with pytest.raises(ValueError) as error:
+        litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE, target="gpu",
+                                    quantize="int8", litert_python=missing)
+    assert str(error.value).startswith(f"the LiteRT Python {missing!r} is not an executable file: ")
