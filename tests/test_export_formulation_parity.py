@@ -492,12 +492,16 @@ def test_token_one_hot_rows_stay_near_the_vocab_and_split_only_past_2048(vocab):
     one-hot (no FLOOR_DIV to run)."""
     base = 2 ** math.ceil(math.log2(vocab) / 2)
     width = vocab if vocab <= 2048 else base * math.ceil(vocab / base)
-    ids = tf.TensorSpec([1, 3], tf.int32)
     function = tf.function(lambda t: shader_ops.token_one_hot(t, vocab), autograph=False)
-    graph = function.get_concrete_function(ids)
+    graph = function.get_concrete_function(tf.TensorSpec([1, 3], tf.int32))
     assert graph.structured_outputs.shape == (1, 3, width)
     op_types = {op.type for op in graph.graph.get_operations()}
     assert ("FloorDiv" in op_types) == (vocab > 2048)
+    # gl's float ids: every computed tensor keeps the leading batch axis of 1 the GL delegate needs.
+    graph = function.get_concrete_function(tf.TensorSpec([1, 3], tf.float32)).graph
+    shapes = [output.shape for op in graph.get_operations() if op.type != "Const" for output in op.outputs
+              if output.shape.rank]
+    assert [shape for shape in shapes if shape.rank >= 2 and shape[0] != 1] == []
 
 
 def test_alibi_constants_are_minus_the_slope_times_the_distance():
