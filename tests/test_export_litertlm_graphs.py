@@ -171,6 +171,14 @@ def test_greedy_turns_equal_the_keras_continuation_of_the_whole_session(converte
         np.testing.assert_allclose(step[1:], full[position][1:], atol=2e-5, rtol=0)
 
 
+def test_an_empty_turn_continues_the_session_as_if_there_were_none(converted):
+    _, flat = converted
+    with_empty, without = [], []
+    litertlm.engine_greedy(litertlm.EngineFeeder(flat), [[2, 9, 17, 5, 11, 30], []], 3, logits=with_empty)
+    litertlm.engine_greedy(litertlm.EngineFeeder(flat), [[2, 9, 17, 5, 11, 30]], 6, logits=without)
+    np.testing.assert_array_equal(np.array(with_empty[1]), np.array(without[0][3:]))
+
+
 def test_a_stop_id_ends_the_turn_and_forced_ids_are_fed_back(converted):
     model, flat = converted
     prompt = [2, 9, 17, 5, 11, 30]
@@ -234,3 +242,11 @@ def test_the_given_litert_python_is_the_one_checked(monkeypatch, tmp_path):
         litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE, target="gpu",
                                     quantize="int8", litert_python=missing)
     assert str(error.value).startswith(f"the LiteRT Python {missing!r} is not an executable file: ")
+
+
+def test_the_gpu_target_converts_the_shader_graphs_with_their_cache_layout():
+    model = _model()
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=2, cache_length=8, target="gpu")
+    feeder = litertlm.EngineFeeder(flat)
+    assert {buffer.shape for buffer in feeder.cache.values()} == {(1, 1, 8, BASE["d_model"])}
+    assert litertlm.engine_greedy(feeder, [[2, 9, 17]], 4) == [model.generate([2, 9, 17], 4).ids[0].tolist()]

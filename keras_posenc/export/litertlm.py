@@ -213,7 +213,8 @@ class EngineFeeder:
             raise ValueError(f"{self.step + len(feed) + 1} tokens do not fit in "
                              f"cache_length={self.cache_length}.")
         self.held = ids[-1]
-        for start in range(0, max(1, len(feed)), self.prompt_length):
+        for start in range(0, len(feed), self.prompt_length):  # nothing to feed: no call (its padding
+            # would be written from input_pos[0] = 0, over the session's first slots)
             chunk = feed[start:start + self.prompt_length]
             tokens = np.zeros([1, self.prompt_length], np.int32)
             positions = np.zeros([self.prompt_length], np.int32)
