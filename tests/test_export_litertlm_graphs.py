@@ -186,11 +186,12 @@ def test_a_stop_id_ends_the_turn_and_forced_ids_are_fed_back(converted):
     first_new = next(i for i in range(1, 4) if picks[i] not in picks[:i])
     stopped = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [prompt], 4, stop_id=picks[first_new])
     assert stopped == [picks[:first_new + 1]]
-    forced = [6, 12, 3]
-    fed = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [prompt], 9, forced=[forced])
+    forced, logits = [6, 12, 3], []
+    fed = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [prompt], 9, forced=[forced], logits=logits)
     full = _full_pass(model, prompt + forced)
     expected = [int(np.argmax(full[position][1:])) + 1 for position in (5, 6, 7)]
-    assert fed == [expected]
+    assert fed == [expected]  # three steps: one per forced id, whatever max_new_tokens says
+    np.testing.assert_allclose(np.array(logits[0])[:, 1:], full[5:8, 1:], atol=2e-5, rtol=0)
     with_pad = litertlm.engine_greedy(litertlm.EngineFeeder(flat), [prompt], 2, pad_id=picks[0])
     assert with_pad[0][0] != picks[0]
 
