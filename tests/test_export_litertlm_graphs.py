@@ -251,3 +251,17 @@ def test_the_gpu_target_converts_the_shader_graphs_with_their_cache_layout():
     feeder = litertlm.EngineFeeder(flat)
     assert {buffer.shape for buffer in feeder.cache.values()} == {(1, 1, 8, BASE["d_model"])}
     assert litertlm.engine_greedy(feeder, [[2, 9, 17]], 4) == [model.generate([2, 9, 17], 4).ids[0].tolist()]
+
+
+def test_the_given_litert_python_runs_the_int4_quantizer(monkeypatch, tmp_path):
+    """cpu int4 is LiteRT Quantizer's, run as `PYTHON litert_runtime.py quantize SPEC`: a stand-in
+    Python that fails shows it is the one run, with its last log line in the error."""
+    for variable in ("KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"):
+        monkeypatch.delenv(variable, raising=False)
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho \"stand-in LiteRT Python: $2\" >&2\nexit 3\n")
+    python.chmod(0o755)
+    with pytest.raises(RuntimeError) as error:
+        litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE,
+                                    quantize="int4", litert_python=str(python))
+    assert str(error.value) == "LiteRT `quantize` failed (exit 3): stand-in LiteRT Python: quantize"
