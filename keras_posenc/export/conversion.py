@@ -244,7 +244,9 @@ def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph", recipe=None, cali
         signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
     proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=opset)
-    feeds = _calibration_feeds(spec, calibration, embedding) if recipe is not None else ()
+    # Only int8's activation scales are calibrated; float16 rounds the weights.
+    calibrated = recipe is not None and recipe.precision == "int8"
+    feeds = _calibration_feeds(spec, calibration, embedding) if calibrated else ()
     return quantize_onnx(proto.SerializeToString(), recipe, feeds)
 
 

@@ -196,6 +196,9 @@ def _run_in_chunks(kind, shapes, feeds, run):
         if tuple(shape[1:]) != feed.shape[1:] or len(feed) % rows:
             raise ValueError(f"Input '{name}' of shape {feed.shape} does not fit the exported "
                              f"shape {shape} (same length, batch a multiple of it).")
+        if len(feed) != len(feeds[0]):
+            raise ValueError(f"Input '{name}' has {len(feed)} rows, input '{shapes[0][0]}' {len(feeds[0])}: "
+                             "every input needs one row per token row.")
     return np.concatenate([run([feed[start:start + rows] for feed in feeds])
                            for start in range(0, len(feeds[0]), rows)])
 
