@@ -15,6 +15,7 @@ from tiny_lm import tiny_lm
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras, ops
 from keras_posenc.export.conversion import EMBEDDINGS
+from keras_posenc.export.targets import TARGETS
 from keras_posenc.layers import TokenAndPositionEmbedding
 from keras_posenc.models import CausalLM
 
@@ -93,6 +94,8 @@ def test_the_default_embedding_of_each_target_and_what_the_result_holds(lm, targ
     assert len(result.models) == 1 and result.models[0][4:8] == b"TFL3"
     assert result.description == f"target {target}, quantize=none, batch 1 x length {LENGTH}"
     assert result.lines[0] == "Op histogram:" and result.failures() == []
+    assert result.report["target"] == target
+    assert len(result.report["verdict_lines"]) == len(TARGETS[target].backends)
     assert result.metadata["cost"] == result.report["cost"]
     assert result.metadata["embedding"] == embedding and result.metadata["quantize"] is None
     assert "quantization" not in result.metadata and "quality" not in result.metadata

@@ -54,9 +54,10 @@ def _onnx_outputs(flat, token_ids, table=None):
     return np.asarray(outputs, np.float64)
 
 
-def _parity(flat, model, rows, table=None):
+def _parity(flat, model, rows, table=None, real_only=True):
     keras_outputs = np.asarray(ops.convert_to_numpy(model(rows, training=False)), np.float64)
-    return np.abs(_onnx_outputs(flat, rows, table) - keras_outputs)[rows != 0].max()
+    difference = np.abs(_onnx_outputs(flat, rows, table) - keras_outputs)
+    return (difference[rows != 0] if real_only else difference).max()
 
 
 def test_a_float32_onnx_export_with_its_lines_and_metadata(edge, lm):
@@ -76,7 +77,8 @@ def test_a_float32_onnx_export_with_its_lines_and_metadata(edge, lm):
 
 
 def test_an_int8_onnx_export_with_host_rows_calibrated_on_the_given_rows(edge, lm):
-    rows = _rows(seed=2)
+    rows = np.random.default_rng(2).integers(5, VOCAB, size=[4, LENGTH]).astype(np.int32)
+    rows[0, 3:], rows[2, 2:], rows[1, :9] = 0, 0, 0  # much padding: its outputs differ the most here
     result = export.export_and_check(lm, sequence_length=LENGTH, target="tensorrt", embedding="host",
                                      quantize="int8", token_ids=rows, eval_token_ids=rows)
     assert isinstance(result.host_table, dict) and result.embedding == "host"
@@ -89,6 +91,13 @@ def test_an_int8_onnx_export_with_host_rows_calibrated_on_the_given_rows(edge, l
     assert result.metadata["inputs"] == ["token_ids", "embeddings"]
     own = dequantized_table(result.host_table)
     assert result.parity == pytest.approx(_parity(result.exported, lm, rows, own), rel=1e-4)
+    every = _parity(result.exported, lm, rows, own, real_only=False)
+    assert result.report["parity_all"] == pytest.approx(every, rel=1e-4) and every > 1.01 * result.parity
+    assert result.lines[2] == f"Parity onnxruntime vs Keras: max abs diff {result.parity:.3g} on real tokens"
+    import onnx as onnx_lib
+
+    nodes = {node.op_type for node in onnx_lib.load_from_string(bytes(result.exported)).graph.node}
+    assert "DequantizeLinear" in nodes  # int8 QDQ, not a float32 file
     float32_rows = _parity(result.exported, lm, rows, export.host_embedding_table(lm))
     assert float32_rows != pytest.approx(result.parity, rel=1e-3)  # the file was checked with its own rows
     # The held-out loss: the int8 file fed its own rows against the float32 file (the Keras loss).
@@ -138,7 +147,7 @@ def test_given_language_ids_reach_the_onnx_parity(edge):
     rows = _rows(seed=6)
     ones = np.ones_like(rows)
     result = export.export_and_check(model, sequence_length=LENGTH, target="tensorrt", quantize="int8",
-                                     token_ids=rows, language_ids=ones)
+                                     token_ids=rows, language_ids=ones, eval_token_ids=rows)
     session = onnxruntime.InferenceSession(bytes(result.exported), providers=["CPUExecutionProvider"])
 
     def parity_with(languages):
@@ -149,3 +158,7 @@ def test_given_language_ids_reach_the_onnx_parity(edge):
 
     assert result.parity == pytest.approx(parity_with(ones), rel=1e-4)
     assert parity_with(0 * ones) != pytest.approx(result.parity, rel=1e-3)
+    # The held-out loss is measured in language 0 (the eval rows come without language ids).
+    keras_logits = np.asarray(ops.convert_to_numpy(model(rows, language_ids=0 * ones, training=False)))
+    expected, _ = reference_cross_entropy(keras_logits, rows, 0)
+    assert result.report["quality"]["loss_float"] == pytest.approx(expected, rel=1e-5)
