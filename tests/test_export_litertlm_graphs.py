@@ -240,8 +240,8 @@ def test_the_given_litert_python_is_the_one_checked(monkeypatch, tmp_path):
         monkeypatch.delenv(variable, raising=False)
     missing = str(tmp_path / "python")
     with pytest.raises(ValueError) as error:
-        litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE, target="gpu",
-                                    quantize="int8", litert_python=missing)
+        litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE,
+                                    quantize="int4", litert_python=missing)
     assert str(error.value).startswith(f"the LiteRT Python {missing!r} is not an executable file: ")
 
 
