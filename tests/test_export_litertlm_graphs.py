@@ -11,12 +11,11 @@ checked against the Keras model's full pass. One small CPU file covers `EngineFe
 import numpy as np
 import pytest
 import tensorflow as tf
+from tiny_lm import perturbed_causal_lm
 
-from keras_posenc.backend import keras
 from keras_posenc.export import litertlm
 from keras_posenc.export.conversion import ModelSpec, rebuild
 from keras_posenc.export.targets import TARGETS
-from keras_posenc.models import CausalLM
 
 BASE = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 40, "max_length": 24,
         "dropout": 0.0}
@@ -33,14 +32,7 @@ CASES = {
 
 
 def _model(**config):
-    """A built model whose biases and LayerNorm offsets and scales are not their initial 0 and 1."""
-    keras.utils.set_random_seed(3)
-    model = CausalLM({**BASE, **config})
-    model.build_on_dummy()
-    rng = np.random.default_rng(7)
-    for weight in model.trainable_weights:
-        weight.assign(np.asarray(weight) + rng.normal(0.0, 0.1, weight.shape).astype(np.float32))
-    return model
+    return perturbed_causal_lm({**BASE, **config})
 
 
 def _full_pass(model, ids):

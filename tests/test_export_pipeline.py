@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from test_export_quality import reference_cross_entropy
-from tiny_lm import tiny_lm
+from tiny_lm import tiny_lm, two_language_lm
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras, ops
 from keras_posenc.export.conversion import EMBEDDINGS
 from keras_posenc.export.targets import TARGETS
 from keras_posenc.layers import TokenAndPositionEmbedding
-from keras_posenc.models import CausalLM
 
 LENGTH = 12
 VOCAB = 64
@@ -244,13 +243,7 @@ def test_a_float16_host_table_is_stored_and_fed_to_the_quantized_file(lm, target
 
 @pytest.fixture(scope="module")
 def language_lm():
-    keras.utils.set_random_seed(4)
-    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
-                          dropout=0.0, num_languages=2), name="lm")
-    model.build_on_dummy()
-    [scale] = [weight for weight in model.weights if "language_scale" in weight.name]
-    scale.assign([1.0, 0.25])
-    return model
+    return two_language_lm(VOCAB)
 
 
 def test_given_language_ids_are_the_ones_checked(language_lm):

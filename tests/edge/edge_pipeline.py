@@ -16,7 +16,7 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 from test_export_quality import reference_cross_entropy  # noqa: E402
-from tiny_lm import tiny_lm  # noqa: E402
+from tiny_lm import tiny_lm, two_language_lm  # noqa: E402
 
 from keras_posenc import export  # noqa: E402
 from keras_posenc.backend import ops  # noqa: E402
@@ -135,15 +135,7 @@ def test_given_language_ids_reach_the_onnx_parity(edge):
     """A language model's int8 ONNX file: the parity shows which language ids were fed."""
     import onnxruntime
 
-    from keras_posenc.backend import keras
-    from keras_posenc.models import CausalLM
-
-    keras.utils.set_random_seed(4)
-    model = CausalLM(dict(num_layers=1, d_model=32, num_heads=2, dff=64, vocab_size=VOCAB, max_length=16,
-                          dropout=0.0, num_languages=2), name="lm")
-    model.build_on_dummy()
-    [scale] = [weight for weight in model.weights if "language_scale" in weight.name]
-    scale.assign([1.0, 0.25])
+    model = two_language_lm(VOCAB)
     rows = _rows(seed=6)
     ones = np.ones_like(rows)
     result = export.export_and_check(model, sequence_length=LENGTH, target="tensorrt", quantize="int8",
