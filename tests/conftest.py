@@ -32,3 +32,61 @@ def corpus(tmp_path_factory):
     lines = data.read_text_corpus(data.default_corpus_path())[:300]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)
+
+
+def _random_modes():
+    """The process-wide modes `backend.make_deterministic` sets, as far as they were set at all."""
+    if "tensorflow" not in sys.modules:
+        return None
+    from tensorflow.python.framework import config
+
+    from keras_posenc import backend
+
+    generators = None
+    if not backend.is_keras3():
+        generators = backend.keras.backend.experimental.is_tf_random_generator_enabled()
+    return config.is_op_determinism_enabled(), generators
+
+
+@pytest.fixture(autouse=True)
+def _random_modes_restored():
+    """Each test ends with the random modes it started with.
+
+    Every training run calls `make_deterministic`, which switches Keras 2's
+    initializers to `tf.random.Generator`s (other weights for the same seed)
+    and TF's ops to their deterministic kernels for the whole process: without
+    this, a test's weights would depend on whether a training test ran first.
+    """
+    before = _random_modes()
+    yield
+    after = _random_modes()
+    if after is None or after == before:
+        return
+    if before is None:  # TensorFlow came in with this test: its modes start off
+        before = (False, None if after[1] is None else False)
+    from tensorflow.python.framework import config
+
+    from keras_posenc import backend
+
+    determinism, generators = before
+    (config.enable_op_determinism if determinism else config.disable_op_determinism)()
+    if generators is not None:
+        experimental = backend.keras.backend.experimental
+        if generators:
+            experimental.enable_tf_random_generator()
+        else:
+            experimental.disable_tf_random_generator()
+
+
+@pytest.fixture
+def python_sigint_handler():
+    """SIGINT raises `KeyboardInterrupt` during the test, as in a terminal, whatever the suite inherited.
+
+    A suite started in the background (`make test &`, `nohup`) inherits SIGINT ignored, and Python
+    then installs no handler of its own.
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

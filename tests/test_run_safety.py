@@ -375,7 +375,8 @@ def test_resume_with_no_readable_checkpoint_names_the_folder(corpus, run_copy, c
 
 
 def test_sigint_saves_a_checkpoint_then_exits_130_and_resumes_exactly(corpus, earlier_run, tmp_path,
-                                                                      monkeypatch, capsys):
+                                                                      monkeypatch, capsys,
+                                                                      python_sigint_handler):
     original = train_lib.StepLog.on_train_batch_end
 
     def interrupt_after_step_3(self, batch, logs=None):

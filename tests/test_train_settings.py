@@ -196,7 +196,7 @@ def test_training_interrupted_names_the_signal_step_and_checkpoint():
                             "continue with --resume.")
 
 
-def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back():
+def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back(python_sigint_handler):
     train_lib = _train_lib()
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     with train_lib._StopOnSignal() as stop:
@@ -213,6 +213,22 @@ def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back():
     assert {signum: signal.getsignal(signum) for signum in before} == before
     with train_lib._StopOnSignal(active=False) as stop:
         assert not stop.active and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    """Started with `nohup` or as a shell's background job: SIGINT stays ignored, SIGTERM stops."""
+    train_lib = _train_lib()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with train_lib._StopOnSignal() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.received is None
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.received == signal.SIGTERM
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_step_log_sums_tokens_and_keeps_every_loss():

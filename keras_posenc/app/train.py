@@ -562,6 +562,7 @@ class _StopOnSignal:
 
     The loop then saves a checkpoint and `train` raises `TrainingInterrupted`. A second signal of
     either kind acts at once (the previous handlers are put back and the signal raised again).
+    A signal the process ignores (`nohup`, a shell's background job) stays ignored.
     Signal handlers exist only in the main thread; elsewhere this does nothing.
     """
 
@@ -574,7 +575,8 @@ class _StopOnSignal:
 
     def __enter__(self):
         if self.active:
-            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS
+                              if signal.getsignal(signum) is not signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc):
