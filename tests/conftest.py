@@ -48,21 +48,13 @@ def _random_modes():
     return config.is_op_determinism_enabled(), generators
 
 
-@pytest.fixture(autouse=True)
-def _random_modes_restored():
-    """Each test ends with the random modes it started with.
-
-    Every training run calls `make_deterministic`, which switches Keras 2's
-    initializers to `tf.random.Generator`s (other weights for the same seed)
-    and TF's ops to their deterministic kernels for the whole process: without
-    this, a test's weights would depend on whether a training test ran first.
-    """
+def _restoring_random_modes():
     before = _random_modes()
     yield
     after = _random_modes()
     if after is None or after == before:
         return
-    if before is None:  # TensorFlow came in with this test: its modes start off
+    if before is None:  # TensorFlow came in meanwhile: its modes start off
         before = (False, None if after[1] is None else False)
     from tensorflow.python.framework import config
 
@@ -76,6 +68,20 @@ def _random_modes_restored():
             experimental.enable_tf_random_generator()
         else:
             experimental.disable_tf_random_generator()
+
+
+# Every training run calls `make_deterministic`, which switches Keras 2's initializers to
+# `tf.random.Generator`s (other weights for the same seed) and TF's ops to their deterministic
+# kernels for the whole process. Each test, and each module (its fixtures may train), ends with
+# the modes it started with: a test's weights do not depend on which tests ran before it.
+@pytest.fixture(autouse=True, scope="module")
+def _random_modes_restored_per_module():
+    yield from _restoring_random_modes()
+
+
+@pytest.fixture(autouse=True)
+def _random_modes_restored():
+    yield from _restoring_random_modes()
 
 
 @pytest.fixture
