@@ -121,8 +121,9 @@ _INT4_GPU = Recipe("int4", LITERT_QUANTIZER, "int4 weights per output channel (C
                    host_bits=4, runtime="litert")
 _ONNX_FLOAT16 = Recipe("float16", ONNXRUNTIME, "float16 weights and compute, float32 inputs and outputs",
                        host_bits=16, runtime="onnxruntime")
-_ONNX_INT8 = Recipe("int8", ONNXRUNTIME, "int8 QDQ: weights per channel (MatMul, Gemm, Gather), activations "
-                                         "per tensor, calibrated on the parity rows", host_bits=8,
+_ONNX_INT8 = Recipe("int8", ONNXRUNTIME, "int8 QDQ: weights per channel (MatMul, Gemm), the token table "
+                                         "(Gather) per tensor, activations per tensor, calibrated on the "
+                                         "parity rows", host_bits=8,
                     runtime="onnxruntime")
 _ONNX_INT4 = ("onnxruntime's 4-bit quantizer (weight-only QDQ, TensorRT's int4 form) takes MatMul weights "
               "only: the Gemm kernels and the token table (Gather) stay float32, and the demo's file is "
@@ -259,7 +260,8 @@ def quantize_onnx(model_bytes, recipe, calibration=()):
 
     float16: `onnxruntime.transformers.float16` (float32 inputs and outputs kept). int8:
     `quant_pre_process` (constant folding: the attention kernels become Gemm initializers), then
-    `quantize_static` in QDQ form (int8 weights per channel, activations per tensor, symmetric),
+    `quantize_static` in QDQ form (int8 weights per channel, the token table per tensor: onnxruntime
+    quantizes a Gather's table as it does an activation; activations per tensor, symmetric),
     calibrated on `calibration`, with short tensor names (`_short_names`).
 
     Args:

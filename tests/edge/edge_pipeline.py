@@ -83,8 +83,8 @@ def test_an_int8_onnx_export_with_host_rows_calibrated_on_the_given_rows(edge, l
                                      quantize="int8", token_ids=rows, eval_token_ids=rows)
     assert isinstance(result.host_table, dict) and result.embedding == "host"
     assert result.lines[0] == ("Quantized by onnxruntime.quantization: int8 QDQ: weights per channel "
-                               "(MatMul, Gemm, Gather), activations per tensor, calibrated on the parity "
-                               "rows")
+                               "(MatMul, Gemm), the token table (Gather) per tensor, activations per tensor, "
+                               "calibrated on the parity rows")
     assert result.lines[1] == "ONNX opset 17, static shapes, int32 ids (trtexec --onnx=FILE)"
     assert result.lines[-1] == HOST_LINE
     assert result.metadata["quantization"]["runtime"] == "onnxruntime"

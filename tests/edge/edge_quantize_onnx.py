@@ -1,0 +1,149 @@
+"""`quantization.quantize_onnx` on a small hand-built graph, its files run by onnxruntime.
+
+The graph has the three ops the int8 recipe quantizes (a token table `Gather`, a `Gemm` and a
+`MatMul` with a constant weight); its outputs are compared with the same arithmetic in numpy
+float64. tests/edge/edge_pipeline.py and edge_quantize.py quantize whole exported models.
+"""
+
+import numpy as np
+import pytest
+
+from keras_posenc.export import quantization
+
+VOCAB, WIDTH, HIDDEN, OUT, LENGTH = 16, 8, 6, 5, 7
+LARGE_ROWS = range(8, 16)  # token rows 20x the others: what a calibration has to see
+
+
+def _weights():
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(VOCAB, WIDTH)).astype(np.float32)
+    table[LARGE_ROWS.start:] *= 20.0
+    return (table, rng.normal(size=(HIDDEN, WIDTH)).astype(np.float32),  # Gemm, transB
+            rng.normal(size=HIDDEN).astype(np.float32), rng.normal(size=(HIDDEN, OUT)).astype(np.float32))
+
+
+def _graph():
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table, gemm_weight, gemm_bias, matmul_weight = _weights()
+    nodes = [helper.make_node("Gather", ["token_table", "token_ids"], ["embedded"], name="lookup"),
+             helper.make_node("Gemm", ["embedded", "dense_kernel", "dense_bias"], ["hidden"], transB=1,
+                              name="dense"),
+             helper.make_node("Relu", ["hidden"], ["activated"], name="relu"),
+             helper.make_node("MatMul", ["activated", "head_kernel"], ["logits"], name="head")]
+    initializers = [numpy_helper.from_array(array, name) for array, name in (
+        (table, "token_table"), (gemm_weight, "dense_kernel"), (gemm_bias, "dense_bias"),
+        (matmul_weight, "head_kernel"))]
+    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("token_ids", TensorProto.INT32,
+                                                                             [LENGTH])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [LENGTH, OUT])],
+                              initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _reference(ids):
+    table, gemm_weight, gemm_bias, matmul_weight = (np.asarray(w, np.float64) for w in _weights())
+    return np.maximum(table[ids] @ gemm_weight.T + gemm_bias, 0.0) @ matmul_weight
+
+
+def _run(model_bytes, ids):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"token_ids": ids.astype(np.int32)})[0], np.float64)
+
+
+def _ids(seed, large):
+    low, high = (LARGE_ROWS.start, VOCAB) if large else (0, LARGE_ROWS.start)
+    return np.random.default_rng(seed).integers(low, high, size=LENGTH).astype(np.int32)
+
+
+RECIPES = quantization.RECIPES[("tensorrt", "window")]
+
+
+def test_without_a_recipe_the_model_is_returned_as_it_is(edge):
+    flat = _graph()
+    assert quantization.quantize_onnx(flat, None) is flat
+
+
+def test_float16_stores_float16_weights_and_keeps_float32_inputs_and_outputs(edge):
+    import onnx
+    from onnx import TensorProto
+
+    model = onnx.load_from_string(quantization.quantize_onnx(_graph(), RECIPES["float16"]))
+    assert {initializer.data_type for initializer in model.graph.initializer} == {TensorProto.FLOAT16}
+    assert [value.type.tensor_type.elem_type for value in model.graph.input] == [TensorProto.INT32]
+    assert [value.type.tensor_type.elem_type for value in model.graph.output] == [TensorProto.FLOAT]
+    ids = np.arange(LENGTH, dtype=np.int32)
+    reference = _reference(ids)
+    got = _run(model.SerializeToString(), ids)
+    assert np.abs(got - reference).max() <= 2e-3 * np.abs(reference).max()
+    assert not np.array_equal(got, _run(_graph(), ids))  # float16 arithmetic, not float32
+
+
+def _quantized(calibration_rows):
+    import onnx
+
+    calibration = [{"token_ids": rows} for rows in calibration_rows]
+    return onnx.load_from_string(quantization.quantize_onnx(_graph(), RECIPES["int8"], calibration))
+
+
+def test_int8_is_qdq_with_kernels_per_channel_the_table_per_tensor_and_symmetric_activations(edge):
+    from onnx import numpy_helper
+
+    model = _quantized([_ids(seed, large=seed % 2 == 0) for seed in range(6)])
+    assert {"QuantizeLinear", "DequantizeLinear", "Gather", "Gemm", "MatMul"} <= {node.op_type
+                                                                                for node in model.graph.node}
+    initializers = {item.name: numpy_helper.to_array(item) for item in model.graph.initializer}
+    int8 = {name: value for name, value in initializers.items() if value.dtype == np.int8 and value.ndim == 2}
+    scales = {int8[node.input[0]].shape: initializers[node.input[1]].size for node in model.graph.node
+              if node.op_type == "DequantizeLinear" and node.input[0] in int8}
+    # The token table (one scale: onnxruntime quantizes a Gather's table as an activation), the
+    # Gemm kernel (one scale per output row, transB) and the MatMul kernel (one per output column).
+    assert scales == {(VOCAB, WIDTH): 1, (HIDDEN, WIDTH): HIDDEN, (HIDDEN, OUT): OUT}
+    assert not any(value.dtype == np.float32 and value.ndim == 2 for value in initializers.values())
+    # Symmetric activations: every zero point a QuantizeLinear uses is 0.
+    points = [initializers[node.input[2]] for node in model.graph.node if node.op_type == "QuantizeLinear"]
+    assert points and all(point.dtype == np.int8 and np.all(point == 0) for point in points)
+
+
+def test_int8_tensors_and_nodes_are_named_by_their_index_and_the_inputs_keep_theirs(edge):
+    model = _quantized([_ids(seed, large=True) for seed in range(3)])
+    assert [value.name for value in model.graph.input] == ["token_ids"]
+    assert [value.name for value in model.graph.output] == ["logits"]
+    assert [node.name for node in model.graph.node] == [f"n{index}" for index in range(len(model.graph.node))]
+    names = {initializer.name for initializer in model.graph.initializer}
+    names |= {name for node in model.graph.node for name in list(node.input) + list(node.output) if name}
+    names -= {"token_ids", "logits"}
+    assert names and all(name[0] == "v" and name[1:].isdigit() for name in names)
+    assert sorted(int(name[1:]) for name in names) == list(range(len(names)))  # numbered in order, once each
+    for value in model.graph.value_info:
+        assert value.name in names
+
+
+def test_int8_activations_are_scaled_on_the_calibration_rows(edge):
+    """Calibrated on small rows only, the large rows' activations saturate: the calibration decides."""
+    large = [_ids(seed, large=True) for seed in range(3)]
+    small = [_ids(seed, large=False) for seed in range(3)]
+    seen, unseen = _quantized(large + small).SerializeToString(), _quantized(small).SerializeToString()
+    ids = _ids(10, large=True)
+    reference = _reference(ids)
+    error_seen = np.abs(_run(seen, ids) - reference).max()
+    error_unseen = np.abs(_run(unseen, ids) - reference).max()
+    assert error_seen <= 0.05 * np.abs(reference).max()
+    assert error_unseen > 4 * error_seen
+
+
+def test_the_calibration_reader_gives_each_feed_once_then_none():
+    feeds = [{"token_ids": np.array([1])}, {"token_ids": np.array([2])}]
+    reader = quantization._Calibration(iter(feeds))
+    assert [reader.get_next() for _ in range(4)] == [feeds[0], feeds[1], None, None]
+
+
+@pytest.mark.parametrize("empty", [(), []])
+def test_an_empty_calibration_reads_as_none(empty):
+    assert quantization._Calibration(empty).get_next() is None
