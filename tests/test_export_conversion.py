@@ -1,0 +1,446 @@
+"""`keras_posenc.export.conversion` piece by piece: the model's spec, the rebuilt clone, the converter's
+options and every refusal, with tiny models (one conversion takes well under a second).
+
+tests/test_export.py converts the branches of every layer for every target; this file pins what the
+exporter reads off a model and what it tells the user when it cannot.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc.backend import keras, save_model
+from keras_posenc.export import conversion
+from keras_posenc.export.contract import TENSORS
+from keras_posenc.export.flatbuffer import op_counts
+from keras_posenc.export.targets import TARGETS
+from keras_posenc.layers import (
+    RotaryEmbedding,
+    SinusoidalPositionEmbedding,
+    TokenAndPositionEmbedding,
+)
+from keras_posenc.layers.encoder import Encoder
+from keras_posenc.models import CausalLM
+
+LENGTH = 6
+
+
+def _embedding_model(num_languages=None, language_shape=(), scale_embeddings=True, max_length=16, pad_id=0,
+                     seed=3):
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    layer = TokenAndPositionEmbedding(30, 8, max_length, dropout=0.0, num_languages=num_languages,
+                                      scale_embeddings=scale_embeddings, pad_id=pad_id)
+    if num_languages is None:
+        return keras.Model(ids, layer(ids), name="tape")
+    languages = keras.Input(shape=language_shape, dtype="int32")  # unnamed: the second input
+    return keras.Model([ids, languages], layer(ids, language_ids=languages), name="tape")
+
+
+def _causal_lm(name="lm", **config):
+    keras.utils.set_random_seed(4)
+    settings = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 30, "max_length": 12,
+                "dropout": 0.0, **config}
+    model = CausalLM(settings, name=name)
+    model.build_on_dummy()
+    return model
+
+
+def _message(error):
+    return str(error.value)
+
+
+# What the spec reads off a model ---------------------------------------------------------------
+def test_the_spec_of_a_plain_model():
+    model = _embedding_model(max_length=16)
+    spec = conversion.ModelSpec.of(model, LENGTH, 2)
+    assert (spec.model, spec.sequence_length, spec.batch_size) == (model, LENGTH, 2)
+    assert (spec.roles, spec.ranks, spec.needs_languages, spec.language_rank) == (["token_ids"], [2], False,
+                                                                                   None)
+    assert (spec.pad_id, spec.vocab_size, spec.functional) == (0, 30, True)
+    assert [type(layer) for layer in spec.position_layers] == [SinusoidalPositionEmbedding]  # the layer's own
+    [signature] = spec.signature()
+    assert signature.shape.as_list() == [2, LENGTH]
+    assert (signature.dtype, signature.name) == (tf.int32, "token_ids")
+    assert spec.signature(tf.float32)[0].dtype == tf.float32
+    assert conversion.ModelSpec.of(model, 16, 1).sequence_length == 16  # exactly max_length
+
+
+@pytest.mark.parametrize("language_shape, rank", [((), 1), ((None,), 2)])
+def test_an_unnamed_second_input_of_a_model_with_languages_is_the_language_ids(language_shape, rank):
+    model = _embedding_model(num_languages=2, language_shape=language_shape)
+    spec = conversion.ModelSpec.of(model, LENGTH, 3)
+    assert (spec.roles, spec.ranks, spec.needs_languages, spec.language_rank) == (
+        ["token_ids", "language_ids"], [2, rank], True, rank)
+    shapes = [(s.shape.as_list(), s.name) for s in spec.signature()]
+    assert shapes == [([3, LENGTH], "token_ids"), ([3, LENGTH][:rank], "language_ids")]
+
+
+def test_named_inputs_take_their_roles_in_the_model_s_order():
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    segments = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
+    positions = keras.Input(shape=(None,), dtype="int32", name="position_ids")
+    encoder = Encoder(1, 8, 2, 16, 30, 16, dropout=0.0)
+    outputs = encoder(ids, segment_ids=segments, position_ids=positions)
+    model = keras.Model([ids, segments, positions], outputs, name="encoder")
+    spec = conversion.ModelSpec.of(model, LENGTH, 1)
+    assert spec.roles == ["token_ids", "segment_ids", "position_ids"] and spec.ranks == [2, 2, 2]
+    feeds = spec.feeds(np.ones((1, LENGTH)), position_ids=np.arange(LENGTH)[None],
+                       segment_ids=np.zeros((1, LENGTH)))
+    assert [array.dtype for array in feeds] == [np.int32] * 3
+    np.testing.assert_array_equal(feeds[2], np.arange(LENGTH)[None])
+    with pytest.raises(ValueError) as error:
+        spec.feeds(np.ones((1, LENGTH)), segment_ids=np.zeros((1, 6)))
+    assert _message(error) == ("Model 'encoder' takes ['token_ids', 'segment_ids', 'position_ids']: pass "
+                               "`position_ids`.")
+    with pytest.raises(ValueError) as error:
+        spec.feeds(np.ones((1, LENGTH)))
+    assert _message(error).endswith(": pass `segment_ids`, `position_ids`.")
+
+
+def test_inputs_the_exporter_cannot_place_are_refused_with_their_index_and_name():
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    other = keras.Input(shape=(None,), dtype="int32", name="extra")
+    layer = TokenAndPositionEmbedding(30, 8, 16, dropout=0.0)
+    model = keras.Model([ids, other], layer(ids, position_ids=other), name="two_inputs")
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(model, LENGTH, 1)
+    assert _message(error) == ("Model 'two_inputs': input 1 ('extra') is not one of ('language_ids', "
+                               "'position_ids', 'segment_ids'); name the inputs with keras.Input(name=...).")
+    twice = [keras.Input(shape=(None,), dtype="int32", name=name)
+             for name in ("token_ids", "position_ids", "position_ids_again")]
+    model = keras.Model(twice, layer(twice[0], position_ids=twice[1] + twice[2]), name="twice")
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(model, LENGTH, 1)
+    assert _message(error).startswith("Model 'twice': input 2 ('position_ids_again') is not one of ")
+
+
+def test_a_model_with_languages_and_one_input_is_refused():
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    layer = TokenAndPositionEmbedding(30, 8, 16, dropout=0.0, num_languages=2)
+    model = keras.Model(ids, layer(ids, language_ids=ids[:, 0] * 0), name="one_input")
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(model, LENGTH, 1)
+    assert _message(error) == ("Model 'one_input' scales positions per language: it must take "
+                               "[token_ids, language_ids] as inputs, got 1 inputs.")
+
+
+def test_a_subclassed_model_takes_per_token_language_ids():
+    spec = conversion.ModelSpec.of(_causal_lm(num_languages=2), LENGTH, 1)
+    assert (spec.roles, spec.ranks, spec.functional) == (["token_ids", "language_ids"], [2, 2], False)
+    plain = conversion.ModelSpec.of(_causal_lm(), LENGTH, 1)
+    assert (plain.roles, plain.ranks, plain.pad_id, plain.vocab_size) == (["token_ids"], [2], 0, 30)
+
+
+def test_models_the_exporter_does_not_take():
+    with pytest.raises(TypeError) as error:
+        conversion.ModelSpec.of("model.keras", LENGTH, 1)
+    assert _message(error) == "`model` must be a keras Model or Layer, got str."
+    config = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 30, "max_length": 12}
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(CausalLM(config, name="unbuilt"), LENGTH, 1)
+    assert _message(error) == "Model 'unbuilt' is not built: call it on a batch or load a trained model."
+    for name, value in (("sequence_length", 0), ("batch_size", 0)):
+        sizes = {"sequence_length": LENGTH, "batch_size": 1, name: value}
+        with pytest.raises(ValueError) as error:
+            conversion.ModelSpec.of(_embedding_model(), sizes["sequence_length"], sizes["batch_size"])
+        assert _message(error) == f"`{name}` must be >= 1, got {name}=0."
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(_embedding_model(max_length=16), 17, 1)
+    assert _message(error) == "`sequence_length`=17 exceeds the model's max_length=16."
+    ids = keras.Input(shape=(None,), dtype="int32")
+    no_positions = keras.Model(ids, keras.layers.Embedding(10, 4)(ids), name="plain")
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(no_positions, LENGTH, 1)
+    assert _message(error) == ("Model 'plain' contains no keras_posenc position layer "
+                               "(TokenAndPositionEmbedding, SinusoidalPositionEmbedding, ...): nothing to "
+                               "export with this tool.")
+
+
+def test_the_longest_sequence_is_the_shortest_table_rope_included():
+    model = _causal_lm(max_length=12)
+    assert conversion.longest_sequence(model) == 12
+    x = keras.Input(shape=(None, 8))
+    rope = keras.Model(x, RotaryEmbedding(max_length=10)(SinusoidalPositionEmbedding(max_length=14)(x)))
+    assert conversion.longest_sequence(rope) == 10
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(rope, 11, 1)
+    assert _message(error) == "`sequence_length`=11 exceeds the model's max_length=10."
+    unbounded = keras.Model(x, RotaryEmbedding()(SinusoidalPositionEmbedding(max_length=14)(x)))
+    assert conversion.longest_sequence(unbounded) == 14
+    ids = keras.Input(shape=(None,), dtype="int32")
+    assert conversion.longest_sequence(keras.Model(ids, keras.layers.Embedding(10, 4)(ids))) is None
+
+
+def test_input_names_stand_for_their_roles():
+    assert conversion.role_of("serving_default_embeddings:0") == TENSORS["embeddings"]
+    assert conversion.role_of("language_ids_1") == "language_ids"
+    assert conversion.role_of("position_ids") == "position_ids"
+    assert conversion.role_of("segment_ids") == "segment_ids"
+    assert conversion.role_of("input_3") == "token_ids"
+    assert conversion.role_of("token_ids") == "token_ids"
+    assert conversion.ROLES == ("token_ids", "language_ids", "position_ids", "segment_ids")
+
+
+# The host table and the lookup ------------------------------------------------------------------
+@pytest.mark.parametrize("scale", [True, False])
+def test_the_host_table_is_the_token_table_scaled_as_the_layer_scales_it(scale):
+    model = _embedding_model(scale_embeddings=scale)
+    table = conversion.host_embedding_table(model)
+    weights = np.asarray(model.layers[1].token_embedding.embeddings.numpy(), np.float64)
+    assert table.dtype == np.float32 and table.shape == (30, 8)
+    np.testing.assert_allclose(table, weights * (math.sqrt(8) if scale else 1.0), rtol=1e-6)
+
+
+def test_without_a_token_table_there_are_no_host_rows_and_the_lookup_stays_in_the_graph():
+    ids = keras.Input(shape=(None,), dtype="int32")
+    model = keras.Model(ids, SinusoidalPositionEmbedding(max_length=16)(keras.layers.Embedding(30, 8)(ids)),
+                        name="sinusoidal")
+    with pytest.raises(ValueError) as error:
+        conversion.host_embedding_table(model)
+    assert _message(error) == ("`embedding='host'` needs a token embedding, and model 'sinusoidal' has no "
+                               "TokenAndPositionEmbedding: export it with embedding='graph'.")
+    assert [conversion.default_embedding(model, target) for target in ("gpu", "gl", "cpu", "tensorrt")] == [
+        "graph"] * 4
+    lm = _causal_lm()
+    assert [conversion.default_embedding(lm, target) for target in ("gpu", "gl", "cpu", "tensorrt")] == [
+        "host", "host", "graph", "graph"]
+
+
+def test_a_host_file_takes_the_rows_after_the_ids():
+    model = _embedding_model()
+    flat = conversion.to_tflite(model, sequence_length=LENGTH, target="gpu", embedding="host", batch_size=2)
+    interpreter = tf.lite.Interpreter(model_content=flat)
+    details = sorted(interpreter.get_input_details(), key=lambda detail: detail["index"])
+    assert [(list(detail["shape"]), np.dtype(detail["dtype"]).name) for detail in details] == [
+        ([2, LENGTH], "int32"), ([2, LENGTH, 8], "float32")]
+    assert TENSORS["embeddings"] in details[1]["name"]
+    ids = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(details[0]["index"], ids)
+    interpreter.set_tensor(details[1]["index"], conversion.host_embedding_table(model)[ids])
+    interpreter.invoke()
+    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    expected = np.asarray(model(ids, training=False))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+# The converter ---------------------------------------------------------------------------------
+def test_refusals_before_any_conversion(monkeypatch):
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted before refusing")
+
+    monkeypatch.setattr(tf.lite.TFLiteConverter, "from_concrete_functions", no_conversion)
+    model = _embedding_model()
+    with pytest.raises(ValueError) as error:
+        conversion.to_tflite(model, sequence_length=LENGTH, target="tensorrt")
+    assert _message(error) == "target='tensorrt' exports ONNX: use to_onnx(model, sequence_length=...)."
+    with pytest.raises(ValueError) as error:
+        conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", embedding="host")
+    assert _message(error) == ("`embedding='host'` is for the gpu and gl targets (their lookup is a one-hot "
+                               "product) and tensorrt (to_onnx); target='cpu' GATHERs: use "
+                               "embedding='graph'.")
+    with pytest.raises(ValueError) as error:
+        conversion.to_tflite(model, sequence_length=LENGTH, target="gl", batch_size=2)
+    assert _message(error) == ("target='gl' exports batch 1 only (the GL delegate takes the first axis of "
+                               "every tensor for the batch), got batch_size=2.")
+    with pytest.raises(ValueError) as error:
+        conversion.to_tflite(model, sequence_length=LENGTH, embedding="rows")
+    assert _message(error).startswith("`embedding` must be one of ('graph', 'host'), got embedding='rows'")
+
+
+def test_batch_limits_per_target():
+    conversion.check_batch_size(1, TARGETS["gl"])
+    for name in ("gpu", "cpu", "tensorrt"):
+        conversion.check_batch_size(64, TARGETS[name])
+    with pytest.raises(ValueError, match="got batch_size=3"):
+        conversion.check_batch_size(3, TARGETS["gl"])
+
+
+def test_a_failed_conversion_names_the_model(monkeypatch):
+    def fails(self):
+        raise RuntimeError("op FlexSomething is neither a custom op nor a flex op")
+
+    monkeypatch.setattr(tf.lite.TFLiteConverter, "convert", fails)
+    with pytest.raises(ValueError) as error:
+        conversion.to_tflite(_embedding_model(), sequence_length=LENGTH, target="cpu")
+    assert _message(error) == ("TFLite conversion with builtin ops only failed for model 'tape': op "
+                               "FlexSomething is neither a custom op nor a flex op")
+    assert isinstance(error.value.__cause__, RuntimeError)
+
+
+def test_the_converter_keeps_batch_matmul_where_the_target_runs_it():
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [tf.function(lambda x: x, input_signature=[tf.TensorSpec([1], tf.float32)]).get_concrete_function()])
+    conversion.keep_batch_matmul(converter)
+    if hasattr(converter, "unfold_batchmatmul"):
+        assert converter.unfold_batchmatmul is False
+    else:
+        assert converter._experimental_disable_batchmatmul_unfold is True
+    assert [name for name, target in TARGETS.items() if target.keep_batch_matmul] == ["gpu"]
+
+
+def test_gpu_attention_keeps_batch_matmul_and_cpu_has_no_variable_left():
+    lm = _causal_lm()
+    gpu = op_counts(conversion.to_tflite(lm, sequence_length=LENGTH, target="gpu"))
+    cpu = op_counts(conversion.to_tflite(lm, sequence_length=LENGTH, target="cpu"))
+    assert gpu.get("BATCH_MATMUL", 0) > 0
+    for ops in (gpu, cpu):
+        assert not {"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"} & set(ops)
+    assert "GATHER" in cpu and "GATHER" not in gpu
+
+
+# The clone ---------------------------------------------------------------------------------------
+def test_the_clone_has_the_weights_fixed_shapes_and_float32_compute():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _embedding_model()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    spec = conversion.ModelSpec.of(model, LENGTH, 2)
+    clone = conversion.rebuild(model, spec)
+    assert [tuple(tensor.shape) for tensor in clone.inputs] == [(2, LENGTH)]
+    assert all(w.dtype == np.float32 for w in clone.get_weights())
+    for ours, theirs in zip(clone.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(ours, np.asarray(theirs, np.float32))
+    layer = [layer for layer in clone.layers if isinstance(layer, TokenAndPositionEmbedding)][0]
+    assert layer.compute_dtype == "float32"
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+
+def test_the_policy_comes_back_after_a_rebuild_that_fails(monkeypatch):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _embedding_model()
+        spec = conversion.ModelSpec.of(model, LENGTH, 1)
+        original = TokenAndPositionEmbedding.get_config
+
+        def wider(self):
+            return {**original(self), "d_model": 10}
+
+        monkeypatch.setattr(TokenAndPositionEmbedding, "get_config", wider)
+        with pytest.raises(ValueError) as error:
+            conversion.rebuild(model, spec)
+        assert keras.mixed_precision.global_policy().name == "mixed_float16"
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert _message(error) == ("Could not rebuild model 'tape' from its config: the rebuilt weights differ "
+                               "in number or shape; does every custom layer have a complete get_config?")
+
+
+def test_only_a_config_s_dtype_is_changed():
+    changed = conversion._float32_config({"dtype": "mixed_float16", "units": 3})
+    assert changed == {"dtype": "float32", "units": 3}
+    config = {"units": 3}
+    assert conversion._float32_config(config) == {"units": 3} and config == {"units": 3}
+    original = {"dtype": "float16"}
+    conversion._float32_config(original)
+    assert original == {"dtype": "float16"}  # a copy is changed
+
+
+def test_the_model_itself_is_among_its_layers_and_only_keras_ones_are_known():
+    model = _embedding_model()
+    layers = conversion._all_layers(model)
+    assert layers[0] is model and any(isinstance(layer, TokenAndPositionEmbedding) for layer in layers)
+    assert conversion._is_known(model) and conversion._is_known(layers[-1])
+
+    class Custom(keras.layers.Layer):
+        pass
+
+    assert not conversion._is_known(Custom())
+
+
+def test_dynamic_rope_layers_are_named_with_the_length_they_were_frozen_at():
+    x = keras.Input(shape=(None, 8))
+    layer = RotaryEmbedding(max_length=32, scaling="dynamic", scaling_factor=2.0, original_length=16,
+                            name="rope")
+    model = keras.Model(x, layer(x))
+    assert conversion.rope_notes(model, 24) == [
+        "RoPE 'rope' (scaling='dynamic'): cos/sin frozen for calls of the exported length 24 "
+        "(max(position_ids) + 1 = 24); the Keras layer switches frequencies by each call's length"]
+    fixed = keras.Model(x, RotaryEmbedding(max_length=32, scaling="linear", scaling_factor=2.0)(x))
+    assert conversion.rope_notes(_causal_lm(), 4) == []
+    assert conversion.rope_notes(fixed, 24) == []
+
+
+def test_load_model_refuses_what_it_cannot_read(tmp_path):
+    with pytest.raises(FileNotFoundError) as error:
+        conversion.load_model(str(tmp_path / "missing.keras"))
+    assert _message(error) == f"Model file not found: {str(tmp_path / 'missing.keras')!r}."
+    corrupt = tmp_path / "corrupt.keras"
+    corrupt.write_bytes(b"not a zip archive")
+    with pytest.raises(ValueError) as error:
+        conversion.load_model(str(corrupt))
+    assert _message(error).startswith(f"Could not load a Keras model from {str(corrupt)!r}: ")
+    assert _message(error).endswith(". Is it a model saved by keras_posenc, with every custom layer "
+                                    "registered?")
+    lm = _causal_lm()
+    path = tmp_path / "lm.keras"
+    save_model(lm, str(path))
+    loaded = conversion.load_model(str(path))
+    ids = np.array([[3, 4, 5, 6]], np.int32)
+    np.testing.assert_array_equal(np.asarray(loaded(ids)), np.asarray(lm(ids)))
+
+
+# ONNX calibration rows (no tf2onnx needed) -------------------------------------------------------
+def test_calibration_rows_are_fed_one_exported_batch_at_a_time():
+    spec = conversion.ModelSpec.of(_embedding_model(), LENGTH, 2)
+    rows = np.arange(5 * LENGTH).reshape(5, LENGTH) % 30
+    feeds = conversion._calibration_feeds(spec, rows, "graph")
+    assert [sorted(feed) for feed in feeds] == [["token_ids"], ["token_ids"]]  # the fifth row: no full batch
+    np.testing.assert_array_equal(feeds[1]["token_ids"], rows[2:4])
+    assert feeds[0]["token_ids"].dtype == np.int32
+    host = conversion._calibration_feeds(spec, rows.tolist(), "host")
+    table = conversion.host_embedding_table(spec.model)
+    np.testing.assert_array_equal(host[0][TENSORS["embeddings"]], table[rows[:2]])
+    with pytest.raises(ValueError) as error:
+        conversion._calibration_feeds(spec, None, "graph")
+    assert _message(error) == ("an int8 ONNX export needs `calibration`: int token rows [n, sequence_length] "
+                               "of real text, whose activations set the QDQ scales.")
+
+
+@pytest.mark.parametrize("language_shape, shape", [((), (1,)), ((None,), (1, LENGTH))])
+def test_calibration_rows_of_a_model_with_languages_are_language_zero(language_shape, shape):
+    model = _embedding_model(num_languages=2, language_shape=language_shape)
+    spec = conversion.ModelSpec.of(model, LENGTH, 1)
+    feeds = conversion._calibration_feeds(spec, np.ones((2, LENGTH)), "graph")
+    assert len(feeds) == 2
+    assert feeds[0]["language_ids"].shape == shape and not feeds[0]["language_ids"].any()
+
+
+def test_without_tf2onnx_the_error_says_how_to_get_it(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tf2onnx(name, *args, **kwargs):
+        if name == "tf2onnx":
+            raise ImportError("No module named 'tf2onnx'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tf2onnx)
+    spec = conversion.ModelSpec.of(_embedding_model(), LENGTH, 1)
+    with pytest.raises(ImportError) as error:
+        conversion.convert_onnx(spec)
+    assert _message(error) == ("to_onnx needs tf2onnx: pip install tf2onnx==1.16.1 onnx onnxruntime on TF "
+                               "2.12 (without its protobuf pin: --no-deps), tf2onnx==1.17.0 on TF 2.16+; or "
+                               "run `make test-edge`, which installs it under .edge-cache/onnx-site "
+                               "(onnx-site-py312 for .venv-keras3).")
+    with pytest.raises(ValueError) as error:
+        conversion.convert_onnx(spec, opset=16)
+    assert _message(error) == "`opset` must be >= 17, got opset=16."
+
+
+def test_a_keras3_model_s_variables_are_folded_into_the_file():
+    """Keras 3's variables are not tracked by the traced function: frozen here, or they read as garbage."""
+    lm = _causal_lm()
+    flat = conversion.to_tflite(lm, sequence_length=4, target="cpu")
+    interpreter = tf.lite.Interpreter(model_content=flat)
+    interpreter.allocate_tensors()
+    ids = np.array([[3, 4, 5, 6]], np.int32)
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], ids)
+    interpreter.invoke()
+    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    np.testing.assert_allclose(got, np.asarray(lm(ids, training=False)), atol=2e-5, rtol=0)
