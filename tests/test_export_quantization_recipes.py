@@ -7,6 +7,7 @@ matched whole, and the host rows are compared with `host_table`'s own encoding
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -65,6 +66,15 @@ def test_gl_int8_asks_for_one_scale_per_dense_kernel_where_the_converter_has_the
     assert hasattr(converter, DENSE_SWITCH) == has_switch  # not added where TF would not read it
     if has_switch:
         assert getattr(converter, DENSE_SWITCH) is True
+
+
+@pytest.mark.parametrize("target, per_tensor", [("gl", True), ("cpu", False), ("gpu", False)])
+def test_a_converter_with_the_dense_switch_gets_it_set_for_gl_only(target, per_tensor):
+    """As TF >= 2.13's converter has it (set here on TF 2.12's too): only the gl recipe turns it on."""
+    converter = _converter()
+    setattr(converter, DENSE_SWITCH, False)
+    _recipe(target, "int8").configure(converter)
+    assert getattr(converter, DENSE_SWITCH) is per_tensor
 
 
 @pytest.mark.parametrize("key", [("cpu", "window"), ("gpu", "window"), ("tensorrt", "window")])
@@ -126,6 +136,16 @@ def test_only_a_litert_file_without_litert_here_needs_the_litert_python(monkeypa
     assert _recipe("gpu", "int8").needs_litert_python is (not in_process)
     assert not _recipe("cpu", "int8").needs_litert_python
     assert not _recipe("tensorrt", "int8").needs_litert_python
+
+
+def test_a_stand_in_ai_edge_litert_counts_as_litert_in_process(monkeypatch):
+    import types
+
+    package = types.ModuleType("ai_edge_litert")
+    package.interpreter = types.ModuleType("ai_edge_litert.interpreter")
+    monkeypatch.setitem(sys.modules, "ai_edge_litert", package)
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", package.interpreter)
+    assert quantization._litert_in_process() is True
 
 
 def test_litert_is_in_process_exactly_where_ai_edge_litert_imports():
@@ -234,6 +254,45 @@ def test_quantize_tflite_runs_litert_runtime_quantize_with_the_recipe_s_configs(
     assert os.path.basename(spec["model"]) == "float.tflite"
     assert os.path.basename(spec["out"]) == "quantized.tflite"
     assert not os.path.exists(spec["model"])  # the temporary folder is gone
+
+
+@pytest.fixture
+def recorded_runs(no_litert_variables):
+    """`quantization.run_script` replaced by one that records its call and writes the file it names."""
+    runs = []
+
+    def run_script(python, script, command, spec, timeout=600):
+        runs.append({"python": python, "script": script, "command": command, "timeout": timeout, **spec,
+                     "model_bytes": open(spec["model"], "rb").read()})
+        with open(spec["out"], "wb") as f:
+            f.write(b"quantized by " + str(python).encode())
+        return {}, ""
+
+    no_litert_variables.setattr(quantization, "run_script", run_script)
+    return runs
+
+
+def test_int4_runs_litert_runtime_quantize_in_the_given_python_with_a_timeout(recorded_runs, tmp_path):
+    flat = quantization.quantize_tflite(b"float file", _recipe("gpu", "int4"), litert_python=sys.executable)
+    assert flat == b"quantized by " + sys.executable.encode()
+    [run] = recorded_runs
+    assert (run["python"], run["script"], run["command"], run["timeout"]) == (
+        sys.executable, "litert_runtime.py", "quantize", 900)
+    assert run["model_bytes"] == b"float file"
+    assert run["configs"] == [["FULLY_CONNECTED", 4, "CHANNELWISE"], ["CONV_2D", 4, "CHANNELWISE"]]
+    folder = os.path.dirname(run["model"])
+    assert os.path.dirname(run["out"]) == folder and os.path.isabs(folder) and not os.path.exists(folder)
+    quantization.quantize_tflite(b"float file", _recipe("cpu", "int4"), litert_python=sys.executable,
+                                 timeout=30)
+    assert recorded_runs[1]["timeout"] == 30
+
+
+def test_without_a_given_python_the_one_that_imports_litert_quantizer_runs_it(recorded_runs, monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "litert_quantizer", types.ModuleType("litert_quantizer"))
+    quantization.quantize_tflite(b"float file", _recipe("cpu", "int4"))
+    assert recorded_runs[0]["python"] == sys.executable
 
 
 def test_the_host_rows_an_export_stores_per_recipe():

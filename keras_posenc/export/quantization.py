@@ -262,7 +262,9 @@ def quantize_onnx(model_bytes, recipe, calibration=()):
     `quant_pre_process` (constant folding: the attention kernels become Gemm initializers), then
     `quantize_static` in QDQ form (int8 weights per channel, the token table per tensor: onnxruntime
     quantizes a Gather's table as it does an activation; activations per tensor, symmetric),
-    calibrated on `calibration`, with short tensor names (`_short_names`).
+    calibrated on `calibration`, with short tensor names (`_short_names`). A MatMul of two
+    activations (attention's scores and context) is quantized too: in QDQ form onnxruntime reads
+    no `MatMulConstBOnly` (only its QOperator form does), and TensorRT runs such a MatMul in int8.
 
     Args:
         model_bytes: the serialized float32 `ModelProto`.
@@ -292,7 +294,7 @@ def quantize_onnx(model_bytes, recipe, calibration=()):
         quantize_static(folded, out, _Calibration(calibration), quant_format=QuantFormat.QDQ,
                         per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
                         op_types_to_quantize=["MatMul", "Gemm", "Gather"],
-                        extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": True})
+                        extra_options={"ActivationSymmetric": True})
         quantized = onnx.load(out)
     return _short_names(quantized).SerializeToString()
 

@@ -138,6 +138,57 @@ def test_int8_activations_are_scaled_on_the_calibration_rows(edge):
     assert error_unseen > 4 * error_seen
 
 
+def _attention_like_graph():
+    """x @ W (a constant kernel), then h @ h^T: a MatMul of two activations, as attention's scores."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    kernel = np.random.default_rng(1).normal(size=(WIDTH, HIDDEN)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "kernel"], ["h"], name="project"),
+             helper.make_node("Transpose", ["h"], ["h_t"], perm=[1, 0], name="transpose"),
+             helper.make_node("MatMul", ["h", "h_t"], ["scores"], name="scores")]
+    graph = helper.make_graph(nodes, "scores", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             [LENGTH, WIDTH])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [LENGTH, LENGTH])],
+                              [numpy_helper.from_array(kernel, "kernel")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_int8_quantizes_a_matmul_of_two_activations_too(edge):
+    """Attention's scores as TensorRT gets them: both inputs of h @ h^T come from a DequantizeLinear."""
+    import onnx
+
+    rows = np.random.default_rng(2).normal(size=(3, LENGTH, WIDTH)).astype(np.float32)
+    model = onnx.load_from_string(quantization.quantize_onnx(_attention_like_graph(), RECIPES["int8"],
+                                                             [{"x": row} for row in rows]))
+    producers = {output: node.op_type for node in model.graph.node for output in node.output}
+    fed = [[producers.get(name, "input") for name in node.input] for node in model.graph.node
+           if node.op_type == "MatMul"]
+    assert fed == [["DequantizeLinear", "DequantizeLinear"]] * 2
+    reference = np.stack([(row @ _attention_kernel()) @ (row @ _attention_kernel()).T
+                          for row in rows.astype(np.float64)])
+    session_outputs = np.stack([_run_x(model.SerializeToString(), row) for row in rows])
+    assert np.abs(session_outputs - reference).max() <= 0.05 * np.abs(reference).max()
+
+
+def _attention_kernel():
+    return np.random.default_rng(1).normal(size=(WIDTH, HIDDEN)).astype(np.float32).astype(np.float64)
+
+
+def _run_x(model_bytes, x):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": x})[0], np.float64)
+
+
+def test_the_intermediate_files_stay_out_of_the_working_folder(edge, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    quantization.quantize_onnx(_graph(), RECIPES["int8"], [{"token_ids": _ids(0, large=True)}])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_calibration_reader_gives_each_feed_once_then_none():
     feeds = [{"token_ids": np.array([1])}, {"token_ids": np.array([2])}]
     reader = quantization._Calibration(iter(feeds))
