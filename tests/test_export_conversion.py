@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_posenc.backend import keras, save_model
+from keras_posenc.backend import is_keras3, keras, save_model
 from keras_posenc.export import conversion
 from keras_posenc.export.contract import TENSORS
 from keras_posenc.export.flatbuffer import op_counts
@@ -410,17 +410,36 @@ def test_calibration_rows_of_a_model_with_languages_are_language_zero(language_s
     assert feeds[0]["language_ids"].shape == shape and not feeds[0]["language_ids"].any()
 
 
-def test_without_tf2onnx_the_error_says_how_to_get_it(monkeypatch):
+@pytest.fixture
+def no_tf2onnx(monkeypatch):
     import builtins
 
     real_import = builtins.__import__
 
-    def no_tf2onnx(name, *args, **kwargs):
+    def without_tf2onnx(name, *args, **kwargs):
         if name == "tf2onnx":
             raise ImportError("No module named 'tf2onnx'")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_tf2onnx)
+    monkeypatch.setattr(builtins, "__import__", without_tf2onnx)
+
+
+def test_the_onnx_lookup_is_checked_before_tf2onnx_is_imported(no_tf2onnx):
+    ids = keras.Input(shape=(None,), dtype="int32")
+    embedded = keras.layers.Embedding(30, 8)(ids)
+    no_table = keras.Model(ids, SinusoidalPositionEmbedding(max_length=16)(embedded), name="sinusoidal")
+    spec = conversion.ModelSpec.of(no_table, LENGTH, 1)
+    with pytest.raises(ValueError) as error:
+        conversion.convert_onnx(spec, embedding="rows")
+    assert _message(error).startswith("`embedding` must be one of ('graph', 'host'), got embedding='rows'")
+    with pytest.raises(ValueError) as error:
+        conversion.convert_onnx(spec, embedding="host")
+    assert _message(error).startswith("`embedding='host'` needs a token embedding, and model 'sinusoidal'")
+    with pytest.raises(ImportError):  # the graph lookup needs no token table
+        conversion.convert_onnx(spec, embedding="graph")
+
+
+def test_without_tf2onnx_the_error_says_how_to_get_it(no_tf2onnx):
     spec = conversion.ModelSpec.of(_embedding_model(), LENGTH, 1)
     with pytest.raises(ImportError) as error:
         conversion.convert_onnx(spec)
@@ -444,3 +463,140 @@ def test_a_keras3_model_s_variables_are_folded_into_the_file():
     interpreter.invoke()
     got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
     np.testing.assert_allclose(got, np.asarray(lm(ids, training=False)), atol=2e-5, rtol=0)
+
+
+# Models with more inputs, dropout, float16 weights ---------------------------------------------
+def _run_file(flat, *arrays):
+    """The file's first output for `arrays`, fed in the order of its inputs (by index)."""
+    interpreter = tf.lite.Interpreter(model_content=flat)
+    interpreter.allocate_tensors()
+    details = sorted(interpreter.get_input_details(), key=lambda detail: detail["index"])
+    for detail, array in zip(details, arrays):
+        interpreter.set_tensor(detail["index"], np.asarray(array, detail["dtype"]))
+    interpreter.invoke()
+    return np.asarray(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), np.float64)
+
+
+IDS = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
+
+
+@pytest.mark.parametrize("language_shape", [(), (None,)])
+def test_a_functional_model_with_language_ids_converts_for_every_target(language_shape):
+    """Dropout 0.5 too: the file is the model at inference, its second input the language ids."""
+    keras.utils.set_random_seed(3)
+    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    languages = keras.Input(shape=language_shape, dtype="int32")
+    layer = TokenAndPositionEmbedding(30, 8, 16, dropout=0.5, num_languages=2)
+    model = keras.Model([ids, languages], layer(ids, language_ids=languages))
+    [scale] = [weight for weight in model.weights if "language_scale" in weight.name]
+    scale.assign([1.0, 0.25])
+    per_row = np.array([0, 1], np.int32)
+    languages_fed = per_row if language_shape == () else np.repeat(per_row[:, None], LENGTH, axis=1)
+    expected = np.asarray(model([IDS, languages_fed], training=False), np.float64)
+    for target in ("cpu", "gpu"):
+        flat = conversion.to_tflite(model, sequence_length=LENGTH, target=target, batch_size=2)
+        np.testing.assert_allclose(_run_file(flat, IDS, languages_fed), expected, atol=1e-5, rtol=0)
+        assert ("GATHER" in op_counts(flat)) == (target == "cpu")  # gpu: the one-hot formulation
+    for row in range(2):
+        gl = conversion.to_tflite(model, sequence_length=LENGTH, target="gl")
+        got = _run_file(gl, IDS[row:row + 1], languages_fed[row:row + 1])  # fed as the file's float32
+        np.testing.assert_allclose(got, expected[row:row + 1], atol=1e-5, rtol=0)
+    host = conversion.to_tflite(model, sequence_length=LENGTH, target="gpu", batch_size=2, embedding="host")
+    rows = conversion.host_embedding_table(model)[IDS]
+    np.testing.assert_allclose(_run_file(host, IDS, languages_fed, rows), expected, atol=1e-5, rtol=0)
+
+
+def test_a_subclassed_model_with_dropout_and_languages_converts_at_inference():
+    lm = _causal_lm(dropout=0.5, num_languages=2)
+    languages = np.array([[0] * LENGTH, [1] * LENGTH], np.int32)
+    expected = np.asarray(lm(IDS, language_ids=languages, training=False), np.float64)
+    flat = conversion.to_tflite(lm, sequence_length=LENGTH, target="cpu", batch_size=2)
+    np.testing.assert_allclose(_run_file(flat, IDS, languages), expected, atol=2e-5, rtol=0)
+    plain = _causal_lm(dropout=0.5)
+    flat = conversion.to_tflite(plain, sequence_length=LENGTH, target="cpu", batch_size=2)
+    np.testing.assert_allclose(_run_file(flat, IDS), np.asarray(plain(IDS, training=False), np.float64),
+                               atol=2e-5, rtol=0)
+
+
+def test_convert_tflite_defaults_to_the_gpu_graph_with_the_lookup_inside():
+    model = _embedding_model()
+    flat = conversion.convert_tflite(conversion.ModelSpec.of(model, LENGTH, 2))
+    assert "GATHER" not in op_counts(flat) and "CAST" in op_counts(flat)  # int32 ids, cast once
+    np.testing.assert_allclose(_run_file(flat, IDS), np.asarray(model(IDS), np.float64), atol=1e-5, rtol=0)
+
+
+def test_the_quantize_mode_and_the_litert_python_reach_the_converter(monkeypatch, tmp_path):
+    model = _embedding_model()
+    half = conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="float16")
+    types = {detail["dtype"] for detail in tf.lite.Interpreter(model_content=half).get_tensor_details()}
+    assert np.float16 in types
+    for name in ("KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"):
+        monkeypatch.delenv(name, raising=False)
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho \"stand-in LiteRT Python: $2\" >&2\nexit 3\n")
+    python.chmod(0o755)
+    with pytest.raises(RuntimeError) as error:
+        conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="int4",
+                             litert_python=str(python))
+    assert _message(error) == "LiteRT `quantize` failed (exit 3): stand-in LiteRT Python: quantize"
+
+
+def test_a_converter_with_the_public_switch_gets_it_turned_off():
+    """TF >= 2.13 names it `unfold_batchmatmul` (set here on TF 2.12's converter too)."""
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [tf.function(lambda x: x, input_signature=[tf.TensorSpec([1], tf.float32)]).get_concrete_function()])
+    converter.unfold_batchmatmul = True
+    conversion.keep_batch_matmul(converter)
+    assert converter.unfold_batchmatmul is False
+    assert getattr(converter, "_experimental_disable_batchmatmul_unfold", False) is False  # the public one
+
+
+def test_float16_weights_are_copied_as_float32():
+    keras.mixed_precision.set_global_policy("float16")
+    try:
+        model = _embedding_model(scale_embeddings=False)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert {w.dtype for w in model.get_weights()} == {np.dtype(np.float16)}
+    assert conversion.host_embedding_table(model).dtype == np.float32
+    clone = conversion.rebuild(model, conversion.ModelSpec.of(model, LENGTH, 1))
+    for ours, theirs in zip(clone.get_weights(), model.get_weights()):
+        assert ours.dtype == np.float32
+        np.testing.assert_array_equal(ours, theirs.astype(np.float32))
+
+
+def test_a_dynamic_rope_model_is_frozen_at_the_exported_length():
+    keras.utils.set_random_seed(0)
+    scaling = {"scaling": "dynamic", "scaling_factor": 2.0, "original_length": 4}
+    lm = CausalLM({"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 30,
+                   "max_length": 16, "dropout": 0.0, "position": "rope", "position_config": scaling})
+    lm.build_on_dummy()
+    flat = conversion.to_tflite(lm, sequence_length=LENGTH, target="cpu", batch_size=2)
+    assert not {"SIN", "COS", "WHILE", "IF"} & set(op_counts(flat))
+    full = np.array([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], np.int32)
+    np.testing.assert_allclose(_run_file(flat, full), np.asarray(lm(full, training=False), np.float64),
+                               atol=2e-5, rtol=0)
+
+
+def test_load_model_names_the_error_by_its_type_and_first_line(monkeypatch, tmp_path):
+    path = tmp_path / "model.keras"
+    path.write_bytes(b"")
+    for raised, shown in ((OSError(), "OSError: "),
+                          (ValueError("no layers\nin the file"), "ValueError: no layers")):
+        def load(*args, raised=raised, **kwargs):
+            raise raised
+
+        monkeypatch.setattr(keras.models, "load_model", load)
+        with pytest.raises(ValueError) as error:
+            conversion.load_model(str(path))
+        assert _message(error) == (f"Could not load a Keras model from {str(path)!r}: {shown}. Is it a model "
+                                   "saved by keras_posenc, with every custom layer registered?")
+
+
+def test_a_compiled_model_loads_uncompiled(tmp_path):
+    lm = _causal_lm()
+    lm.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    path = str(tmp_path / "compiled.keras")
+    save_model(lm, path)
+    loaded = conversion.load_model(path)
+    assert (loaded.compiled if is_keras3() else loaded._is_compiled) is False

@@ -154,3 +154,45 @@ def test_given_language_ids_reach_the_onnx_parity(edge):
     keras_logits = np.asarray(ops.convert_to_numpy(model(rows, language_ids=0 * ones, training=False)))
     expected, _ = reference_cross_entropy(keras_logits, rows, 0)
     assert result.report["quality"]["loss_float"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_to_onnx_takes_the_batch_opset_lookup_and_precision_it_is_given(edge, lm):
+    """`to_onnx` itself (the CLI and `export_and_check` go through `convert_onnx`)."""
+    import onnx
+
+    from keras_posenc.export import conversion
+
+    rows = _rows(3)
+    flat = export.to_onnx(lm, sequence_length=LENGTH, batch_size=2, opset=18, embedding="host",
+                          quantize="float16")
+    model = onnx.load_from_string(flat)
+    assert conversion.onnx_opset(flat) == 18
+    assert [[dim.dim_value for dim in value.type.tensor_type.shape.dim] for value in model.graph.input] == [
+        [2, LENGTH], [2, LENGTH, 32]]
+    assert onnx.TensorProto.FLOAT16 in {initializer.data_type for initializer in model.graph.initializer}
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(flat, providers=["CPUExecutionProvider"])
+    table = export.host_embedding_table(lm)
+    got = np.concatenate([session.run(None, {"token_ids": rows[i:i + 2],
+                                             "embeddings": table[rows[i:i + 2]].astype(np.float32)})[0]
+                          for i in (0, 2)])
+    expected = np.asarray(ops.convert_to_numpy(lm(rows, training=False)), np.float64)
+    assert np.abs(got - expected)[rows != 0].max() < 5e-2  # float16 weights and compute
+    int8 = onnx.load_from_string(export.to_onnx(lm, sequence_length=LENGTH, quantize="int8",
+                                                calibration=rows))
+    assert "QuantizeLinear" in {node.op_type for node in int8.graph.node}
+
+
+def test_the_opset_is_read_from_the_default_domain_by_either_name(edge):
+    from onnx import TensorProto, helper
+
+    from keras_posenc.export import conversion
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    for domain in ("", "ai.onnx"):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("com.microsoft", 1),
+                                                        helper.make_opsetid(domain, 19)])
+        assert conversion.onnx_opset(model.SerializeToString()) == 19
