@@ -600,3 +600,35 @@ def test_a_compiled_model_loads_uncompiled(tmp_path):
     save_model(lm, path)
     loaded = conversion.load_model(path)
     assert (loaded.compiled if is_keras3() else loaded._is_compiled) is False
+
+
+class Doubler(keras.layers.Layer):
+    def call(self, x):
+        return 2 * x
+
+
+def test_layers_of_other_packages_are_named_with_their_class():
+    ids = keras.Input(shape=(None,), dtype="int32")
+    hidden = TokenAndPositionEmbedding(30, 8, 16, dropout=0.0)(ids)
+    model = keras.Model(ids, Doubler(name="twice")(Doubler(name="doubler")(hidden)), name="custom")
+    with pytest.raises(ValueError) as error:
+        conversion.ModelSpec.of(model, LENGTH, 1)
+    assert _message(error) == (
+        f"Model 'custom' contains layers the exporter does not know: 'doubler' ({__name__}.Doubler), 'twice' "
+        f"({__name__}.Doubler). Only keras built-in layers and keras_posenc layers can be exported.")
+    legacy = type("Dense", (keras.layers.Layer,), {"__module__": "tensorflow.python.keras.layers.core"})
+    assert conversion._is_known(legacy())  # TF's own copy of Keras layers, as older TF 2.x names them
+
+
+def test_a_model_without_a_token_table_has_no_pad_id_or_vocab():
+    x = keras.Input(shape=(None, 8))
+    spec = conversion.ModelSpec.of(keras.Model(x, SinusoidalPositionEmbedding(max_length=16)(x)), LENGTH, 1)
+    assert (spec.pad_id, spec.vocab_size) == (None, None)
+
+
+def test_a_layer_passed_alone_is_counted_once():
+    layer = RotaryEmbedding(max_length=32, scaling="dynamic", scaling_factor=2.0, original_length=16,
+                            name="rope")
+    layer(np.zeros((1, 4, 8), np.float32))
+    assert conversion._all_layers(layer) == [layer]
+    assert len(conversion.rope_notes(layer, 24)) == 1
