@@ -632,3 +632,19 @@ def test_a_layer_passed_alone_is_counted_once():
     layer(np.zeros((1, 4, 8), np.float32))
     assert conversion._all_layers(layer) == [layer]
     assert len(conversion.rope_notes(layer, 24)) == 1
+
+
+def test_a_plain_clone_of_a_dynamic_rope_model_keeps_the_exported_length_s_scaling():
+    """The prefill/decode graphs run the plain clone on fewer tokens than the cache: the frequencies
+    stay those of the exported length (dynamic scaling starts past `original_length`)."""
+    keras.utils.set_random_seed(0)
+    ids = keras.Input(shape=(None,), dtype="int32")
+    hidden = SinusoidalPositionEmbedding(max_length=16)(keras.layers.Embedding(30, 32)(ids))
+    rope = RotaryEmbedding(max_length=16, scaling="dynamic", scaling_factor=8.0, original_length=2)
+    model = keras.Model(ids, rope(hidden))
+    clone = conversion.rebuild(model, conversion.ModelSpec.of(model, 16, 1))
+    [frozen] = [layer for layer in clone.layers if isinstance(layer, RotaryEmbedding)]
+    x = np.random.default_rng(0).normal(size=(1, 16, 32)).astype(np.float32)
+    prefix = np.asarray(frozen(x[:, :8]), np.float64)  # a call of 8 positions, as a prefill chunk
+    np.testing.assert_allclose(prefix, np.asarray(rope(x), np.float64)[:, :8], atol=1e-5, rtol=0)
+    assert np.abs(prefix - np.asarray(rope(x[:, :8]), np.float64)).max() > 1e-2
