@@ -182,6 +182,7 @@ def test_to_onnx_takes_the_batch_opset_lookup_and_precision_it_is_given(edge, lm
     int8 = onnx.load_from_string(export.to_onnx(lm, sequence_length=LENGTH, quantize="int8",
                                                 calibration=rows))
     assert "QuantizeLinear" in {node.op_type for node in int8.graph.node}
+    assert [dim.dim_value for dim in int8.graph.input[0].type.tensor_type.shape.dim] == [1, LENGTH]  # batch 1
 
 
 def test_the_opset_is_read_from_the_default_domain_by_either_name(edge):
