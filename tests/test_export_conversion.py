@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
+from litert_stand_in import FAILED_QUANTIZE, failing_litert_python
 
 from keras_posenc.backend import is_keras3, keras, save_model
 from keras_posenc.export import conversion
@@ -530,15 +531,11 @@ def test_the_quantize_mode_and_the_litert_python_reach_the_converter(monkeypatch
     half = conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="float16")
     types = {detail["dtype"] for detail in tf.lite.Interpreter(model_content=half).get_tensor_details()}
     assert np.float16 in types
-    for name in ("KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"):
-        monkeypatch.delenv(name, raising=False)
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\necho \"stand-in LiteRT Python: $2\" >&2\nexit 3\n")
-    python.chmod(0o755)
+    python = failing_litert_python(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError) as error:
         conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="int4",
-                             litert_python=str(python))
-    assert _message(error) == "LiteRT `quantize` failed (exit 3): stand-in LiteRT Python: quantize"
+                             litert_python=python)
+    assert _message(error) == FAILED_QUANTIZE
 
 
 def test_a_converter_with_the_public_switch_gets_it_turned_off():

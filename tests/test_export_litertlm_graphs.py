@@ -11,6 +11,7 @@ checked against the Keras model's full pass. One small CPU file covers `EngineFe
 import numpy as np
 import pytest
 import tensorflow as tf
+from litert_stand_in import FAILED_QUANTIZE, failing_litert_python
 from tiny_lm import perturbed_causal_lm
 
 from keras_posenc.export import litertlm
@@ -256,12 +257,8 @@ def test_the_gpu_target_converts_the_shader_graphs_with_their_cache_layout():
 def test_the_given_litert_python_runs_the_int4_quantizer(monkeypatch, tmp_path):
     """cpu int4 is LiteRT Quantizer's, run as `PYTHON litert_runtime.py quantize SPEC`: a stand-in
     Python that fails shows it is the one run, with its last log line in the error."""
-    for variable in ("KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"):
-        monkeypatch.delenv(variable, raising=False)
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\necho \"stand-in LiteRT Python: $2\" >&2\nexit 3\n")
-    python.chmod(0o755)
+    python = failing_litert_python(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError) as error:
         litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE,
-                                    quantize="int4", litert_python=str(python))
-    assert str(error.value) == "LiteRT `quantize` failed (exit 3): stand-in LiteRT Python: quantize"
+                                    quantize="int4", litert_python=python)
+    assert str(error.value) == FAILED_QUANTIZE
