@@ -16,7 +16,7 @@ the checkout. mutmut runs with one worker (`--max-children 1`), each mutant agai
 configured tests that executed the mutated function. `--resume` and `--survivors` keep the work dir
 and its results (the module must be unchanged since), copy the current tests and the configured test
 selection into it and run the mutants not yet tested, or again the ones that survived (after tests
-were added).
+were added) and are not listed as equivalent.
 
 mutmut runs the tests on the Keras 2 stack (.venv), where the branches for other backends never run.
 A module with `jax_tests` in its table can have its survivors re-tested on Keras 3's JAX backend
@@ -264,7 +264,9 @@ def main(argv=None):
         if args.resume or args.survivors:
             work = refresh_tests(args.module, entry)
             if args.survivors:
-                names = _survivors(results(work, args.module))
+                # The equivalent ones stay survivors by definition: a fresh run re-checks them.
+                equivalent = entry.get("equivalent", {})
+                names = [name for name in _survivors(results(work, args.module)) if name not in equivalent]
                 if not names:
                     print("no survivors to re-test")
         else:
