@@ -85,6 +85,16 @@ def _random_modes_restored():
 
 
 @pytest.fixture
+def no_litert_python_variables(monkeypatch):
+    """Neither LiteRT Python variable is set during the test: only a Python the test names runs."""
+    from keras_posenc.export.litert_python import LEGACY_PYTHON_ENV, PYTHON_ENV
+
+    for name in (PYTHON_ENV, LEGACY_PYTHON_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
 def python_sigint_handler():
     """SIGINT raises `KeyboardInterrupt` during the test, as in a terminal, whatever the suite inherited.
 

@@ -53,6 +53,20 @@ def _message(error):
     return str(error.value)
 
 
+def _run_file(flat, *arrays):
+    """The file's first output for `arrays`, fed in the order of its inputs (by index)."""
+    interpreter = tf.lite.Interpreter(model_content=flat)
+    interpreter.allocate_tensors()
+    details = sorted(interpreter.get_input_details(), key=lambda detail: detail["index"])
+    for detail, array in zip(details, arrays):
+        interpreter.set_tensor(detail["index"], np.asarray(array, detail["dtype"]))
+    interpreter.invoke()
+    return np.asarray(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), np.float64)
+
+
+IDS = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
+
+
 # What the spec reads off a model ---------------------------------------------------------------
 def test_the_spec_of_a_plain_model():
     model = _embedding_model(max_length=16)
@@ -218,14 +232,8 @@ def test_a_host_file_takes_the_rows_after_the_ids():
     assert [(list(detail["shape"]), np.dtype(detail["dtype"]).name) for detail in details] == [
         ([2, LENGTH], "int32"), ([2, LENGTH, 8], "float32")]
     assert TENSORS["embeddings"] in details[1]["name"]
-    ids = np.array([[3, 4, 5, 0, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(details[0]["index"], ids)
-    interpreter.set_tensor(details[1]["index"], conversion.host_embedding_table(model)[ids])
-    interpreter.invoke()
-    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
-    expected = np.asarray(model(ids, training=False))
-    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    got = _run_file(flat, IDS, conversion.host_embedding_table(model)[IDS])
+    np.testing.assert_allclose(got, np.asarray(model(IDS, training=False)), atol=1e-5, rtol=0)
 
 
 # The converter ---------------------------------------------------------------------------------
@@ -272,15 +280,28 @@ def test_a_failed_conversion_names_the_model(monkeypatch):
     assert isinstance(error.value.__cause__, RuntimeError)
 
 
+def _identity_converter():
+    identity = tf.function(lambda x: x, input_signature=[tf.TensorSpec([1], tf.float32)])
+    return tf.lite.TFLiteConverter.from_concrete_functions([identity.get_concrete_function()])
+
+
 def test_the_converter_keeps_batch_matmul_where_the_target_runs_it():
-    converter = tf.lite.TFLiteConverter.from_concrete_functions(
-        [tf.function(lambda x: x, input_signature=[tf.TensorSpec([1], tf.float32)]).get_concrete_function()])
+    converter = _identity_converter()
     conversion.keep_batch_matmul(converter)
     if hasattr(converter, "unfold_batchmatmul"):
         assert converter.unfold_batchmatmul is False
     else:
         assert converter._experimental_disable_batchmatmul_unfold is True
     assert [name for name, target in TARGETS.items() if target.keep_batch_matmul] == ["gpu"]
+
+
+def test_a_converter_with_the_public_switch_gets_it_turned_off():
+    """TF >= 2.13 names it `unfold_batchmatmul` (set here on TF 2.12's converter too)."""
+    converter = _identity_converter()
+    converter.unfold_batchmatmul = True
+    conversion.keep_batch_matmul(converter)
+    assert converter.unfold_batchmatmul is False
+    assert getattr(converter, "_experimental_disable_batchmatmul_unfold", False) is False  # the public one
 
 
 def test_gpu_attention_keeps_batch_matmul_and_cpu_has_no_variable_left():
@@ -457,30 +478,11 @@ def test_a_keras3_model_s_variables_are_folded_into_the_file():
     """Keras 3's variables are not tracked by the traced function: frozen here, or they read as garbage."""
     lm = _causal_lm()
     flat = conversion.to_tflite(lm, sequence_length=4, target="cpu")
-    interpreter = tf.lite.Interpreter(model_content=flat)
-    interpreter.allocate_tensors()
     ids = np.array([[3, 4, 5, 6]], np.int32)
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], ids)
-    interpreter.invoke()
-    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
-    np.testing.assert_allclose(got, np.asarray(lm(ids, training=False)), atol=2e-5, rtol=0)
+    np.testing.assert_allclose(_run_file(flat, ids), np.asarray(lm(ids, training=False)), atol=2e-5, rtol=0)
 
 
 # Models with more inputs, dropout, float16 weights ---------------------------------------------
-def _run_file(flat, *arrays):
-    """The file's first output for `arrays`, fed in the order of its inputs (by index)."""
-    interpreter = tf.lite.Interpreter(model_content=flat)
-    interpreter.allocate_tensors()
-    details = sorted(interpreter.get_input_details(), key=lambda detail: detail["index"])
-    for detail, array in zip(details, arrays):
-        interpreter.set_tensor(detail["index"], np.asarray(array, detail["dtype"]))
-    interpreter.invoke()
-    return np.asarray(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), np.float64)
-
-
-IDS = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
-
-
 @pytest.mark.parametrize("language_shape", [(), (None,)])
 def test_a_functional_model_with_language_ids_converts_for_every_target(language_shape):
     """Dropout 0.5 too: the file is the model at inference, its second input the language ids."""
@@ -526,26 +528,16 @@ def test_convert_tflite_defaults_to_the_gpu_graph_with_the_lookup_inside():
     np.testing.assert_allclose(_run_file(flat, IDS), np.asarray(model(IDS), np.float64), atol=1e-5, rtol=0)
 
 
-def test_the_quantize_mode_and_the_litert_python_reach_the_converter(monkeypatch, tmp_path):
+def test_the_quantize_mode_and_the_litert_python_reach_the_converter(no_litert_python_variables, tmp_path):
     model = _embedding_model()
     half = conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="float16")
     types = {detail["dtype"] for detail in tf.lite.Interpreter(model_content=half).get_tensor_details()}
     assert np.float16 in types
-    python = failing_litert_python(tmp_path, monkeypatch)
+    python = failing_litert_python(tmp_path)
     with pytest.raises(RuntimeError) as error:
         conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="int4",
                              litert_python=python)
     assert _message(error) == FAILED_QUANTIZE
-
-
-def test_a_converter_with_the_public_switch_gets_it_turned_off():
-    """TF >= 2.13 names it `unfold_batchmatmul` (set here on TF 2.12's converter too)."""
-    converter = tf.lite.TFLiteConverter.from_concrete_functions(
-        [tf.function(lambda x: x, input_signature=[tf.TensorSpec([1], tf.float32)]).get_concrete_function()])
-    converter.unfold_batchmatmul = True
-    conversion.keep_batch_matmul(converter)
-    assert converter.unfold_batchmatmul is False
-    assert getattr(converter, "_experimental_disable_batchmatmul_unfold", False) is False  # the public one
 
 
 def test_float16_weights_are_copied_as_float32():

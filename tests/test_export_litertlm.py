@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+from litert_stand_in import executable
 
 from keras_posenc import special_ids
 from keras_posenc.app import cli
@@ -177,9 +178,7 @@ def test_the_default_probes_include_a_chunked_prefill_and_a_second_turn(tmp_path
     litertlm_bundle.check_probes(sp_model, sessions, 48, 8)
 
 
-def test_without_the_builder_the_bundle_is_refused_with_the_install_line(monkeypatch):
-    for name in (litert_python.PYTHON_ENV, litert_python.LEGACY_PYTHON_ENV):
-        monkeypatch.delenv(name, raising=False)
+def test_without_the_builder_the_bundle_is_refused_with_the_install_line(no_litert_python_variables):
     if litert_python.runtime_python() is not None:
         pytest.skip("litert-lm-builder is importable in this Python")
     with pytest.raises(ValueError, match="litert-lm-builder, which is not installed here: .*pip install "
@@ -190,14 +189,10 @@ def test_without_the_builder_the_bundle_is_refused_with_the_install_line(monkeyp
 
 
 @pytest.mark.parametrize("variable", ["KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"])
-def test_the_litert_python_comes_from_either_variable(monkeypatch, tmp_path, variable):
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\n")
-    python.chmod(0o755)
-    for name in (litert_python.PYTHON_ENV, litert_python.LEGACY_PYTHON_ENV):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(variable, str(python))
-    assert litert_python.runtime_python() == str(python)
+def test_the_litert_python_comes_from_either_variable(no_litert_python_variables, tmp_path, variable):
+    python = executable(tmp_path / "python")
+    no_litert_python_variables.setenv(variable, python)
+    assert litert_python.runtime_python() == python
     assert litert_python.runtime_python("/bin/sh") == "/bin/sh"  # an explicit one first
 
 

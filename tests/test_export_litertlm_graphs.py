@@ -236,9 +236,7 @@ def test_the_gpu_bundle_model_refuses_int4_with_the_generation_reason():
         "int8.")
 
 
-def test_the_given_litert_python_is_the_one_checked(monkeypatch, tmp_path):
-    for variable in ("KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"):
-        monkeypatch.delenv(variable, raising=False)
+def test_the_given_litert_python_is_the_one_checked(no_litert_python_variables, tmp_path):
     missing = str(tmp_path / "python")
     with pytest.raises(ValueError) as error:
         litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE,
@@ -254,10 +252,10 @@ def test_the_gpu_target_converts_the_shader_graphs_with_their_cache_layout():
     assert litertlm.engine_greedy(feeder, [[2, 9, 17]], 4) == [model.generate([2, 9, 17], 4).ids[0].tolist()]
 
 
-def test_the_given_litert_python_runs_the_int4_quantizer(monkeypatch, tmp_path):
+def test_the_given_litert_python_runs_the_int4_quantizer(no_litert_python_variables, tmp_path):
     """cpu int4 is LiteRT Quantizer's, run as `PYTHON litert_runtime.py quantize SPEC`: a stand-in
     Python that fails shows it is the one run, with its last log line in the error."""
-    python = failing_litert_python(tmp_path, monkeypatch)
+    python = failing_litert_python(tmp_path)
     with pytest.raises(RuntimeError) as error:
         litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE,
                                     quantize="int4", litert_python=python)

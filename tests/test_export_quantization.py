@@ -97,9 +97,7 @@ def test_a_refusal_comes_before_any_conversion(lm, monkeypatch):
         export.export_and_check(lm, sequence_length=LENGTH, target="gl", quantize="int4")
 
 
-def test_litert_quantizer_recipes_need_the_litert_python(monkeypatch):
-    for name in (export.litert_python.PYTHON_ENV, export.litert_python.LEGACY_PYTHON_ENV):
-        monkeypatch.delenv(name, raising=False)
+def test_litert_quantizer_recipes_need_the_litert_python(no_litert_python_variables):
     if export.litert_python.runtime_python(module="litert_quantizer") is not None:
         pytest.skip("litert-quantizer is importable in this Python")
     match = ("--quantize int4 on target='cpu' is made by LiteRT Quantizer 0.11, which is not installed here: "

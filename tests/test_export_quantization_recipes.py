@@ -12,19 +12,13 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from litert_stand_in import executable
 
 from keras_posenc.backend import is_keras3
 from keras_posenc.export import host_table, quantization
-from keras_posenc.export.litert_python import INSTALL_HINT, LEGACY_PYTHON_ENV, PYTHON_ENV
+from keras_posenc.export.litert_python import INSTALL_HINT
 
 DENSE_SWITCH = "_experimental_disable_per_channel_quantization_for_dense_layers"
-
-
-@pytest.fixture
-def no_litert_variables(monkeypatch):
-    for name in (PYTHON_ENV, LEGACY_PYTHON_ENV):
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
 
 
 def _converter():
@@ -157,9 +151,9 @@ def test_litert_is_in_process_exactly_where_ai_edge_litert_imports():
     assert quantization._litert_in_process() is importable
 
 
-def test_a_litert_checked_recipe_without_litert_names_the_checker(no_litert_variables):
-    no_litert_variables.setattr(quantization, "_litert_in_process", lambda: False)
-    no_litert_variables.setattr(quantization, "runtime_python", lambda python, module: None)
+def test_a_litert_checked_recipe_without_litert_names_the_checker(no_litert_python_variables):
+    no_litert_python_variables.setattr(quantization, "_litert_in_process", lambda: False)
+    no_litert_python_variables.setattr(quantization, "runtime_python", lambda python, module: None)
     with pytest.raises(ValueError) as error:
         quantization.recipe_for("gpu", "int8")
     assert str(error.value) == (
@@ -171,14 +165,14 @@ def test_a_litert_checked_recipe_without_litert_names_the_checker(no_litert_vari
                                 f"not installed here: {INSTALL_HINT}.")
 
 
-def test_the_litert_python_asked_for_is_the_quantizer_s(no_litert_variables, tmp_path):
+def test_the_litert_python_asked_for_is_the_quantizer_s(no_litert_python_variables, tmp_path):
     asked = []
 
     def runtime_python(python, module):
         asked.append((python, module))
         return python
 
-    no_litert_variables.setattr(quantization, "runtime_python", runtime_python)
+    no_litert_python_variables.setattr(quantization, "runtime_python", runtime_python)
     assert quantization.recipe_for("cpu", "int4", litert_python="given") is _recipe("cpu", "int4")
     assert asked == [("given", "litert_quantizer")]
 
@@ -210,14 +204,12 @@ def test_interpreters_the_recipes_run_on(monkeypatch, tmp_path):
         assert interpreter is None  # ai-edge-litert imports here: TFLite's and LiteRT's are one
 
 
-def test_without_litert_here_the_litert_python_serves_the_interpreter(no_litert_variables, tmp_path):
+def test_without_litert_here_the_litert_python_serves_the_interpreter(no_litert_python_variables, tmp_path):
     """A stand-in LiteRT Python records how it was started: `litert_runtime.py serve`."""
-    no_litert_variables.setattr(quantization, "_litert_in_process", lambda: False)
+    no_litert_python_variables.setattr(quantization, "_litert_in_process", lambda: False)
     started = tmp_path / "argv"
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\necho \"$@\" > {started}\nexec cat > /dev/null\n")
-    python.chmod(0o755)
-    with quantization.interpreter_for(_recipe("gpu", "int8"), litert_python=str(python)) as interpreter:
+    python = executable(tmp_path / "python", f"#!/bin/sh\necho \"$@\" > {started}\nexec cat > /dev/null\n")
+    with quantization.interpreter_for(_recipe("gpu", "int8"), litert_python=python) as interpreter:
         runtime = interpreter.__self__
         assert interpreter.__name__ == "interpreter"
         process = runtime.process
@@ -236,18 +228,16 @@ def test_only_litert_quantizer_recipes_change_a_converted_file(recipe):
     assert quantization.quantize_tflite(flat, recipe) is flat
 
 
-def test_quantize_tflite_runs_litert_runtime_quantize_with_the_recipe_s_configs(no_litert_variables,
+def test_quantize_tflite_runs_litert_runtime_quantize_with_the_recipe_s_configs(no_litert_python_variables,
                                                                                  tmp_path):
     """A stand-in LiteRT Python copies the spec it gets and writes the "quantized" file it names."""
     spec_copy = tmp_path / "spec.json"
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\n"
-                      f"cp \"$3\" {spec_copy}\n"
-                      "out=$(sed 's/.*\"out\": \"\\([^\"]*\\)\".*/\\1/' \"$3\")\n"
-                      "printf 'quantized' > \"$out\"\n"
-                      "echo '{}'\n")
-    python.chmod(0o755)
-    result = quantization.quantize_tflite(b"float file", _recipe("cpu", "int4"), litert_python=str(python))
+    python = executable(tmp_path / "python", "#!/bin/sh\n"
+                        f"cp \"$3\" {spec_copy}\n"
+                        "out=$(sed 's/.*\"out\": \"\\([^\"]*\\)\".*/\\1/' \"$3\")\n"
+                        "printf 'quantized' > \"$out\"\n"
+                        "echo '{}'\n")
+    result = quantization.quantize_tflite(b"float file", _recipe("cpu", "int4"), litert_python=python)
     assert result == b"quantized"
     spec = json.loads(spec_copy.read_text())
     assert spec["configs"] == [["FULLY_CONNECTED", 4, "BLOCKWISE_32"], ["EMBEDDING_LOOKUP", 4, "CHANNELWISE"]]
@@ -257,7 +247,7 @@ def test_quantize_tflite_runs_litert_runtime_quantize_with_the_recipe_s_configs(
 
 
 @pytest.fixture
-def recorded_runs(no_litert_variables):
+def recorded_runs(no_litert_python_variables):
     """`quantization.run_script` replaced by one that records its call and writes the file it names."""
     runs = []
 
@@ -268,7 +258,7 @@ def recorded_runs(no_litert_variables):
             f.write(b"quantized by " + str(python).encode())
         return {}, ""
 
-    no_litert_variables.setattr(quantization, "run_script", run_script)
+    no_litert_python_variables.setattr(quantization, "run_script", run_script)
     return runs
 
 

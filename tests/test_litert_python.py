@@ -15,6 +15,7 @@ import sys
 import types
 
 import pytest
+from litert_stand_in import executable
 
 from keras_posenc.export import litert_python
 from keras_posenc.export.litert_python import RemoteRuntime, run_script, runtime_python
@@ -23,19 +24,6 @@ HINT = ("python3 -m venv venv-litert-tools && venv-litert-tools/bin/pip install 
         "litert-lm-builder==0.18.1 litert-quantizer==0.11.0, then set "
         "KERAS_POSENC_LITERT_PYTHON=venv-litert-tools/bin/python (or pass --litert-python)")
 SERVER = os.path.join(os.path.dirname(litert_python.__file__), "litert_runtime.py")
-
-
-@pytest.fixture
-def no_variables(monkeypatch):
-    for name in ("KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON"):
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
-
-
-def executable(path, text="#!/bin/sh\n"):
-    path.write_text(text)
-    path.chmod(0o755)
-    return str(path)
 
 
 def stand_ins(folder, **modules):
@@ -54,19 +42,19 @@ def test_the_install_hint_names_the_packages_and_the_variable():
         "KERAS_POSENC_LITERT_PYTHON", "KERAS_POSENC_LITERTLM_PYTHON")
 
 
-def test_the_argument_first_then_the_new_variable_then_the_old_one(no_variables, tmp_path):
+def test_the_argument_first_then_the_new_variable_then_the_old_one(no_litert_python_variables, tmp_path):
     new, old, given = (executable(tmp_path / name) for name in ("new", "old", "given"))
-    no_variables.setenv("KERAS_POSENC_LITERTLM_PYTHON", old)
+    no_litert_python_variables.setenv("KERAS_POSENC_LITERTLM_PYTHON", old)
     assert runtime_python() == old
     assert runtime_python(module="json") == old  # a variable wins over this Python
-    no_variables.setenv("KERAS_POSENC_LITERT_PYTHON", new)
+    no_litert_python_variables.setenv("KERAS_POSENC_LITERT_PYTHON", new)
     assert runtime_python() == new
     assert runtime_python(given) == given
-    no_variables.setenv("KERAS_POSENC_LITERT_PYTHON", "")  # set but empty: the old one
+    no_litert_python_variables.setenv("KERAS_POSENC_LITERT_PYTHON", "")  # set but empty: the old one
     assert runtime_python() == old
 
 
-def test_without_a_variable_this_python_when_it_imports_the_module(no_variables):
+def test_without_a_variable_this_python_when_it_imports_the_module(no_litert_python_variables):
     assert runtime_python(module="json") == sys.executable
     assert runtime_python(None, "json") == sys.executable
     assert runtime_python(module="keras_posenc_no_such_module") is None
@@ -74,14 +62,16 @@ def test_without_a_variable_this_python_when_it_imports_the_module(no_variables)
     assert runtime_python() == (sys.executable if builder else None)  # the bundle builder by default
 
 
-def test_this_python_is_the_litert_python_once_it_imports_the_bundle_builder(no_variables):
-    no_variables.setitem(sys.modules, "litert_lm_builder", types.ModuleType("litert_lm_builder"))
+def test_this_python_is_the_litert_python_once_it_imports_the_bundle_builder(no_litert_python_variables):
+    builder = types.ModuleType("litert_lm_builder")
+    no_litert_python_variables.setitem(sys.modules, "litert_lm_builder", builder)
     assert runtime_python() == sys.executable
     assert runtime_python(module="litert_quantizer_no_such_module") is None
 
 
 @pytest.mark.parametrize("kind", ["missing", "not executable", "folder"])
-def test_what_is_not_an_executable_file_is_refused_with_the_install_line(no_variables, tmp_path, kind):
+def test_what_is_not_an_executable_file_is_refused_with_the_install_line(no_litert_python_variables, tmp_path,
+                                                                          kind):
     path = tmp_path / "python"
     if kind == "not executable":
         path.write_text("#!/bin/sh\n")
@@ -92,12 +82,12 @@ def test_what_is_not_an_executable_file_is_refused_with_the_install_line(no_vari
     with pytest.raises(ValueError) as error:
         runtime_python(str(path))
     assert str(error.value) == message
-    no_variables.setenv("KERAS_POSENC_LITERT_PYTHON", str(path))
+    no_litert_python_variables.setenv("KERAS_POSENC_LITERT_PYTHON", str(path))
     with pytest.raises(ValueError) as error:
         runtime_python(module="json")
     assert str(error.value) == message
-    no_variables.delenv("KERAS_POSENC_LITERT_PYTHON")
-    no_variables.setenv("KERAS_POSENC_LITERTLM_PYTHON", str(path))
+    no_litert_python_variables.delenv("KERAS_POSENC_LITERT_PYTHON")
+    no_litert_python_variables.setenv("KERAS_POSENC_LITERTLM_PYTHON", str(path))
     with pytest.raises(ValueError) as error:
         runtime_python()
     assert str(error.value) == message

@@ -41,17 +41,18 @@ def _rows(seed):
     return ids
 
 
-def _onnx_outputs(flat, token_ids, table=None):
+def _onnx_outputs(flat, token_ids, table=None, batch=1):
+    """The file's outputs for `token_ids`, `batch` rows a call (with `table`: its rows fed too), float64."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(bytes(flat), providers=["CPUExecutionProvider"])
     outputs = []
-    for ids in token_ids:
-        feeds = {"token_ids": ids[None]}
+    for start in range(0, len(token_ids), batch):
+        feeds = {"token_ids": token_ids[start:start + batch]}
         if table is not None:
-            feeds["embeddings"] = table[ids][None].astype(np.float32)
-        outputs.append(session.run(None, feeds)[0][0])
-    return np.asarray(outputs, np.float64)
+            feeds["embeddings"] = table[feeds["token_ids"]].astype(np.float32)
+        outputs.append(session.run(None, feeds)[0])
+    return np.concatenate(outputs).astype(np.float64)
 
 
 def _parity(flat, model, rows, table=None, real_only=True):
@@ -170,13 +171,7 @@ def test_to_onnx_takes_the_batch_opset_lookup_and_precision_it_is_given(edge, lm
     assert [[dim.dim_value for dim in value.type.tensor_type.shape.dim] for value in model.graph.input] == [
         [2, LENGTH], [2, LENGTH, 32]]
     assert onnx.TensorProto.FLOAT16 in {initializer.data_type for initializer in model.graph.initializer}
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(flat, providers=["CPUExecutionProvider"])
-    table = export.host_embedding_table(lm)
-    got = np.concatenate([session.run(None, {"token_ids": rows[i:i + 2],
-                                             "embeddings": table[rows[i:i + 2]].astype(np.float32)})[0]
-                          for i in (0, 2)])
+    got = _onnx_outputs(flat, rows, export.host_embedding_table(lm), batch=2)
     expected = np.asarray(ops.convert_to_numpy(lm(rows, training=False)), np.float64)
     assert np.abs(got - expected)[rows != 0].max() < 5e-2  # float16 weights and compute
     int8 = onnx.load_from_string(export.to_onnx(lm, sequence_length=LENGTH, quantize="int8",

@@ -22,9 +22,22 @@ def _weights():
             rng.normal(size=HIDDEN).astype(np.float32), rng.normal(size=(HIDDEN, OUT)).astype(np.float32))
 
 
-def _graph():
+def _model_bytes(nodes, name, inputs, outputs, initializers):
+    """The serialized, checked model of one graph (opset 13); inputs and outputs `(name, type, shape)`."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(*value) for value in inputs],
+                              [helper.make_tensor_value_info(*value) for value in outputs],
+                              [numpy_helper.from_array(array, key) for key, array in initializers.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _graph():
+    from onnx import TensorProto, helper
 
     table, gemm_weight, gemm_bias, matmul_weight = _weights()
     nodes = [helper.make_node("Gather", ["token_table", "token_ids"], ["embedded"], name="lookup"),
@@ -32,17 +45,10 @@ def _graph():
                               name="dense"),
              helper.make_node("Relu", ["hidden"], ["activated"], name="relu"),
              helper.make_node("MatMul", ["activated", "head_kernel"], ["logits"], name="head")]
-    initializers = [numpy_helper.from_array(array, name) for array, name in (
-        (table, "token_table"), (gemm_weight, "dense_kernel"), (gemm_bias, "dense_bias"),
-        (matmul_weight, "head_kernel"))]
-    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("token_ids", TensorProto.INT32,
-                                                                             [LENGTH])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [LENGTH, OUT])],
-                              initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    initializers = {"token_table": table, "dense_kernel": gemm_weight, "dense_bias": gemm_bias,
+                    "head_kernel": matmul_weight}
+    return _model_bytes(nodes, "small", [("token_ids", TensorProto.INT32, [LENGTH])],
+                        [("logits", TensorProto.FLOAT, [LENGTH, OUT])], initializers)
 
 
 def _reference(ids):
@@ -50,11 +56,12 @@ def _reference(ids):
     return np.maximum(table[ids] @ gemm_weight.T + gemm_bias, 0.0) @ matmul_weight
 
 
-def _run(model_bytes, ids):
+def _run(model_bytes, *feeds):
+    """The model's first output for each feed dict, in one onnxruntime session, float64."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    return np.asarray(session.run(None, {"token_ids": ids.astype(np.int32)})[0], np.float64)
+    return np.stack([np.asarray(session.run(None, feed)[0], np.float64) for feed in feeds])
 
 
 def _ids(seed, large):
@@ -80,9 +87,9 @@ def test_float16_stores_float16_weights_and_keeps_float32_inputs_and_outputs(edg
     assert [value.type.tensor_type.elem_type for value in model.graph.output] == [TensorProto.FLOAT]
     ids = np.arange(LENGTH, dtype=np.int32)
     reference = _reference(ids)
-    got = _run(model.SerializeToString(), ids)
+    got = _run(model.SerializeToString(), {"token_ids": ids})[0]
     assert np.abs(got - reference).max() <= 2e-3 * np.abs(reference).max()
-    assert not np.array_equal(got, _run(_graph(), ids))  # float16 arithmetic, not float32
+    assert not np.array_equal(got, _run(_graph(), {"token_ids": ids})[0])  # float16 arithmetic, not float32
 
 
 def _quantized(calibration_rows):
@@ -132,27 +139,25 @@ def test_int8_activations_are_scaled_on_the_calibration_rows(edge):
     seen, unseen = _quantized(large + small).SerializeToString(), _quantized(small).SerializeToString()
     ids = _ids(10, large=True)
     reference = _reference(ids)
-    error_seen = np.abs(_run(seen, ids) - reference).max()
-    error_unseen = np.abs(_run(unseen, ids) - reference).max()
+    error_seen = np.abs(_run(seen, {"token_ids": ids})[0] - reference).max()
+    error_unseen = np.abs(_run(unseen, {"token_ids": ids})[0] - reference).max()
     assert error_seen <= 0.05 * np.abs(reference).max()
     assert error_unseen > 4 * error_seen
 
 
 def _attention_like_graph():
     """x @ W (a constant kernel), then h @ h^T: a MatMul of two activations, as attention's scores."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    kernel = np.random.default_rng(1).normal(size=(WIDTH, HIDDEN)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "kernel"], ["h"], name="project"),
              helper.make_node("Transpose", ["h"], ["h_t"], perm=[1, 0], name="transpose"),
              helper.make_node("MatMul", ["h", "h_t"], ["scores"], name="scores")]
-    graph = helper.make_graph(nodes, "scores", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                             [LENGTH, WIDTH])],
-                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [LENGTH, LENGTH])],
-                              [numpy_helper.from_array(kernel, "kernel")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model.SerializeToString()
+    return _model_bytes(nodes, "scores", [("x", TensorProto.FLOAT, [LENGTH, WIDTH])],
+                        [("scores", TensorProto.FLOAT, [LENGTH, LENGTH])], {"kernel": _attention_kernel()})
+
+
+def _attention_kernel():
+    return np.random.default_rng(1).normal(size=(WIDTH, HIDDEN)).astype(np.float32)
 
 
 def test_int8_quantizes_a_matmul_of_two_activations_too(edge):
@@ -166,21 +171,10 @@ def test_int8_quantizes_a_matmul_of_two_activations_too(edge):
     fed = [[producers.get(name, "input") for name in node.input] for node in model.graph.node
            if node.op_type == "MatMul"]
     assert fed == [["DequantizeLinear", "DequantizeLinear"]] * 2
-    reference = np.stack([(row @ _attention_kernel()) @ (row @ _attention_kernel()).T
-                          for row in rows.astype(np.float64)])
-    session_outputs = np.stack([_run_x(model.SerializeToString(), row) for row in rows])
-    assert np.abs(session_outputs - reference).max() <= 0.05 * np.abs(reference).max()
-
-
-def _attention_kernel():
-    return np.random.default_rng(1).normal(size=(WIDTH, HIDDEN)).astype(np.float32).astype(np.float64)
-
-
-def _run_x(model_bytes, x):
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    return np.asarray(session.run(None, {"x": x})[0], np.float64)
+    projected = rows.astype(np.float64) @ _attention_kernel().astype(np.float64)
+    reference = projected @ projected.transpose(0, 2, 1)
+    got = _run(model.SerializeToString(), *({"x": row} for row in rows))
+    assert np.abs(got - reference).max() <= 0.05 * np.abs(reference).max()
 
 
 def test_the_intermediate_files_stay_out_of_the_working_folder(edge, tmp_path, monkeypatch):
