@@ -391,7 +391,8 @@ def _add_export_parser(subparsers):
                              "d_model multiply-adds; tensorrt: GATHER) (default: host for gpu/gl models "
                              "with a token table, the faster on a GPU; graph otherwise)")
     parser.add_argument("--require-gpu", action="store_true",
-                        help="fail when the GPU delegate would reject an op (default: off)")
+                        help="fail when the GPU delegate would reject an op (default: off; window "
+                             "exports only)")
     parser.add_argument("--tolerance", type=float,
                         help="max abs parity on real tokens (default: 1e-4; float16 2e-2; int8 report only)")
     parser.add_argument("--token-ids", help="int .npy [n, sequence-length] for the parity check (default: "
@@ -589,6 +590,9 @@ def _export_generator(args):
     if ignored or args.batch_size != 1:
         raise _Error("--generate exports batch 1 and takes no "
                      f"{', '.join(ignored) or '--batch-size'}.")
+    if args.require_gpu:
+        raise _Error("--require-gpu checks a window export's ops; the --generate graphs of gpu and gl hold "
+                     "GPU ops only (the shader graphs): drop --require-gpu.")
     if args.eval_corpus is not None and args.quantize is None:
         raise _Error("--eval-corpus measures a quantized file: it needs --quantize.")
     prompt_length = args.prompt_length or max(1, args.cache_length // 2)
