@@ -641,6 +641,7 @@ def test_export_options_reach_the_check(model):
     long = _model(max_length=24)
     result = generator.export_generation(long, prompt_length=4, cache_length=20)
     assert result.report["tokens_checked"] == 16  # the default check_tokens, under 20 - 3 + 1
+    assert generator.check_generation(long, prompt_length=4, cache_length=20)["tokens_checked"] == 16
     result = generator.export_generation(model, prompt_length=4, cache_length=8, check_prompt=[9])
     assert result.report["tokens_checked"] == 8  # one prompt token: all 8 slots
     result = generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu",
