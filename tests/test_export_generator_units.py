@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from litert_stand_in import executable
+from litert_stand_in import FAILED_QUANTIZE, executable, failing_litert_python
 
 from keras_posenc import special_ids
 from keras_posenc.backend import keras
@@ -663,3 +663,46 @@ def test_the_litert_python_given_is_the_one_used(no_litert_python_variables, mod
     assert marker.exists()
     with pytest.raises(ValueError, match="--quantize int8 on target='gpu' is checked by ai-edge-litert's "):
         generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int8")
+
+
+def test_the_check_runs_the_default_prompt_cut_to_the_prefill(monkeypatch):
+    prompts = []
+    real = generator.check_generator_parity
+
+    def recording(model, session, prompt, tokens):
+        prompts.append(list(prompt))
+        return real(model, session, prompt, tokens)
+
+    monkeypatch.setattr(generator, "check_generator_parity", recording)
+    for vocab, prompt_length in ((20, 4), (7, 4), (20, 2)):
+        generator.check_generation(_model(vocab_size=vocab), prompt_length=prompt_length, cache_length=8,
+                                   check_tokens=1)
+    assert prompts == [[5, 6, 7], [5, 6, 6], [5, 6]]
+
+
+def test_the_check_refuses_what_a_prefill_decode_export_refuses(model):
+    # int4 on gpu: a window export's recipe (LiteRT Quantizer), refused for prefill/decode graphs.
+    with pytest.raises(ValueError, match="--quantize int4 is refused for target='gpu': "):
+        generator.check_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int4")
+
+
+def test_a_gl_pair_is_quantized_file_by_file(model):
+    for content in generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gl",
+                                                 quantize="float16"):
+        types = {d["dtype"] for d in tf.lite.Interpreter(model_content=content).get_tensor_details()}
+        assert np.float16 in types
+
+
+def test_signatures_with_a_litert_quantizer_recipe_go_to_the_litert_python(no_litert_python_variables,
+                                                                           tmp_path):
+    # The .litertlm export converts its signatures here with LiteRT Quantizer's int4 recipe.
+    double = tf.function(lambda x: {"y": x * 2.0},
+                         input_signature=[tf.TensorSpec([1, 2], tf.float32, name="x")])
+    signatures = {"prefill": double.get_concrete_function()}
+    flat = generator.convert_signatures(signatures)
+    runner = tf.lite.Interpreter(model_content=flat).get_signature_runner("prefill")
+    assert runner(x=np.array([[1.5, -2.0]], np.float32))["y"].tolist() == [[3.0, -4.0]]
+    recipe = quantization.RECIPES[("cpu", "window")]["int4"]
+    with pytest.raises(RuntimeError) as error:
+        generator.convert_signatures(signatures, recipe, failing_litert_python(tmp_path))
+    assert FAILED_QUANTIZE in str(error.value)
