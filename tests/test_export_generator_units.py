@@ -649,7 +649,9 @@ def test_export_options_reach_the_check(model):
     assert result.embedding == "graph" and result.host_table is None and len(result.models) == 1
 
 
-def test_the_litert_python_given_is_the_one_used(no_litert_python_variables, model, tmp_path):
+def test_the_litert_python_given_is_the_one_used(no_litert_python_variables, model, tmp_path, monkeypatch):
+    # As on Keras 2's stack: no ai-edge-litert in this Python, so the check runs in the LiteRT Python.
+    monkeypatch.setattr(quantization, "_litert_in_process", lambda: False)
     marker = tmp_path / "ran"
     python = executable(tmp_path / "python", f"#!/bin/sh\ntouch {marker}\nexit 3\n")
     # gpu int8 is converted by TensorFlow (this model's weights are below the converter's
