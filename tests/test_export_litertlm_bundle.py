@@ -263,31 +263,42 @@ def test_keras_texts_continue_the_whole_session_and_show_text_and_unknown_pieces
     assert texts == [["he", "on ⁇  a"], ["on ⁇  a"]]  # UNK and ▁ shown, <sep> and EOS not
 
 
-def _without_space_piece(sp_model):
-    """The tokenizer with its first ordinary piece, "▁", made a control piece."""
+def _with_t_as_control(sp_model):
+    """The tokenizer with its piece "t" (the first ordinary one after "▁") made a control piece."""
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(sp_model)
-    proto.pieces[SPACE].type = sentencepiece_model_pb2.ModelProto.SentencePiece.CONTROL
+    proto.pieces[T].type = sentencepiece_model_pb2.ModelProto.SentencePiece.CONTROL
     return proto.SerializeToString()
 
 
+# The ordinary pieces: t e a h o r b d s g i n u c l m v y ("▁" decodes to nothing), every 7th taken.
 @pytest.mark.parametrize("args,expected", [
-    ((8, 48, 8), [["bce"], ["agvon bcesm"], ["iyru", "gvon"]]),  # room 30: P + 3 = 11 pieces, P / 2 = 4
-    ((8, 20, 3), [["bc"], ["agvon"], ["iyr", "gvo"]]),  # room 12: 12 / 2 = 6 pieces, 12 / 4 = 3
-    ((4, 40, 4), [["b"], ["agvon b"], ["iy", "gv"]]),  # room 30: 7 pieces, 2 (leading spaces stripped)
+    ((8, 48, 8), [["tdlh"], ["hiybcagvrue"], ["ntdl", "ntdl"]]),  # room 30: P + 3 = 11 pieces, P / 2 = 4
+    ((8, 20, 3), [["tdl"], ["hiybca"], ["ntd", "ntd"]]),  # room 12: 12 / 2 = 6 pieces, 12 / 4 = 3
+    ((4, 40, 4), [["td"], ["hiybcag"], ["nt", "nt"]]),  # room 30: 7 pieces, 2
+    ((8, 14, 3), [["t"], ["hiy"], ["n", "n"]]),  # room 6: 3 pieces, 1
+    ((2, 64, 8), [["t"], ["hiybc"], ["n", "n"]]),  # P = 2: 5 pieces, 1
+    ((8, 4, 8), [["t"], ["h"], ["n", "n"]]),  # no room at all: one piece each
 ])
 def test_the_default_probes_are_ordinary_pieces_sized_to_the_cache(sp_model, args, expected):
     assert litertlm_bundle.probe_texts(sp_model, *args) == expected
 
 
+def test_no_default_probe_is_empty_when_a_prompt_is_one_piece(sp_model):
+    # "▁" is the first ordinary id: taken alone it decoded to "" and the export refused its own probe
+    for prompt_length in range(1, 10):
+        for cache_length in range(4, 40):
+            sessions = litertlm_bundle.probe_texts(sp_model, prompt_length, cache_length, 4)
+            assert all(turn for turns in sessions for turn in turns), (prompt_length, cache_length, sessions)
+
+
 @pytest.mark.parametrize("args,expected", [
-    ((8, 48, 8), [["tdlh"], ["hiybcagvrue"], ["ntdl", "ntdl"]]),
-    ((8, 14, 3), [["t"], ["hiy"], ["n", "n"]]),  # room 6: 3 pieces, 1
-    ((2, 64, 8), [["t"], ["hiybc"], ["n", "n"]]),  # P = 2: 5 pieces, 1
-    ((8, 4, 8), [["t"], ["h"], ["n", "n"]]),  # no room at all: one piece each
+    ((8, 48, 8), [["esmr"], ["onesmruagvb"], ["uagv", "chiy"]]),  # e a h o r b d s g i n u c l m v y
+    ((8, 14, 3), [["e"], ["one"], ["u", "c"]]),
+    ((8, 4, 8), [["e"], ["o"], ["u", "c"]]),
 ])
 def test_the_probes_skip_control_pieces_after_the_reserved_ids(sp_model, args, expected):
-    assert litertlm_bundle.probe_texts(_without_space_piece(sp_model), *args) == expected
+    assert litertlm_bundle.probe_texts(_with_t_as_control(sp_model), *args) == expected
 
 
 def test_a_probe_that_does_not_fit_is_refused_by_its_first_prompt(sp_model):

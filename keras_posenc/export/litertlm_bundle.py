@@ -122,12 +122,13 @@ def keras_texts(model, sp_model, sessions, max_new_tokens):
 def probe_texts(sp_model, prompt_length, cache_length, max_new_tokens):
     """Default probe sessions: a short prompt, one longer than `P` (a chunked prefill), and a two-turn one.
 
-    Texts decoded from ordinary pieces (ids after the reserved ones), sized to fit the cache.
+    Texts decoded from ordinary pieces (ids after the reserved ones), sized to fit the cache. Pieces
+    that decode to whitespace only ("▁") are left out: a one-piece probe of one would be empty.
     """
     processor = _processor(sp_model)
     vocab = processor.GetPieceSize()
     ordinary = [i for i in range(special_ids.NUM_RESERVED_IDS, vocab) if not processor.IsControl(i)
-                and not processor.IsUnknown(i)]
+                and not processor.IsUnknown(i) and processor.DecodeIds([i]).strip()]
 
     def text(count, offset):
         return processor.DecodeIds([ordinary[(offset + 7 * i) % len(ordinary)] for i in range(count)]).strip()
