@@ -549,7 +549,7 @@ def test_a_file_whose_tokens_differ_says_so(model, monkeypatch):
     monkeypatch.setattr(generator, "check_generator_parity", lambda *args: (False, 0.125))
     result = generator.export_generation(model, prompt_length=4, cache_length=8, check_tokens=2)
     assert result.report["same_tokens"] is False and result.report["parity"] == 0.125
-    assert result.lines[1] == ("Greedy parity over 2 tokens: TOKENS DIFFER as CausalLM.generate, max abs "
+    assert result.lines[1] == ("Greedy parity over 2 tokens: TOKENS DIFFER from CausalLM.generate, max abs "
                                "logit diff 0.125")
     assert result.failures()[0].startswith("FAILED: the file does not generate what the model generates")
 

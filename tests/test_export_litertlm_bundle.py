@@ -808,7 +808,7 @@ def test_a_bundle_s_model_generating_other_tokens_fails_the_emulated_check(lm, s
         False, 1.0, False)
     assert result.lines[1:] == [
         "Greedy parity, fed as LiteRT-LM feeds it (chunked prefill, second turn), 32 tokens: TOKENS DIFFER "
-        "as CausalLM.generate",
+        "from CausalLM.generate",
         "LiteRT-LM Engine (gpu) greedy text over 1 sessions, 1 turns (a prompt longer than the prefill, a "
         "second turn): TEXT DIFFERS from CausalLM.generate"]
 

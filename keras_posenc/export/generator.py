@@ -674,7 +674,7 @@ def export_generation(model, *, prompt_length, cache_length, target="cpu", embed
     lines = [f"Multiply-adds: prefill of {prompt_length} tokens {metadata['prefill_multiply_adds']:,}, one "
              f"decode step {metadata['decode_multiply_adds']:,}",
              f"Greedy parity over {report['tokens_checked']} tokens: "
-             f"{'same tokens' if report['same_tokens'] else 'TOKENS DIFFER'} as CausalLM.generate, "
+             f"{'same tokens as' if report['same_tokens'] else 'TOKENS DIFFER from'} CausalLM.generate, "
              f"max abs logit diff {report['parity']:.3g}"]
     if recipe is not None:
         metadata[contract.KEYS["quantization"]] = recipe.describe()

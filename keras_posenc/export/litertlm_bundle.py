@@ -240,7 +240,7 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
     lines = [f"Multiply-adds: prefill of {prompt_length} tokens {metadata['prefill_multiply_adds']:,}, one "
              f"decode step {metadata['decode_multiply_adds']:,}; cache {metadata['cache_bytes']:,} bytes",
              f"Greedy parity, fed as LiteRT-LM feeds it (chunked prefill, second turn), {tokens} tokens: "
-             f"{'same tokens' if same else 'TOKENS DIFFER'} as CausalLM.generate",
+             f"{'same tokens as' if same else 'TOKENS DIFFER from'} CausalLM.generate",
              engine["line"]]
     if recipe is not None:
         metadata[keys["quantization"]] = recipe.describe()
