@@ -184,6 +184,18 @@ def test_a_server_that_exits_is_reported_with_its_status_and_its_log_is_not_show
     assert capfd.readouterr() == ("", "")
 
 
+def test_a_server_already_gone_when_asked_is_reported_with_its_status(tmp_path):
+    # a request written to a dead server's closed pipe: the same message, not a BrokenPipeError
+    python = executable(tmp_path / "python", "#!/bin/sh\nexit 5\n")
+    runtime = RemoteRuntime(python)
+    runtime.process.wait()
+    with pytest.raises(RuntimeError) as error:
+        runtime.request(op="open", path="model.tflite")  # no reader on the pipe: the write fails
+    assert str(error.value) == "the LiteRT interpreter server exited (status 5)."
+    runtime.close()
+    assert runtime.process.returncode == 5
+
+
 def test_a_server_that_does_not_end_on_close_is_killed(tmp_path, monkeypatch):
     """The close request unanswered: after the wait, the process is killed."""
     python = executable(tmp_path / "python", "#!/bin/sh\nexec sleep 120\n")

@@ -90,9 +90,13 @@ class RemoteRuntime:
         return os.path.join(self.folder.name, f"{self.count}-{name}")
 
     def request(self, **request):
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # it died before the request (a crash in an earlier one): nothing to read
+            line = ""
+        else:
+            line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"the LiteRT interpreter server exited (status {self.process.wait()}).")
         answer = json.loads(line)
