@@ -299,3 +299,165 @@ def test_loss_plot_of_a_short_run_and_one_that_does_not_beat_the_baseline(monkey
     assert [line[0] for line in lines] == ["train loss (per step)", "train loss (2-step mean)",
                                            "unigram baseline 5.000"]
     assert axes.get_title() == ""
+
+
+def _cfg(tmp_path, **overrides):
+    return _train_lib().TrainConfig(corpus="corpus.txt", out=str(tmp_path), **{"steps": 10, **overrides})
+
+
+def test_the_warmup_is_explicit_else_the_checkpoints_on_resume_else_half_the_steps(tmp_path):
+    train_lib = _train_lib()
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    assert train_lib._warmup_steps(_cfg(tmp_path), str(folder)) == 5  # no schedule file: half of 10
+    (folder / "schedule.json").write_text(json.dumps({"warmup_steps": 7}))
+    assert train_lib._warmup_steps(_cfg(tmp_path, resume=True), str(folder)) == 7  # the run's own
+    assert train_lib._warmup_steps(_cfg(tmp_path, resume=True, steps=40), str(folder)) == 7
+    assert train_lib._warmup_steps(_cfg(tmp_path), str(folder)) == 5  # a fresh run: its own steps
+    assert train_lib._warmup_steps(_cfg(tmp_path, resume=True, warmup_steps=3), str(folder)) == 3
+    assert train_lib._warmup_steps(_cfg(tmp_path, resume=True), str(tmp_path / "none")) == 5
+
+
+def test_an_explicit_warmup_warns_from_the_number_of_steps_on(tmp_path, recwarn):
+    train_lib = _train_lib()
+    assert train_lib._warmup_steps(_cfg(tmp_path, warmup_steps=9), str(tmp_path)) == 9
+    assert not recwarn.list  # one step below: no warning
+    for warmup in (10, 11):
+        with pytest.warns(UserWarning) as caught:
+            assert train_lib._warmup_steps(_cfg(tmp_path, warmup_steps=warmup), str(tmp_path)) == warmup
+        assert [str(w.message) for w in caught] == [
+            f"--warmup-steps {warmup} >= --steps 10: the learning rate never leaves warmup and the run may "
+            "learn little. Leave --warmup-steps out to use 5 (half the steps)."]
+
+
+class _Tensor:
+    def __init__(self, value):
+        self.value = value
+
+    def numpy(self):
+        return self.value
+
+
+class _ScriptedSteps:
+    """Stands in for `_Steps`: each train step's loss and token count, each eval batch's sums."""
+
+    model = "the model"
+
+    def __init__(self):
+        self.fed = []
+
+    def train(self, batch):
+        self.fed.append(batch)
+        return {"loss": _Tensor(10.0 - batch), "tokens": _Tensor(batch)}
+
+    def eval(self, batch):
+        return batch
+
+
+class _Recorder:
+    def __init__(self, stop=None, at=None):
+        self.calls, self.stop, self.at = [], stop, at
+
+    def set_model(self, model):
+        self.calls.append(("set_model", model))
+
+    def on_train_begin(self):
+        self.calls.append(("begin",))
+
+    def on_train_batch_end(self, batch, logs):
+        self.calls.append(("batch", batch, logs))
+        if self.stop is not None and batch == self.at:
+            self.stop.received = signal.SIGTERM
+
+    def on_train_end(self, logs):
+        self.calls.append(("end", logs))
+
+
+def test_fit_runs_the_steps_in_order_and_tells_every_callback():
+    train_lib = _train_lib()
+    steps, first, second = _ScriptedSteps(), _Recorder(), _Recorder()
+    train_lib._fit(steps, iter([3, 4, 5, 6]), 3, [first, second], verbose=0)
+    assert steps.fed == [3, 4, 5]
+    expected = [("set_model", "the model"), ("begin",), ("batch", 0, {"loss": 7.0, "tokens": 3}),
+                ("batch", 1, {"loss": 6.0, "tokens": 4}), ("batch", 2, {"loss": 5.0, "tokens": 5}),
+                ("end", {"loss": 5.0, "tokens": 5})]
+    assert first.calls == second.calls == expected
+
+
+def test_fit_of_no_steps_touches_nothing_and_a_signal_ends_it_after_its_step(capsys):
+    train_lib = _train_lib()
+    steps, recorder = _ScriptedSteps(), _Recorder()
+    train_lib._fit(steps, iter([1, 2]), 0, [recorder], verbose=1)  # a resume already at its steps
+    train_lib._fit(steps, iter([1, 2]), -2, [recorder], verbose=1)
+    assert steps.fed == [] and recorder.calls == [] and capsys.readouterr().out == ""
+    stop = train_lib._StopOnSignal(active=False)
+    recorder = _Recorder(stop=stop, at=1)
+    train_lib._fit(steps, iter([1, 2, 3, 4]), 4, [recorder], verbose=0, stop=stop)
+    assert steps.fed == [1, 2]  # the step in progress ends, then the loop; the callbacks still end
+    assert recorder.calls[-1] == ("end", {"loss": 8.0, "tokens": 2})
+
+
+def test_fit_shows_a_progress_bar_only_when_verbose(capsys):
+    train_lib = _train_lib()
+    train_lib._fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=0)
+    assert capsys.readouterr().out == ""
+    train_lib._fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=1)
+    shown = capsys.readouterr().out
+    assert "1/2" in shown and "loss: 9.0000" in shown and "2/2" in shown  # the first step: 10 - 1
+
+
+def test_evaluate_is_the_sum_of_losses_over_the_sum_of_labels():
+    train_lib = _train_lib()
+    steps = _ScriptedSteps()
+    assert train_lib._evaluate(steps, [(6.0, 4.0), (3.0, 2.0)]) == 1.5  # 9 / 6, not the mean of 1.5s
+    assert train_lib._evaluate(steps, [(7.0, 4.0), (2.0, 1.0)]) == 9.0 / 5.0
+    assert train_lib._evaluate(steps, []) == 0.0  # no batch: no division by zero
+    assert train_lib._evaluate(steps, [(0.25, 0.5)]) == 0.25  # fewer than one label counts as one
+
+
+class _Manager:
+    directory = "runs/x/checkpoints"
+
+    def __init__(self, fail=None):
+        self.saved, self.fail = [], fail
+
+    def save(self, checkpoint_number):
+        if self.fail is not None:
+            raise self.fail
+        self.saved.append(checkpoint_number)
+
+
+class _Optimizer:
+    def __init__(self):
+        self.iterations = _Tensor(0)
+
+
+def test_the_checkpoint_callback_saves_every_interval_and_the_last_step_once():
+    train_lib = _train_lib()
+    manager, optimizer = _Manager(), _Optimizer()
+    callback = train_lib._CheckpointCallback(manager, 3, optimizer)
+    for step in range(1, 8):
+        optimizer.iterations.value = step
+        callback.on_train_batch_end(step - 1)
+    callback.on_train_end()
+    assert manager.saved == [3, 6, 7]
+    callback.on_train_end()  # the same step again: not saved twice
+    optimizer.iterations.value = 9
+    callback.on_train_batch_end(8)  # a multiple of 3 already saved is written once
+    callback.on_train_batch_end(8)
+    assert manager.saved == [3, 6, 7, 9] and callback.last_written == 9
+
+
+def test_a_failed_checkpoint_save_is_a_file_write_error_naming_the_checkpoint(tmp_path):
+    import errno
+
+    train_lib = _train_lib()
+    optimizer = _Optimizer()
+    optimizer.iterations.value = 4
+    manager = _Manager(fail=OSError(errno.EACCES, "Permission denied"))
+    manager.directory = str(tmp_path)
+    callback = train_lib._CheckpointCallback(manager, 2, optimizer)
+    with pytest.raises(OSError) as error:
+        callback.on_train_end()
+    assert error.value.errno == errno.EACCES and f"{tmp_path}/ckpt-4" in str(error.value)
+    assert callback.last_written is None
