@@ -5,6 +5,7 @@
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --resume # go on with the last run
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --survivors  # re-test its survivors
     python tools/mutation.py keras_posenc/layers/rotary_embedding.py --jax  # survivors, on JAX
+    python tools/mutation.py keras_posenc/export/litertlm_bundle.py --only probe_texts  # one function
     python tools/mutation.py --list                                       # the modules configured
 
 tools/mutation.toml names, per module, the test files that cover it (or single tests,
@@ -16,7 +17,9 @@ the checkout. mutmut runs with one worker (`--max-children 1`), each mutant agai
 configured tests that executed the mutated function. `--resume` and `--survivors` keep the work dir
 and its results (the module must be unchanged since), copy the current tests and the configured test
 selection into it and run the mutants not yet tested, or again the ones that survived (after tests
-were added) and are not listed as equivalent.
+were added) and are not listed as equivalent. `--only NAME...` runs (and reports) only the mutants of
+the named functions (`probe_texts`, or `Class.method`): after a change to a few functions of a module
+whose full run takes hours, those functions' mutants are the new ones.
 
 mutmut runs the tests on the Keras 2 stack (.venv), where the branches for other backends never run.
 A module with `jax_tests` in its table can have its survivors re-tested on Keras 3's JAX backend
@@ -32,6 +35,7 @@ mutants were not run.
 
 import argparse
 import configparser
+import fnmatch
 import json
 import os
 import shutil
@@ -160,6 +164,20 @@ def run_mutmut(work, names=()):
                            env=env)
 
 
+def only_patterns(module, functions):
+    """mutmut's name patterns of the mutants of `functions` (`name` or `Class.method`) in `module`."""
+    dotted = module.removesuffix(".py").replace("/", ".")
+    patterns = []
+    for function in functions:
+        owner, _, name = function.rpartition(".")
+        patterns.append(f"{dotted}.x{'ǁ' + owner + 'ǁ' if owner else '_'}{name}__mutmut_*")
+    return patterns
+
+
+def _matching(codes, patterns):
+    return {k: c for k, c in codes.items() if any(fnmatch.fnmatch(k, p) for p in patterns)}
+
+
 def results(work, module):
     meta = work / "mutants" / (module + ".meta")
     if not meta.is_file():
@@ -209,8 +227,12 @@ def run_jax(module, entry, work, codes):
         json.dump(saved, f, indent=1, sort_keys=True)
 
 
-def report(module, entry, codes, on_jax=None):
+def report(module, entry, codes, on_jax=None, only=None):
     equivalent = dict(entry.get("equivalent", {}))
+    if only:
+        codes = _matching(codes, only)
+        equivalent = _matching(equivalent, only)
+        print(f"only the mutants of {len(only)} function(s): {', '.join(only)}")
     on_jax = on_jax or {}
     codes = {k: (1 if on_jax.get(k) == 1 else c) for k, c in codes.items()}
     untested = sorted(k for k, c in codes.items() if c is None)
@@ -245,6 +267,8 @@ def main(argv=None):
     parser.add_argument("--survivors", action="store_true", help="re-test the last run's survivors")
     parser.add_argument("--jax", action="store_true",
                         help="re-test the last run's survivors on Keras 3's JAX backend (`jax_tests`)")
+    parser.add_argument("--only", nargs="+", metavar="FUNCTION",
+                        help="run and report only the mutants of these functions (`name` or `Class.method`)")
     parser.add_argument("--list", action="store_true", help="list the configured modules")
     args = parser.parse_args(argv)
     modules = load_config()
@@ -271,12 +295,16 @@ def main(argv=None):
                     print("no survivors to re-test")
         else:
             work = prepare(args.module, entry)
-        status = run_mutmut(work, names) if names or not args.survivors else 0
+        if args.only:
+            names = [name for name in names if _matching({name: 0}, only_patterns(args.module, args.only))] \
+                if names else only_patterns(args.module, args.only)
+        status = run_mutmut(work, names) if names or not (args.survivors or args.only) else 0
         if status != 0:
             print(f"error: mutmut exited with status {status}", file=sys.stderr)
             return status
     codes = results(work, args.module)
-    return report(args.module, entry, codes, jax_results(work, codes))
+    only = only_patterns(args.module, args.only) if args.only else None
+    return report(args.module, entry, codes, jax_results(work, codes), only)
 
 
 if __name__ == "__main__":
