@@ -187,6 +187,34 @@ def test_an_unknown_checkpoint_write_error_is_its_type_and_first_line(tmp_path):
     assert blank.errno == 5 and f"{folder}/ckpt-3: InternalError:  (" in blank.strerror
 
 
+@pytest.mark.parametrize("kind,text,errno_,reason", [
+    ("UnknownError", "{{node SaveV2}} open failed: Permission denied", 13, "Permission denied"),
+    ("PermissionDeniedError", "{{node SaveV2}} the folder is not yours", 13, "Permission denied"),
+    ("UnknownError", "{{node SaveV2}} Read-only file system", 30, "Read-only file system"),
+    ("UnknownError", "{{node SaveV2}} permission denied? read-only file system?", 5,
+     "UnknownError: permission denied? read-only file system?"),  # the known reasons match as written
+])
+def test_tensorflows_file_errors_are_named_by_their_type_or_their_text(tmp_path, kind, text, errno_, reason):
+    import tensorflow as tf
+
+    error = getattr(tf.errors, kind)(None, None, text)
+    written = _train_lib()._checkpoint_write_error(str(tmp_path), 8, error)
+    assert written.errno == errno_
+    assert written.strerror.startswith(f"cannot write {tmp_path}/ckpt-8: {reason} (")
+
+
+def test_an_unreadable_checkpoint_is_named_by_the_errors_type_and_first_line():
+    import tensorflow as tf
+
+    first_line = _train_lib()._first_line
+    error = tf.errors.DataLossError(None, None, "{{function_node __inference}} {{node RestoreV2}} Checksum "
+                                                "does not match\nstored 1, computed 2")
+    assert first_line(error) == "DataLossError: Checksum does not match"
+    truncated = IndexError("Read less bytes than requested")
+    assert first_line(truncated) == "IndexError: Read less bytes than requested"
+    assert first_line(IndexError()) == "IndexError: "  # no message: the type alone
+
+
 def test_training_interrupted_names_the_signal_step_and_checkpoint():
     train_lib = _train_lib()
     prefix = "runs/x/checkpoints/ckpt-12"
@@ -196,13 +224,23 @@ def test_training_interrupted_names_the_signal_step_and_checkpoint():
                             "continue with --resume.")
 
 
-def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back(python_sigint_handler):
+@pytest.fixture
+def sigterm_recorded():
+    """SIGTERM recorded by a handler of the test's own (a runner's handler would end the test run)."""
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    yield received
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back(python_sigint_handler,
+                                                                              sigterm_recorded):
     train_lib = _train_lib()
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     with train_lib._StopOnSignal() as stop:
         assert stop.active and stop.received is None
         os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.received == signal.SIGTERM
+        assert stop.received == signal.SIGTERM and sigterm_recorded == []  # recorded, not passed on
         with pytest.raises(KeyboardInterrupt):  # the second one: SIGINT's own handler, at once
             os.kill(os.getpid(), signal.SIGINT)
         assert stop.received == signal.SIGTERM
@@ -211,6 +249,11 @@ def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back(pyt
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.received == signal.SIGINT
     assert {signum: signal.getsignal(signum) for signum in before} == before
+    with train_lib._StopOnSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # the second: to the handler from before, at once
+        assert stop.received == signal.SIGTERM and sigterm_recorded == [signal.SIGTERM]
+        assert {signum: signal.getsignal(signum) for signum in before} == before
     with train_lib._StopOnSignal(active=False) as stop:
         assert not stop.active and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
 
