@@ -544,6 +544,17 @@ def test_rotary_frequencies_of_the_smallest_and_odd_widths():
         rotary_frequencies(3)
 
 
+@pytest.mark.parametrize("scaling", ["ntk", "dynamic"])
+def test_the_ntk_scalings_need_two_pairs_the_others_take_one(scaling):
+    # the NTK base's exponent dim / (dim - 2) has no value at dim = 2
+    with pytest.raises(ValueError) as error:
+        rotary_frequencies(2, scaling=scaling, scaling_factor=2.0, original_length=16)
+    assert str(error.value) == f"scaling={scaling!r} needs a rotary dimension >= 4, got 2."
+    assert rotary_frequencies(4, 100.0, scaling=scaling, scaling_factor=2.0, original_length=16).shape == (2,)
+    linear = rotary_frequencies(2, 100.0, scaling="linear", scaling_factor=2.0)
+    np.testing.assert_allclose(linear, [0.5], rtol=0)
+
+
 
 @pytest.mark.parametrize("options, pattern", [
     ({"scaling": "yarn", "beta_slow": 40.0},
