@@ -544,6 +544,27 @@ def test_rotary_frequencies_of_the_smallest_and_odd_widths():
         rotary_frequencies(3)
 
 
+def test_yarn_turns_keeps_the_pairs_past_beta_fast_and_interpolates_those_below_beta_slow():
+    # L = 4096: pair 0 turns about 652 times over the context (> 32), pair 7 about 0.2 times (< 1)
+    f = _inv(10000.0, 16)
+    turns = 4096 * f / (2 * math.pi)
+    gamma = np.clip((turns - 1.0) / (32.0 - 1.0), 0.0, 1.0)
+    assert gamma[0] == gamma[2] == 1.0 and 0.0 < gamma[3] < 1.0 and gamma[-1] == 0.0
+    got = rotary_frequencies(16, scaling="yarn-turns", scaling_factor=4.0, original_length=4096)
+    np.testing.assert_allclose(got, (1 - gamma) * f / 4.0 + gamma * f, rtol=1e-13)
+    assert got[0] == f[0] and got[-1] == f[-1] / 4.0
+
+
+def test_llama3_bounds_closer_than_one_apart_blend_over_their_own_width():
+    # low 1, high 1.5: one pair (wavelength about 6686) lies between L / 1.5 and L
+    f = _inv(5e5, 64)
+    wavelength = 2 * math.pi / f
+    assert ((wavelength >= 8192 / 1.5) & (wavelength <= 8192)).sum() == 1
+    got = rotary_frequencies(64, 5e5, scaling="llama3", scaling_factor=8.0, original_length=8192,
+                             low_freq_factor=1.0, high_freq_factor=1.5)
+    np.testing.assert_allclose(got, _llama3(5e5, 64, 8.0, 8192, 1.0, 1.5), rtol=1e-12)
+
+
 @pytest.mark.parametrize("scaling", ["ntk", "dynamic"])
 def test_the_ntk_scalings_need_two_pairs_the_others_take_one(scaling):
     # the NTK base's exponent dim / (dim - 2) has no value at dim = 2
