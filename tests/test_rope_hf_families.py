@@ -555,14 +555,17 @@ def test_yarn_turns_keeps_the_pairs_past_beta_fast_and_interpolates_those_below_
     assert got[0] == f[0] and got[-1] == f[-1] / 4.0
 
 
-def test_llama3_bounds_closer_than_one_apart_blend_over_their_own_width():
-    # low 1, high 1.5: one pair (wavelength about 6686) lies between L / 1.5 and L
+@pytest.mark.parametrize("low, high", [(1.0, 1.5), (2.0, 4.0)])
+def test_llama3_bounds_other_than_one_and_four(low, high):
+    # (1, 1.5): one pair (wavelength about 6686) between L / 1.5 and L, blended over a width of 0.5;
+    # (2, 4): the pairs longer than L / 2 (not L * 2) are interpolated
     f = _inv(5e5, 64)
     wavelength = 2 * math.pi / f
-    assert ((wavelength >= 8192 / 1.5) & (wavelength <= 8192)).sum() == 1
+    assert ((wavelength >= 8192 / high) & (wavelength <= 8192 / low)).sum() >= 1
+    assert ((wavelength > 8192 / low) & (wavelength <= 8192 * low)).sum() >= (low > 1)
     got = rotary_frequencies(64, 5e5, scaling="llama3", scaling_factor=8.0, original_length=8192,
-                             low_freq_factor=1.0, high_freq_factor=1.5)
-    np.testing.assert_allclose(got, _llama3(5e5, 64, 8.0, 8192, 1.0, 1.5), rtol=1e-12)
+                             low_freq_factor=low, high_freq_factor=high)
+    np.testing.assert_allclose(got, _llama3(5e5, 64, 8.0, 8192, low, high), rtol=1e-12)
 
 
 @pytest.mark.parametrize("scaling", ["ntk", "dynamic"])
