@@ -435,6 +435,21 @@ def test_yarn_attention_factor_without_and_with_extension(factor):
     assert rotary_attention_factor("yarn", factor) == pytest.approx(_mscale(factor), rel=1e-15)
 
 
+def test_yarn_attention_factor_of_mscale_alone_or_with_mscale_all_dim():
+    # transformers: the ratio only when both are set (DeepSeek-V2/V3); either alone is ignored
+    assert rotary_attention_factor("yarn", 40.0, mscale=0.707) == _mscale(40.0)
+    assert rotary_attention_factor("yarn", 40.0, mscale_all_dim=0.707) == _mscale(40.0)
+    assert rotary_attention_factor("yarn", 40.0, mscale=1.0, mscale_all_dim=0.707) == pytest.approx(
+        _mscale(40.0, 1.0) / _mscale(40.0, 0.707), rel=1e-15)
+    assert rotary_attention_factor("yarn", 40.0, mscale=0.707, mscale_all_dim=0.707) == 1.0
+
+
+def test_the_attention_factor_defaults_to_no_scaling():
+    assert rotary_attention_factor() == 1.0
+    assert rotary_attention_factor("yarn") == 1.0  # factor 1: no extension, no temperature
+    assert rotary_attention_factor("longrope", original_length=4096) == 1.0
+
+
 @pytest.mark.parametrize("config, partial", [
     ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": 2}, 2 / 32),  # the smallest width
     ({"model_type": "gptj", "n_embd": 64, "n_head": 2, "rotary_dim": 32}, 1.0),  # the whole head
