@@ -18,6 +18,7 @@ from layer_test_helper import to_numpy
 from keras_posenc.layers import RotaryEmbedding
 from keras_posenc.layers.rope_scaling import (
     HFRopeConfigError,
+    check_scaling,
     hf_layer_types,
     hf_rotary_kwargs,
     rotary_attention_factor,
@@ -435,6 +436,40 @@ def test_yarn_attention_factor_without_and_with_extension(factor):
     assert rotary_attention_factor("yarn", factor) == pytest.approx(_mscale(factor), rel=1e-15)
 
 
+SCALINGS = "('linear', 'ntk', 'dynamic', 'yarn', 'yarn-turns', 'longrope', 'llama3')"
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    (("xpos",), {}, f"`scaling` must be one of (None, {SCALINGS[1:-1]}), got scaling='xpos'."),
+    ((None, 2.0), {}, f"`scaling_factor=2.0` needs a `scaling` (one of {SCALINGS}); with scaling=None it "
+                      "must be 1.0."),
+    ((None,), {"scaling_factor": 2.0}, f"`scaling_factor=2.0` needs a `scaling` (one of {SCALINGS}); with "
+                                       "scaling=None it must be 1.0."),
+    (("yarn",), {}, "scaling='yarn' needs `original_length`, the context length the model was trained with."),
+    (("yarn",), {"original_length": 0}, "`original_length` must be >= 1, got original_length=0."),
+    (("yarn-turns",), {"original_length": 64, "beta_slow": 40.0},
+     "`beta_slow` and `beta_fast` must satisfy 0 < beta_slow < beta_fast, got beta_slow=40.0 and "
+     "beta_fast=32.0."),
+    (("yarn",), {"original_length": 64, "beta_slow": 32.5},  # the default beta_fast is 32
+     "`beta_slow` and `beta_fast` must satisfy 0 < beta_slow < beta_fast, got beta_slow=32.5 and "
+     "beta_fast=32.0."),
+    (("llama3",), {"original_length": 64, "low_freq_factor": 4.5},  # the default high_freq_factor is 4
+     "`low_freq_factor` and `high_freq_factor` must satisfy 0 < low_freq_factor <= high_freq_factor, got "
+     "low_freq_factor=4.5 and high_freq_factor=4.0."),
+])
+def test_check_scaling_names_the_argument_and_its_value(args, kwargs, message):
+    with pytest.raises(ValueError) as error:
+        check_scaling(*args, **kwargs)
+    assert str(error.value) == message
+
+
+def test_check_scaling_defaults_allow_what_their_bounds_allow():
+    check_scaling(None)  # a factor of 1 by default
+    check_scaling("yarn", original_length=64, beta_fast=1.5)  # the default beta_slow is 1
+    check_scaling("llama3", original_length=64, high_freq_factor=1.5)  # the default low_freq_factor is 1
+    check_scaling("llama3", original_length=64, low_freq_factor=4.0)  # equal bounds (Llama 4)
+
+
 def test_yarn_attention_factor_of_mscale_alone_or_with_mscale_all_dim():
     # transformers: the ratio only when both are set (DeepSeek-V2/V3); either alone is ignored
     assert rotary_attention_factor("yarn", 40.0, mscale=0.707) == _mscale(40.0)
@@ -448,6 +483,14 @@ def test_the_attention_factor_defaults_to_no_scaling():
     assert rotary_attention_factor() == 1.0
     assert rotary_attention_factor("yarn") == 1.0  # factor 1: no extension, no temperature
     assert rotary_attention_factor("longrope", original_length=4096) == 1.0
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0, 32.0])
+def test_longrope_attention_factor_past_a_factor_of_one(factor):
+    # Phi-3: sqrt(1 + ln(s) / ln(L)) for any s > 1
+    expected = math.sqrt(1.0 + math.log(factor) / math.log(4096))
+    got = rotary_attention_factor("longrope", factor, original_length=4096)
+    assert got == pytest.approx(expected, rel=1e-15)
 
 
 @pytest.mark.parametrize("config, partial", [
