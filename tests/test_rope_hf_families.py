@@ -456,6 +456,27 @@ SCALINGS = "('linear', 'ntk', 'dynamic', 'yarn', 'yarn-turns', 'longrope', 'llam
     (("llama3",), {"original_length": 64, "low_freq_factor": 4.5},  # the default high_freq_factor is 4
      "`low_freq_factor` and `high_freq_factor` must satisfy 0 < low_freq_factor <= high_freq_factor, got "
      "low_freq_factor=4.5 and high_freq_factor=4.0."),
+    (("yarn",), {"original_length": 64, "beta_slow": 0.0},
+     "`beta_slow` and `beta_fast` must satisfy 0 < beta_slow < beta_fast, got beta_slow=0.0 and "
+     "beta_fast=32.0."),
+    (("yarn",), {"original_length": 64, "beta_slow": 32.0},
+     "`beta_slow` and `beta_fast` must satisfy 0 < beta_slow < beta_fast, got beta_slow=32.0 and "
+     "beta_fast=32.0."),
+    ((None,), {"mscale": "a"}, "`mscale` must be a number or None, got mscale='a'."),
+    ((None,), {"mscale_all_dim": "a"}, "`mscale_all_dim` must be a number or None, got mscale_all_dim='a'."),
+    ((None,), {"attention_factor": "x"}, "`attention_factor` must be a number > 0 or None, got "
+                                         "attention_factor='x'."),
+    ((None,), {"attention_factor": 0.0}, "`attention_factor` must be a number > 0 or None, got "
+                                         "attention_factor=0.0."),
+    (("llama3",), {"original_length": 64, "low_freq_factor": 0.0},
+     "`low_freq_factor` and `high_freq_factor` must satisfy 0 < low_freq_factor <= high_freq_factor, got "
+     "low_freq_factor=0.0 and high_freq_factor=4.0."),
+    (("longrope",), {"original_length": 64, "short_factor": [1.0]},
+     "scaling='longrope' needs `long_factor`, one factor per rotated pair."),
+    (("longrope",), {"original_length": 64, "short_factor": [float("inf")], "long_factor": [1.0]},
+     "`short_factor` must be a list of finite numbers > 0, got short_factor=[inf]."),
+    (("longrope",), {"original_length": 64, "short_factor": [[1.0, 2.0]], "long_factor": [1.0]},
+     "`short_factor` must be a list of finite numbers > 0, got short_factor=[[1.0, 2.0]]."),
 ])
 def test_check_scaling_names_the_argument_and_its_value(args, kwargs, message):
     with pytest.raises(ValueError) as error:
@@ -468,6 +489,7 @@ def test_check_scaling_defaults_allow_what_their_bounds_allow():
     check_scaling("yarn", original_length=64, beta_fast=1.5)  # the default beta_slow is 1
     check_scaling("llama3", original_length=64, high_freq_factor=1.5)  # the default low_freq_factor is 1
     check_scaling("llama3", original_length=64, low_freq_factor=4.0)  # equal bounds (Llama 4)
+    check_scaling(None, attention_factor=0.5)  # any factor > 0, below 1 too
 
 
 def test_yarn_attention_factor_of_mscale_alone_or_with_mscale_all_dim():
