@@ -475,6 +475,8 @@ SCALINGS = "('linear', 'ntk', 'dynamic', 'yarn', 'yarn-turns', 'longrope', 'llam
      "scaling='longrope' needs `long_factor`, one factor per rotated pair."),
     (("longrope",), {"original_length": 64, "short_factor": [float("inf")], "long_factor": [1.0]},
      "`short_factor` must be a list of finite numbers > 0, got short_factor=[inf]."),
+    (("longrope",), {"original_length": 64, "short_factor": [1.0], "long_factor": [0.0]},
+     "`long_factor` must be a list of finite numbers > 0, got long_factor=[0.0]."),
     (("longrope",), {"original_length": 64, "short_factor": [[1.0, 2.0]], "long_factor": [1.0]},
      "`short_factor` must be a list of finite numbers > 0, got short_factor=[[1.0, 2.0]]."),
 ])
