@@ -215,6 +215,14 @@ def test_an_unreadable_checkpoint_is_named_by_the_errors_type_and_first_line():
     assert first_line(IndexError()) == "IndexError: "  # no message: the type alone
 
 
+def test_the_checkpoint_folders_json_is_sorted_and_indented_for_a_diff(tmp_path):
+    # config.json and schedule.json of two runs compare line by line
+    path = str(tmp_path / "config.json")
+    _train_lib()._write_json_atomically(path, {"vocab_size": 150, "d_model": 16, "heads": [2, 4]})
+    with open(path) as f:
+        assert f.read() == '{\n "d_model": 16,\n "heads": [\n  2,\n  4\n ],\n "vocab_size": 150\n}'
+
+
 def test_training_interrupted_names_the_signal_step_and_checkpoint():
     train_lib = _train_lib()
     prefix = "runs/x/checkpoints/ckpt-12"
