@@ -659,7 +659,7 @@ def test_the_litert_python_given_is_the_one_used(no_litert_python_variables, mod
     flat = generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gpu",
                                          embedding="graph", quantize="int8", litert_python=python)
     assert tf.lite.Interpreter(model_content=flat).get_signature_list() and not marker.exists()
-    with pytest.raises(OSError):  # the stand-in exits before it answers
+    with pytest.raises(RuntimeError, match=r"^the LiteRT interpreter server exited \(status 3\)\.$"):
         generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int8",
                                     litert_python=python)
     assert marker.exists()

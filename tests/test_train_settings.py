@@ -512,3 +512,51 @@ def test_a_failed_checkpoint_save_is_a_file_write_error_naming_the_checkpoint(tm
         callback.on_train_end()
     assert error.value.errno == errno.EACCES and f"{tmp_path}/ckpt-4" in str(error.value)
     assert callback.last_written is None
+
+
+class _Checkpoint:
+    """Stands in for `tf.train.Checkpoint`: restoring a prefix sets the optimizer's step, or fails."""
+
+    def __init__(self, optimizer, steps, failures=()):
+        self.optimizer, self.steps, self.failures, self.restored = optimizer, steps, failures, []
+
+    def restore(self, path):
+        self.restored.append(path)
+        if path in self.failures:
+            raise IndexError("Read less bytes than requested\nat offset 0")
+        self.optimizer.iterations.value = self.steps[path]
+        return self
+
+    def assert_existing_objects_matched(self):
+        return self
+
+
+def test_a_checkpoint_holding_another_step_than_its_name_is_refused():
+    train_lib = _train_lib()
+    optimizer = _Optimizer()
+    checkpoint = _Checkpoint(optimizer, {"run/ckpt-4": 5})
+    with pytest.raises(ValueError) as error:
+        train_lib._restore_newest_readable([(4, "run/ckpt-4")], "run", ("batches", checkpoint), None,
+                                           "model", optimizer)
+    assert str(error.value) == "Checkpoint run/ckpt-4 holds optimizer step 5, not 4."
+
+
+def test_an_unreadable_newest_checkpoint_gives_way_to_the_one_before_with_a_warning():
+    train_lib = _train_lib()
+    optimizer = _Optimizer()
+    first = _Checkpoint(optimizer, {}, failures=("run/ckpt-6",))
+    second = _Checkpoint(optimizer, {"run/ckpt-4": 4})
+    with pytest.warns(UserWarning) as caught:
+        found = train_lib._restore_newest_readable([(4, "run/ckpt-4"), (6, "run/ckpt-6")], "run",
+                                                   ("batches", first), lambda: ("fresh", second), "model",
+                                                   optimizer)
+    assert found == ("run/ckpt-4", "fresh", second) and first.restored == ["run/ckpt-6"]
+    assert [str(w.message) for w in caught] == [
+        "the newest checkpoint run/ckpt-6 is unreadable: ckpt-6 (IndexError: Read less bytes than "
+        "requested); resuming from the previous readable one, run/ckpt-4 (step 4)."]
+    with pytest.raises(ValueError) as error:
+        train_lib._restore_newest_readable([(6, "run/ckpt-6")], "run", ("batches", first), None, "model",
+                                           optimizer)
+    assert str(error.value) == ("Cannot resume from run: none of its 1 checkpoints is readable (ckpt-6 "
+                                "(IndexError: Read less bytes than requested)). Start a fresh run (without "
+                                "--resume) or use another --out.")
