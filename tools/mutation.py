@@ -174,8 +174,12 @@ def only_patterns(module, functions):
     return patterns
 
 
+def _matches(name, patterns):
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+
+
 def _matching(codes, patterns):
-    return {k: c for k, c in codes.items() if any(fnmatch.fnmatch(k, p) for p in patterns)}
+    return {k: c for k, c in codes.items() if _matches(k, patterns)}
 
 
 def results(work, module):
@@ -281,6 +285,7 @@ def main(argv=None):
                  + ", ".join(modules))
     entry = modules[args.module]
     work = work_dir(args.module)
+    only = only_patterns(args.module, args.only) if args.only else None
     if args.jax:
         run_jax(args.module, entry, work, results(work, args.module))
     elif not args.report:
@@ -295,15 +300,13 @@ def main(argv=None):
                     print("no survivors to re-test")
         else:
             work = prepare(args.module, entry)
-        if args.only:
-            names = [name for name in names if _matching({name: 0}, only_patterns(args.module, args.only))] \
-                if names else only_patterns(args.module, args.only)
-        status = run_mutmut(work, names) if names or not (args.survivors or args.only) else 0
+        if only:  # with --survivors: those of the functions; else every mutant of the functions
+            names = [name for name in names if _matches(name, only)] if args.survivors else only
+        status = run_mutmut(work, names) if names or not (args.survivors or only) else 0
         if status != 0:
             print(f"error: mutmut exited with status {status}", file=sys.stderr)
             return status
     codes = results(work, args.module)
-    only = only_patterns(args.module, args.only) if args.only else None
     return report(args.module, entry, codes, jax_results(work, codes), only)
 
 
