@@ -225,6 +225,40 @@ def test_embedding_with_host_rows_and_unscaled_tokens(function, target, scale_em
         assert_close(got, layer(IDS).numpy(), EMBED_TOL)
 
 
+@pytest.mark.parametrize("arguments", ["position_ids", "segment_ids", "language_ids"])
+@pytest.mark.parametrize("function, target", [(gl.embedding, "gl"), (gl.embedding, "gpu"),
+                                              (gather.embedding, "tensorrt")])
+def test_host_rows_take_position_ids_segments_and_languages(function, target, arguments):
+    """embedding="host": the rows fed get the position rows of the ids, segments and languages given."""
+    layer = token_layer(num_languages=2) if arguments == "language_ids" else token_layer()
+    given = {"position_ids": POSITIONS, "segment_ids": SEGMENTS, "language_ids": LANGUAGES}
+    kwargs = {arguments: given[arguments]}
+    want = layer(IDS, **{k: tf.constant(v) for k, v in kwargs.items()}).numpy()
+    table = layer.token_embedding.embeddings.numpy()
+    assert_close(_embedding_calls(layer, target, function, kwargs, host=table), want, EMBED_TOL)
+
+
+BIG_VOCAB = 3000  # past 2048: ids split into two digits (64 * 47 = 3008 rows), padding by its one-hot column
+BIG_IDS = np.array([[2999, 2048, 2049, 0, 0, 0], [0, 0, 63, 64, 2999, 1], [4, 2999, 2047, 2500, 10, 2998]],
+                   np.int32)
+
+
+@pytest.mark.parametrize("pad_id", [0, 2999, 2500])
+@pytest.mark.parametrize("target", ["gl", "gpu"])
+def test_embedding_of_a_vocab_past_2048_matches_the_layer(target, pad_id):
+    layer = TokenAndPositionEmbedding(BIG_VOCAB, DEPTH, 16, dropout=0.0, pad_id=pad_id)
+    layer(BIG_IDS[:1])
+    randomize(layer, 5)
+    batch = 1 if target == "gl" else 3
+    got = np.concatenate([graph_call(lambda ids: gl.embedding(context(target), layer, ids), BIG_IDS[i:i + batch])
+                          for i in range(0, 3, batch)])
+    want = layer(BIG_IDS).numpy()
+    assert_close(got, want, EMBED_TOL)
+    # A pad id past 2048 is padding too: its token row and no position row.
+    token_rows = layer.token_embedding.embeddings.numpy()[BIG_IDS] * math.sqrt(DEPTH)
+    np.testing.assert_allclose(got[BIG_IDS == pad_id], token_rows[BIG_IDS == pad_id], rtol=0, atol=EMBED_TOL)
+
+
 def test_cpu_and_tensorrt_position_ids_restart_in_constant_segments():
     layer = token_layer(zero_padding=False)  # row 0 at padding
     segments = SEGMENTS[:1]
@@ -483,6 +517,36 @@ def test_token_one_hot_gives_every_id_its_own_row(vocab, dtype):
     assert rows.shape[:2] == (1, ids.size) and rows.shape[2] >= vocab
     expected = np.eye(rows.shape[2], dtype=np.float32)[ids.reshape(-1).astype(int)]
     np.testing.assert_array_equal(rows[0], expected)
+
+
+@pytest.mark.parametrize("misread", ["float16", -2.0, -1.0, 1.0, 2.0])
+def test_gl_token_digits_are_corrected_when_the_gpu_misreads_an_id(monkeypatch, misread):
+    """gl's float ids: the thresholds' CONV_2D may read an id rounded (a float16 GPU reads 8190 as
+    8192) or a step off, and the high digit comes out one off; the low digit's SUB reads the id
+    exactly, and one correction step puts both digits back, so every id keeps its own row."""
+    vocab, base = 8200, 128  # 65 high digits; float16 steps by 4 past 4096
+    ids = np.array(sorted({v for h in range(vocab // base + 1) for v in range(base * h - 2, base * h + 3)
+                           if 0 <= v < vocab}), np.float32)
+    if misread == "float16":
+        def read(values):
+            return tf.cast(tf.cast(values, tf.float16), tf.float32)
+    else:
+        def read(values):
+            return values + misread
+    exact_linear, reads = shader_ops.linear, []
+
+    def misreading_linear(x, kernel, bias=None):
+        if bias is not None:  # token_one_hot's one biased CONV_2D: the ids against the thresholds
+            reads.append(x)
+            x = read(x)
+        return exact_linear(x, kernel, bias)
+
+    monkeypatch.setattr(shader_ops, "linear", misreading_linear)
+    rows = graph_call(lambda t: shader_ops.token_one_hot(t, vocab), ids[None])
+    assert len(reads) == 1
+    read_ids = graph_call(read, ids)
+    assert (np.floor(read_ids / base) != np.floor(ids / base)).sum() >= 10  # high digits read off by one
+    np.testing.assert_array_equal(rows[0], np.eye(rows.shape[2], dtype=np.float32)[ids.astype(int)])
 
 
 @pytest.mark.parametrize("vocab", [40, 2048, 2049, 3000, 4097, 5041, 8000, 50257])

@@ -13,12 +13,13 @@ tools/mutation.toml names, per module, the test files that cover it (or single t
 surviving mutants that are equivalent (with the reason). The run happens in a copy of the package
 and the tests, .cache/mutation/<module>/ (mutmut then mutates its own copy, mutants/, inside it):
 TensorFlow's autograph re-reads source files while it traces, so nothing the tool writes may touch
-the checkout. mutmut runs with one worker (`--max-children 1`), each mutant against only the
-configured tests that executed the mutated function. `--resume` and `--survivors` keep the work dir
-and its results (the module must be unchanged since), copy the current tests and the configured test
-selection into it and run the mutants not yet tested, or again the ones that survived (after tests
-were added) and are not listed as equivalent. `--only NAME...` runs (and reports) only the mutants of
-the named functions (`probe_texts`, or `Class.method`): after a change to a few functions of a module
+the checkout. mutmut runs with one worker (`--children 1`; more run mutants side by side, one
+core each), each mutant against only the configured tests that executed the mutated function.
+`--resume` and `--survivors` keep the work dir and its results (the module must be unchanged
+since), copy the current tests and the configured test selection into it and run the mutants not
+yet tested, or again the ones that survived (after tests were added) and are not listed as
+equivalent. `--only NAME...` runs (and reports) only the mutants of the named functions
+(`probe_texts`, or `Class.method`): after a change to a few functions of a module
 whose full run takes hours, those functions' mutants are the new ones.
 
 mutmut runs the tests on the Keras 2 stack (.venv), where the branches for other backends never run.
@@ -157,11 +158,11 @@ def _mutant_env(**settings):
     return env
 
 
-def run_mutmut(work, names=()):
+def run_mutmut(work, names=(), children=1):
     env = _mutant_env()
     env.setdefault("EDGE_CACHE", str(ROOT / ".edge-cache"))  # tests/edge/ files configured for a module
-    return subprocess.call([sys.executable, "-c", LAUNCHER, "run", "--max-children", "1", *names], cwd=work,
-                           env=env)
+    return subprocess.call([sys.executable, "-c", LAUNCHER, "run", "--max-children", str(children), *names],
+                           cwd=work, env=env)
 
 
 def only_patterns(module, functions):
@@ -273,8 +274,12 @@ def main(argv=None):
                         help="re-test the last run's survivors on Keras 3's JAX backend (`jax_tests`)")
     parser.add_argument("--only", nargs="+", metavar="FUNCTION",
                         help="run and report only the mutants of these functions (`name` or `Class.method`)")
+    parser.add_argument("--children", type=int, default=1, metavar="N",
+                        help="mutants tested side by side (default 1; at most one per core)")
     parser.add_argument("--list", action="store_true", help="list the configured modules")
     args = parser.parse_args(argv)
+    if args.children < 1:
+        parser.error(f"--children must be 1 or more, got {args.children}")
     modules = load_config()
     if args.list or not args.module:
         for name, entry in modules.items():
@@ -302,7 +307,7 @@ def main(argv=None):
             work = prepare(args.module, entry)
         if only:  # with --survivors: those of the functions; else every mutant of the functions
             names = [name for name in names if _matches(name, only)] if args.survivors else only
-        status = run_mutmut(work, names) if names or not (args.survivors or only) else 0
+        status = run_mutmut(work, names, args.children) if names or not (args.survivors or only) else 0
         if status != 0:
             print(f"error: mutmut exited with status {status}", file=sys.stderr)
             return status
