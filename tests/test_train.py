@@ -306,8 +306,11 @@ def test_warmup_defaults_to_half_the_steps_and_a_resume_keeps_it(corpus, tmp_pat
 
 
 def test_explicit_warmup_not_below_the_steps_warns(corpus, tmp_path):
-    with pytest.warns(UserWarning, match=r"--warmup-steps 6 >= --steps 6: the learning rate never leaves"):
+    message = r"--warmup-steps 6 >= --steps 6: the learning rate never leaves"
+    with pytest.warns(UserWarning, match=message) as caught:
         train(TrainConfig(corpus=corpus, out=str(tmp_path), **dict(TINY, warmup_steps=6)))
+    # The warning points at the caller's `train(...)` line.
+    assert [w.filename for w in caught if "--warmup-steps" in str(w.message)] == [__file__]
 
 
 def test_a_checkpoint_of_another_pipeline_resumes_model_and_optimizer(corpus, tmp_path, monkeypatch):
@@ -321,6 +324,17 @@ def test_a_checkpoint_of_another_pipeline_resumes_model_and_optimizer(corpus, tm
         report = train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, steps=6)))
     # start_step is the restored optimizer's step count (train checks it against the checkpoint's).
     assert report["start_step"] == 4 and report["steps"] == 6
+    # A truncated newest checkpoint: the run resumes from the one before, and the warning points at
+    # the caller's `train(...)` line.
+    newest = os.path.join(out, "checkpoints", "ckpt-6")
+    for name in os.listdir(os.path.dirname(newest)):
+        if name.startswith("ckpt-6.data"):
+            with open(os.path.join(os.path.dirname(newest), name), "r+b") as f:
+                f.truncate(8)
+    with pytest.warns(UserWarning, match=f"the newest checkpoint {newest} is unreadable") as caught:
+        report = train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, steps=6)))
+    assert report["start_step"] == 4
+    assert [w.filename for w in caught if "is unreadable" in str(w.message)] == [__file__]
 
 
 def test_checkpoint_write_errors_are_one_line_naming_the_checkpoint(tmp_path):

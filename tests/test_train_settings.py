@@ -554,6 +554,19 @@ def test_an_unreadable_newest_checkpoint_gives_way_to_the_one_before_with_a_warn
     assert [str(w.message) for w in caught] == [
         "the newest checkpoint run/ckpt-6 is unreadable: ckpt-6 (IndexError: Read less bytes than "
         "requested); resuming from the previous readable one, run/ckpt-4 (step 4)."]
+    # Three checkpoints, the newest two unreadable: the warning names the newest and both errors.
+    third = _Checkpoint(optimizer, {"run/ckpt-4": 4}, failures=("run/ckpt-6",))
+    tries = iter([("second", third), ("third", second)])
+    newest = _Checkpoint(optimizer, {}, failures=("run/ckpt-8",))
+    with pytest.warns(UserWarning) as caught:
+        found = train_lib._restore_newest_readable([(4, "run/ckpt-4"), (6, "run/ckpt-6"), (8, "run/ckpt-8")],
+                                                   "run", ("batches", newest), lambda: next(tries), "model",
+                                                   optimizer)
+    assert found == ("run/ckpt-4", "third", second)
+    assert [str(w.message) for w in caught] == [
+        "the newest checkpoint run/ckpt-8 is unreadable: ckpt-8 (IndexError: Read less bytes than "
+        "requested); ckpt-6 (IndexError: Read less bytes than requested); resuming from the previous "
+        "readable one, run/ckpt-4 (step 4)."]
     with pytest.raises(ValueError) as error:
         train_lib._restore_newest_readable([(6, "run/ckpt-6")], "run", ("batches", first), None, "model",
                                            optimizer)
