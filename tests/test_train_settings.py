@@ -466,6 +466,93 @@ def test_evaluate_is_the_sum_of_losses_over_the_sum_of_labels():
     assert train_lib._evaluate(steps, [(0.25, 0.5)]) == 0.25  # fewer than one label counts as one
 
 
+class _SummingModel:
+    """Stands in for the model in `_Steps`: a train step's loss is the sum of its labels, an eval
+    batch's sums are that sum and the label count."""
+
+    def train_step(self, batch):
+        import tensorflow as tf
+
+        return {"loss": tf.reduce_sum(tf.cast(batch[1], tf.float32))}
+
+    def token_loss_sums(self, batch):
+        import tensorflow as tf
+
+        return tf.reduce_sum(tf.cast(batch[1], tf.float32)), tf.cast(tf.size(batch[1]), tf.float32)
+
+
+def test_the_steps_trace_once_and_record_every_batch_shape_they_see():
+    """The report's `traces` and `batch_shapes`: one trace per function for batches of any shape,
+    and the distinct label shapes each function saw (bucket lengths and a short last batch)."""
+    import tensorflow as tf
+
+    train_lib = _train_lib()
+    spec = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32))
+    steps = train_lib._Steps(_SummingModel(), tf.distribute.get_strategy(), spec, jit_compile=False)
+    shapes = [(4, 8), (4, 16), (4, 8), (2, 16)]
+    batches = [(np.zeros(shape, np.int32), np.full(shape, 3, np.int32)) for shape in shapes]
+    sums = [[float(value) for value in steps.eval(batch)] for batch in batches]
+    assert sums == [[96.0, 32.0], [192.0, 64.0], [96.0, 32.0], [96.0, 32.0]]
+    assert float(steps.train(batches[1])["loss"]) == 192.0
+    assert steps.shapes == {"train": {(4, 16)}, "eval": {(4, 8), (4, 16), (2, 16)}}
+    assert steps.traces == {"train": 1, "eval": 1}
+
+
+def _dropout_model():
+    from keras_posenc.backend import keras
+
+    model = keras.Sequential([keras.Input([2]), keras.layers.Dense(3), keras.layers.Dropout(0.5, seed=1)])
+    model(np.ones([1, 2], np.float32), training=True)  # the dropout's random state exists now
+    return model
+
+
+def _state_variable(state):
+    """A dropout state's variable: a `tf.random.Generator`'s (Keras 2), or the variable (Keras 3)."""
+    import tensorflow as tf
+
+    return state.state if isinstance(state, tf.random.Generator) else state
+
+
+def test_a_checkpoint_of_another_input_pipeline_restores_all_but_the_batches(tmp_path):
+    """A checkpoint whose saved `tf.data` iterator belongs to another pipeline: the model, the
+    optimizer's step and the dropout state are restored, the batches are not (False), with a warning."""
+    import tensorflow as tf
+
+    from keras_posenc.backend import dropout_state, keras, make_deterministic
+
+    train_lib = _train_lib()
+    make_deterministic(7)
+    saved, saved_optimizer = _dropout_model(), keras.optimizers.Adam()
+    saved_optimizer.iterations.assign(7)
+    saved_state = dropout_state(saved)
+    for variable in map(_state_variable, saved_state):
+        variable.assign(tf.fill(tf.shape(variable), tf.constant(5, variable.dtype)))
+    path = tf.train.Checkpoint(model=saved, optimizer=saved_optimizer, dropout_rng=saved_state,
+                               data=iter(tf.data.Dataset.range(8))).save(str(tmp_path / "ckpt"))
+
+    model, optimizer = _dropout_model(), keras.optimizers.Adam()
+    state = dropout_state(model)
+    assert state and len(state) == len(saved_state)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, dropout_rng=state,
+                                     data=iter(tf.data.Dataset.range(8).shuffle(4, seed=1)))
+    with pytest.warns(UserWarning) as caught:
+        assert train_lib._restore(checkpoint, path, model, optimizer) is False
+    assert [str(w.message) for w in caught if "pipeline" in str(w.message)] == [
+        f"{path} holds the state of another input pipeline (written by an earlier keras-posenc): resumed "
+        "the model, optimizer and dropout state; the batches restart from a fresh shuffle of the corpus, "
+        "so the data order differs from an uninterrupted run."]
+    for got, want in zip(model.get_weights(), saved.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    assert int(optimizer.iterations.numpy()) == 7
+    for got, want in zip(map(_state_variable, state), map(_state_variable, saved_state)):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        assert (got.numpy() == 5).all()
+    # The same pipeline: everything restored, no warning.
+    same = tf.train.Checkpoint(model=model, optimizer=optimizer, dropout_rng=state,
+                               data=iter(tf.data.Dataset.range(8)))
+    assert train_lib._restore(same, path, model, optimizer) is True
+
+
 class _Manager:
     directory = "runs/x/checkpoints"
 
