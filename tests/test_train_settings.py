@@ -493,9 +493,37 @@ def test_the_steps_trace_once_and_record_every_batch_shape_they_see():
     batches = [(np.zeros(shape, np.int32), np.full(shape, 3, np.int32)) for shape in shapes]
     sums = [[float(value) for value in steps.eval(batch)] for batch in batches]
     assert sums == [[96.0, 32.0], [192.0, 64.0], [96.0, 32.0], [96.0, 32.0]]
-    assert float(steps.train(batches[1])["loss"]) == 192.0
-    assert steps.shapes == {"train": {(4, 16)}, "eval": {(4, 8), (4, 16), (2, 16)}}
+    assert [float(steps.train(batch)["loss"]) for batch in batches[:2]] == [96.0, 192.0]
+    assert steps.shapes == {"train": {(4, 8), (4, 16)}, "eval": {(4, 8), (4, 16), (2, 16)}}
     assert steps.traces == {"train": 1, "eval": 1}
+
+
+class _HostOpModel(_SummingModel):
+    """A model whose steps run a host (NumPy) op, which XLA cannot compile."""
+
+    def train_step(self, batch):
+        import tensorflow as tf
+
+        return {"loss": tf.numpy_function(lambda labels: np.float32(labels.sum()), [batch[1]], tf.float32)}
+
+    def token_loss_sums(self, batch):
+        return self.train_step(batch)["loss"], self.train_step(batch)["loss"]
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_the_steps_compile_with_xla_exactly_when_asked(jit_compile):
+    import tensorflow as tf
+
+    train_lib = _train_lib()
+    spec = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32))
+    steps = train_lib._Steps(_HostOpModel(), tf.distribute.get_strategy(), spec, jit_compile=jit_compile)
+    batch = (np.zeros([2, 4], np.int32), np.ones([2, 4], np.int32))
+    for step in (steps.train, steps.eval):
+        if jit_compile:  # XLA refuses the host op
+            with pytest.raises(tf.errors.OpError, match="unsupported operations when trying to compile"):
+                step(batch)
+        else:
+            assert float(tf.nest.flatten(step(batch))[0]) == 8.0
 
 
 def _dropout_model():
