@@ -282,15 +282,43 @@ def test_a_signal_the_process_ignores_stays_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
-def test_step_log_sums_tokens_and_keeps_every_loss():
+def test_step_log_sums_tokens_and_keeps_every_loss(monkeypatch):
     train_lib = _train_lib()
     log = train_lib.StepLog()
     assert (log.losses, log.tokens, log.seconds) == ([], 0, 0.0)
+    monkeypatch.setattr(train_lib.time, "perf_counter", iter([100.0, 103.5]).__next__)
     log.on_train_begin()
     for loss, tokens in ((3.5, 7), (3.25, 9), (3.0, 11)):
         log.on_train_batch_end(0, {"loss": np.float32(loss), "tokens": np.int32(tokens)})
     log.on_train_end()
-    assert log.losses == [3.5, 3.25, 3.0] and log.tokens == 27 and log.seconds > 0
+    assert log.losses == [3.5, 3.25, 3.0] and log.tokens == 27 and log.seconds == 3.5
+
+
+class _ReplicaContext:
+    def __init__(self, replicas, replica):
+        self.num_replicas_in_sync, self.replica_id_in_sync_group = replicas, replica
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+def test_each_replica_takes_its_share_of_a_global_batch_in_order(monkeypatch, replicas):
+    """`ceil(rows / replicas)` rows each, the last replicas fewer (or none); together every row once,
+    in order. The rows are longer or shorter than the batch is deep: the share counts rows only."""
+    import tensorflow as tf
+
+    train_lib = _train_lib()
+    for rows in range(1, 10):
+        features = np.arange(rows * 3, dtype=np.int32).reshape(rows, 3)
+        labels = np.arange(rows * 2, dtype=np.int32).reshape(rows, 2)
+        shares = []
+        for replica in range(replicas):
+            context = _ReplicaContext(replicas, replica)
+            monkeypatch.setattr(tf.distribute, "get_replica_context", lambda context=context: context)
+            share = train_lib._replica_slice((tf.constant(features), tf.constant(labels)))
+            shares.append([t.numpy() for t in share])
+        size = -(-rows // replicas)
+        assert [len(f) for f, _ in shares] == [max(0, min(size, rows - r * size)) for r in range(replicas)]
+        np.testing.assert_array_equal(np.concatenate([f for f, _ in shares]), features)
+        np.testing.assert_array_equal(np.concatenate([y for _, y in shares]), labels)
 
 
 def _plotted(monkeypatch, tmp_path, losses, **kwargs):
