@@ -483,6 +483,9 @@ def test_fit_shows_a_progress_bar_only_when_verbose(capsys):
     train_lib._fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=1)
     shown = capsys.readouterr().out
     assert "1/2" in shown and "loss: 9.0000" in shown and "2/2" in shown  # the first step: 10 - 1
+    train_lib._fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=2)  # Keras's one line at the end
+    shown = capsys.readouterr().out
+    assert "1/2" not in shown and shown.count("2/2") == 1
 
 
 def test_evaluate_is_the_sum_of_losses_over_the_sum_of_labels():
