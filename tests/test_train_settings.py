@@ -384,6 +384,20 @@ def _cfg(tmp_path, **overrides):
     return _train_lib().TrainConfig(corpus="corpus.txt", out=str(tmp_path), **{"steps": 10, **overrides})
 
 
+def test_a_resumed_run_keeps_its_own_tokenizer(tmp_path, monkeypatch):
+    """On resume the run folder's `spm.model` is read back (not new); else one is trained (new)."""
+    train_lib = _train_lib()
+    trained = []
+    monkeypatch.setattr(train_lib.data_lib, "train_sentencepiece",
+                        lambda texts, vocab_size: trained.append(vocab_size) or b"trained")
+    (tmp_path / "spm.model").write_bytes(b"the run's own")
+    assert train_lib._tokenizer(_cfg(tmp_path, resume=True), []) == (b"the run's own", False)
+    assert trained == []
+    assert train_lib._tokenizer(_cfg(tmp_path), []) == (b"trained", True)
+    assert train_lib._tokenizer(_cfg(tmp_path / "empty", resume=True), []) == (b"trained", True)
+    assert trained == [_cfg(tmp_path).vocab_size] * 2
+
+
 def test_the_warmup_is_explicit_else_the_checkpoints_on_resume_else_half_the_steps(tmp_path):
     train_lib = _train_lib()
     folder = tmp_path / "checkpoints"
