@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 import pytest
+from checkpoint_files import truncate_checkpoint
 
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
@@ -338,18 +339,10 @@ def test_a_failed_model_save_leaves_the_previous_file(tmp_path, monkeypatch):
 
 
 # 4. Resume that survives a bad checkpoint; signals --------------------------------------------------
-def _truncate(prefix):
-    for name in os.listdir(os.path.dirname(prefix)):
-        if name.startswith(os.path.basename(prefix) + ".data"):
-            path = os.path.join(os.path.dirname(prefix), name)
-            with open(path, "r+b") as f:
-                f.truncate(os.path.getsize(path) // 2)
-
-
 def test_resume_after_a_truncated_newest_checkpoint_continues_from_the_previous(corpus, earlier_run, run_copy,
                                                                                   capsys):
     ckpt_dir = os.path.join(run_copy, "checkpoints")
-    _truncate(os.path.join(ckpt_dir, "ckpt-4"))
+    truncate_checkpoint(os.path.join(ckpt_dir, "ckpt-4"))
     assert _train(corpus, run_copy, "--resume", "--steps", str(STEPS)) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -364,7 +357,7 @@ def test_resume_after_a_truncated_newest_checkpoint_continues_from_the_previous(
 def test_resume_with_no_readable_checkpoint_names_the_folder(corpus, run_copy, capsys):
     ckpt_dir = os.path.join(run_copy, "checkpoints")
     for step in (2, 4):
-        _truncate(os.path.join(ckpt_dir, f"ckpt-{step}"))
+        truncate_checkpoint(os.path.join(ckpt_dir, f"ckpt-{step}"))
     before = _snapshot(run_copy)
     assert _train(corpus, run_copy, "--resume", "--steps", "6") == 2
     assert _error_line(capsys.readouterr().err) == (

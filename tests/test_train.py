@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from checkpoint_files import truncate_checkpoint
 
 from keras_posenc.app import dataset as data
 from keras_posenc.app import train as train_lib
@@ -329,10 +330,7 @@ def test_a_checkpoint_of_another_pipeline_resumes_model_and_optimizer(corpus, tm
     # A truncated newest checkpoint: the run resumes from the one before, and the warning points at
     # the caller's `train(...)` line.
     newest = os.path.join(out, "checkpoints", "ckpt-6")
-    for name in os.listdir(os.path.dirname(newest)):
-        if name.startswith("ckpt-6.data"):
-            with open(os.path.join(os.path.dirname(newest), name), "r+b") as f:
-                f.truncate(8)
+    truncate_checkpoint(newest)
     with pytest.warns(UserWarning, match=f"the newest checkpoint {newest} is unreadable") as caught:
         report = train(TrainConfig(corpus=corpus, out=out, resume=True, **dict(TINY, steps=6)))
     assert report["start_step"] == 4
