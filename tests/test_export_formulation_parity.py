@@ -167,32 +167,32 @@ EMBEDDINGS = [(gl.embedding, "gl"), (gl.embedding, "gpu"), (gather.embedding_loo
               (gather.embedding, "tensorrt")]
 
 
-def _row_batches(target, batch, arguments, host, table_layer, call):
-    """`call(ctx, ids, **arguments)` traced on the rows of IDS, `batch` at a time, concatenated; with
-    `host`, the traced context also takes the rows of that table (`table_layer`'s lookup)."""
+def _row_batches(target, batch, arguments, host, table_layer, call, ids=IDS):
+    """`call(ctx, ids, **arguments)` traced on the rows of `ids`, `batch` at a time, concatenated;
+    with `host`, the traced context also takes the rows of that table (`table_layer`'s lookup)."""
     names = list(arguments)
     out = []
-    for rows in range(0, 3, batch):
+    for rows in range(0, len(ids), batch):
         part = slice(rows, rows + batch)
-        arrays = [IDS[part]] + [arguments[name][part] for name in names]
+        arrays = [ids[part]] + [arguments[name][part] for name in names]
         if host is not None:  # the rows of the table `host`
-            arrays.append(host_rows(table_layer, IDS[part], host))
+            arrays.append(host_rows(table_layer, ids[part], host))
 
-        def run(ids, *others):
+        def run(token_ids, *others):
             ctx = context(target)
             with ctx.tracing(host_rows=others[-1] if host is not None else None):
-                return call(ctx, ids, **dict(zip(names, others[:len(names)])))
+                return call(ctx, token_ids, **dict(zip(names, others[:len(names)])))
 
         out.append(graph_call(run, *arrays))
     return np.concatenate(out)
 
 
-def _embedding_calls(layer, target, function, arguments, host=None):
-    """The formulation's rows for every row of IDS, with `arguments` {name: array}: batch 1 on gl,
+def _embedding_calls(layer, target, function, arguments, host=None, ids=IDS):
+    """The formulation's rows for every row of `ids`, with `arguments` {name: array}: batch 1 on gl,
     and with runtime segment ids on gpu."""
-    batch = 1 if target == "gl" or (target == "gpu" and "segment_ids" in arguments) else 3
+    batch = 1 if target == "gl" or (target == "gpu" and "segment_ids" in arguments) else len(ids)
     return _row_batches(target, batch, arguments, host, layer,
-                        lambda ctx, ids, **given: function(ctx, layer, ids, **given))
+                        lambda ctx, token_ids, **given: function(ctx, layer, token_ids, **given), ids)
 
 
 @pytest.mark.parametrize("arguments", ["", "position_ids", "segment_ids", "language_ids",
@@ -249,11 +249,7 @@ def test_embedding_of_a_vocab_past_2048_matches_the_layer(target, pad_id):
     layer = TokenAndPositionEmbedding(BIG_VOCAB, DEPTH, 16, dropout=0.0, pad_id=pad_id)
     layer(BIG_IDS[:1])
     randomize(layer, 5)
-    batch = 1 if target == "gl" else 3
-    def run(ids):
-        return gl.embedding(context(target), layer, ids)
-
-    got = np.concatenate([graph_call(run, BIG_IDS[i:i + batch]) for i in range(0, 3, batch)])
+    got = _embedding_calls(layer, target, gl.embedding, {}, ids=BIG_IDS)
     want = layer(BIG_IDS).numpy()
     assert_close(got, want, EMBED_TOL)
     # A pad id past 2048 is padding too: its token row and no position row.
