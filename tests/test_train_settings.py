@@ -526,14 +526,18 @@ class _SummingModel:
         return tf.reduce_sum(tf.cast(batch[1], tf.float32)), tf.cast(tf.size(batch[1]), tf.float32)
 
 
+def _steps(model, jit_compile=False):
+    """`_Steps` on the default strategy for (features, labels) batches of any shape."""
+    import tensorflow as tf
+
+    spec = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32))
+    return _train_lib()._Steps(model, tf.distribute.get_strategy(), spec, jit_compile=jit_compile)
+
+
 def test_the_steps_trace_once_and_record_every_batch_shape_they_see():
     """The report's `traces` and `batch_shapes`: one trace per function for batches of any shape,
     and the distinct label shapes each function saw (bucket lengths and a short last batch)."""
-    import tensorflow as tf
-
-    train_lib = _train_lib()
-    spec = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32))
-    steps = train_lib._Steps(_SummingModel(), tf.distribute.get_strategy(), spec, jit_compile=False)
+    steps = _steps(_SummingModel())
     shapes = [(4, 8), (4, 16), (4, 8), (2, 16)]
     batches = [(np.zeros(shape, np.int32), np.full(shape, 3, np.int32)) for shape in shapes]
     sums = [[float(value) for value in steps.eval(batch)] for batch in batches]
@@ -552,16 +556,15 @@ class _HostOpModel(_SummingModel):
         return {"loss": tf.numpy_function(lambda labels: np.float32(labels.sum()), [batch[1]], tf.float32)}
 
     def token_loss_sums(self, batch):
-        return self.train_step(batch)["loss"], self.train_step(batch)["loss"]
+        loss = self.train_step(batch)["loss"]
+        return loss, loss
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_the_steps_compile_with_xla_exactly_when_asked(jit_compile):
     import tensorflow as tf
 
-    train_lib = _train_lib()
-    spec = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32))
-    steps = train_lib._Steps(_HostOpModel(), tf.distribute.get_strategy(), spec, jit_compile=jit_compile)
+    steps = _steps(_HostOpModel(), jit_compile)
     batch = (np.zeros([2, 4], np.int32), np.ones([2, 4], np.int32))
     for step in (steps.train, steps.eval):
         if jit_compile:  # XLA refuses the host op
