@@ -381,7 +381,13 @@ def test_loss_plot_of_a_short_run_and_one_that_does_not_beat_the_baseline(monkey
 
 
 def _cfg(tmp_path, **overrides):
-    return _train_lib().TrainConfig(corpus="corpus.txt", out=str(tmp_path), **{"steps": 10, **overrides})
+    settings = {"corpus": "corpus.txt", "out": str(tmp_path), "steps": 10, **overrides}
+    return _train_lib().TrainConfig(**settings)
+
+
+# A model that builds in a moment, for the tests that go as far as the first training step.
+SMALL_MODEL = {"batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32, "max_length": 16,
+               "vocab_size": 150, "verbose": 0}
 
 
 def test_a_resumed_run_keeps_its_own_tokenizer(tmp_path, monkeypatch):
@@ -396,6 +402,63 @@ def test_a_resumed_run_keeps_its_own_tokenizer(tmp_path, monkeypatch):
     assert train_lib._tokenizer(_cfg(tmp_path), []) == (b"trained", True)
     assert train_lib._tokenizer(_cfg(tmp_path / "empty", resume=True), []) == (b"trained", True)
     assert trained == [_cfg(tmp_path).vocab_size] * 2
+
+
+def test_a_resume_with_no_checkpoint_names_the_folder_and_writes_nothing(corpus, tmp_path):
+    out = tmp_path / "empty"
+    with pytest.raises(ValueError) as raised:
+        _train_lib().train(_cfg(out, corpus=corpus, resume=True, **SMALL_MODEL))
+    assert str(raised.value) == (f"--resume was given but {out / 'checkpoints'} holds no complete checkpoint "
+                                 "to resume from.")
+    assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == []
+
+
+class _BatchesSeen(Exception):
+    """Ends a run at its first step, once the batches the steps would get are recorded."""
+
+
+# Past the first epoch of the 300-line corpus's training split (about 60 batches of 4).
+STEPS_PAST_AN_EPOCH = 100
+
+
+def test_the_steps_get_the_split_in_the_runs_seeded_shuffle_repeated_past_an_epoch(corpus, tmp_path,
+                                                                                     monkeypatch):
+    from keras_posenc.app import dataset as data
+    from keras_posenc.backend import make_deterministic
+
+    train_lib = _train_lib()
+    seen = []
+
+    def record(steps_fn, batches, steps, callbacks, verbose, stop=None):
+        seen.extend(next(batches) for _ in range(steps))
+        raise _BatchesSeen
+
+    monkeypatch.setattr(train_lib, "_fit", record)
+    cfg = _cfg(tmp_path, corpus=corpus, steps=STEPS_PAST_AN_EPOCH, seed=5, **SMALL_MODEL)
+    with pytest.raises(_BatchesSeen):
+        train_lib.train(cfg)
+
+    train_examples, _ = data.split_corpus(data.read_text_corpus(corpus), cfg.eval_fraction, seed=5)
+    sp_model = (tmp_path / "spm.model").read_bytes()
+
+    def pipeline(**kwargs):
+        make_deterministic(5)  # the global seed the run set: TensorFlow's shuffle combines both
+        return data.lm_dataset(train_examples, sp_model, batch_size=4, max_length=16, drop_remainder=True,
+                               **kwargs)
+
+    one_epoch = len(list(pipeline(shuffle=True, seed=5)))
+    assert 0 < one_epoch < STEPS_PAST_AN_EPOCH
+    expected = list(pipeline(shuffle=True, seed=5, repeat=True).take(STEPS_PAST_AN_EPOCH))
+    in_corpus_order = list(pipeline(shuffle=False).take(one_epoch))
+    other_seed = list(pipeline(shuffle=True, seed=6).take(one_epoch))
+
+    def ids(batches):
+        return [(features["token_ids"].numpy().tolist(), labels.numpy().tolist())
+                for features, labels in batches]
+
+    assert ids(seen) == ids(expected)
+    assert ids(seen[:one_epoch]) != ids(in_corpus_order)
+    assert ids(seen[:one_epoch]) != ids(other_seed)
 
 
 def test_the_warmup_is_explicit_else_the_checkpoints_on_resume_else_half_the_steps(tmp_path):
