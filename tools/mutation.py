@@ -4,6 +4,7 @@
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --report # report the last run
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --resume # go on with the last run
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --survivors  # re-test its survivors
+    python tools/mutation.py keras_posenc/app/train.py --save     # keep the results in the checkout
     python tools/mutation.py keras_posenc/layers/rotary_embedding.py --jax  # survivors, on JAX
     python tools/mutation.py keras_posenc/export/litertlm_bundle.py --only probe_texts  # one function
     python tools/mutation.py --list                                       # the modules configured
@@ -22,6 +23,13 @@ equivalent. `--only NAME...` runs (and reports) only the mutants of the named fu
 (`probe_texts`, or `Class.method`): after a change to a few functions of a module
 whose full run takes hours, those functions' mutants are the new ones.
 
+A run longer than a machine lasts goes on elsewhere: `--save` writes the work dir's results to
+benchmarks/results/mutation/<module>.json (committed): each mutant's exit status, mutmut's hash of
+each function and the commits whose tests produced them. `--resume` or `--survivors` on a machine
+without the work dir starts from that file, if the module is the one its results were measured on
+(by its SHA-256): mutmut keeps the saved statuses and runs the mutants not yet run (or the
+survivors), as in its own work dir. `--report` without a work dir reports the saved results.
+
 mutmut runs the tests on the Keras 2 stack (.venv), where the branches for other backends never run.
 A module with `jax_tests` in its table can have its survivors re-tested on Keras 3's JAX backend
 (`--jax`: .venv-keras3, KERAS_BACKEND=jax, each survivor against all of `jax_tests`, stopping at the
@@ -37,6 +45,8 @@ mutants were not run.
 import argparse
 import configparser
 import fnmatch
+import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -49,6 +59,8 @@ import tomllib
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "tools" / "mutation.toml"
 WORK = ROOT / ".cache" / "mutation"
+MUTMUT_SITE = ROOT / ".cache" / "mutmut-site"
+SAVED = ROOT / "benchmarks" / "results" / "mutation"
 # mutmut: test failure, pytest internal error, timeouts (SIGXCPU, then SIGKILL after the CPU-time limit's
 # grace second), a crash (SIGSEGV)
 KILLED = {1, 3, 24, -24, 152, 255, 36, -9, -11}
@@ -107,6 +119,7 @@ def prepare(module, entry):
         cfg.remove_option("tool:pytest", "addopts")
     with open(work / "setup.cfg", "w", encoding="utf-8") as f:
         cfg.write(f)
+    record_commit(work)
     return work
 
 
@@ -116,7 +129,7 @@ def refresh_tests(module, entry):
     work = work_dir(module)
     copy = work / module
     if not copy.is_file():
-        sys.exit(f"error: no earlier run of {module} to go on with: run it without --resume first")
+        return start_from_saved(module, entry)
     if copy.read_bytes() != (ROOT / module).read_bytes():
         sys.exit(f"error: {module} changed since its last run: run it again without --resume")
     shutil.rmtree(work / "tests")
@@ -127,6 +140,7 @@ def refresh_tests(module, entry):
     cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(selection)
     with open(work / "setup.cfg", "w", encoding="utf-8") as f:
         cfg.write(f)
+    record_commit(work)
     return work
 
 
@@ -155,7 +169,7 @@ cli()
 
 def _mutant_env(**settings):
     """The environment of a test run under mutmut: its site (the trampolines import it) on the path."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / ".cache" / "mutmut-site"), **settings)
+    env = dict(os.environ, PYTHONPATH=str(MUTMUT_SITE), **settings)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
 
@@ -185,12 +199,115 @@ def _matching(codes, patterns):
     return {k: c for k, c in codes.items() if _matches(k, patterns)}
 
 
+def meta_path(work, module):
+    """mutmut's results of the module's run in `work`: exit status by mutant, hash by function."""
+    return work / "mutants" / (module + ".meta")
+
+
 def results(work, module):
-    meta = work / "mutants" / (module + ".meta")
+    meta = meta_path(work, module)
     if not meta.is_file():
+        saved = saved_results(module)
+        if saved is not None:
+            commits = ", ".join(saved["commits"])
+            print(f"saved results: {saved_path(module).relative_to(ROOT)} (commits {commits})")
+            return saved["exit_code_by_key"]
         sys.exit(f"error: no results for {module} ({meta.relative_to(ROOT)} missing): run it first")
     with open(meta, encoding="utf-8") as f:
         return json.load(f)["exit_code_by_key"]
+
+
+def saved_path(module):
+    return SAVED / (work_dir(module).name + ".json")
+
+
+def _sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def saved_results(module):
+    """The saved results of `module` (`--save`), None if there are none; refused if the module changed."""
+    path = saved_path(module)
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    if saved["module_sha256"] != _sha256(ROOT / module):
+        sys.exit(f"error: {path.relative_to(ROOT)} holds the results of another version of {module}: "
+                 "run it again without --resume")
+    return saved
+
+
+def _git_head():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _commits_path(work):
+    return work / "commits.json"
+
+
+def _commits(work):
+    path = _commits_path(work)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def record_commit(work, earlier=None):
+    """Adds the checkout's commit to the commits whose tests produced the results in `work` (or `earlier`)."""
+    commits = list(_commits(work) if earlier is None else earlier)
+    if _git_head() not in commits:
+        commits.append(_git_head())
+    _commits_path(work).write_text(json.dumps(commits), encoding="utf-8")
+
+
+def _mutmut_version():
+    for dist in importlib.metadata.distributions(path=[str(MUTMUT_SITE)]):
+        if dist.metadata["Name"] == "mutmut":
+            return dist.version
+    return "unknown"
+
+
+def save(module, work):
+    """The results in `work` into benchmarks/results/mutation/<module>.json, for `--resume` elsewhere."""
+    with open(meta_path(work, module), encoding="utf-8") as f:
+        meta = json.load(f)
+    record = {
+        "module": module,
+        "module_sha256": _sha256(work / module),
+        "mutmut": _mutmut_version(),
+        "commits": _commits(work),
+        "hash_by_function_name": meta["hash_by_function_name"],
+        "exit_code_by_key": meta["exit_code_by_key"],
+    }
+    path = saved_path(module)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+    print(f"saved {sum(c is not None for c in record['exit_code_by_key'].values())} results of "
+          f"{len(record['exit_code_by_key'])} mutants to {path.relative_to(ROOT)}")
+
+
+def start_from_saved(module, entry):
+    """A fresh work dir whose mutmut results are the saved ones: mutmut keeps those of unchanged functions."""
+    saved = saved_results(module)
+    if saved is None:
+        sys.exit(f"error: no earlier run of {module} to go on with (no work dir, no "
+                 f"{saved_path(module).relative_to(ROOT)}): run it without --resume first")
+    work = prepare(module, entry)
+    meta = meta_path(work, module)
+    meta.parent.mkdir(parents=True)
+    with open(meta, "w", encoding="utf-8") as f:
+        json.dump({"exit_code_by_key": saved["exit_code_by_key"],
+                   "hash_by_function_name": saved["hash_by_function_name"],
+                   "type_check_error_by_key": {}, "durations_by_key": {},
+                   "estimated_durations_by_key": {}}, f)
+    record_commit(work, earlier=saved["commits"])
+    print(f"going on from {saved_path(module).relative_to(ROOT)} (commits {', '.join(saved['commits'])})")
+    return work
 
 
 JAX_PYTHON = ROOT / ".venv-keras3" / "bin" / "python"
@@ -278,6 +395,8 @@ def main(argv=None):
                         help="run and report only the mutants of these functions (`name` or `Class.method`)")
     parser.add_argument("--children", type=int, default=1, metavar="N",
                         help="mutants tested side by side (default 1; at most one per core)")
+    parser.add_argument("--save", action="store_true",
+                        help="write the results to benchmarks/results/mutation/ (after the run, if any)")
     parser.add_argument("--list", action="store_true", help="list the configured modules")
     args = parser.parse_args(argv)
     if args.children < 1:
@@ -313,6 +432,10 @@ def main(argv=None):
         if status != 0:
             print(f"error: mutmut exited with status {status}", file=sys.stderr)
             return status
+    if args.save:
+        if not meta_path(work, args.module).is_file():
+            sys.exit(f"error: no results of {args.module} in {work.relative_to(ROOT)} to save: run it first")
+        save(args.module, work)
     codes = results(work, args.module)
     return report(args.module, entry, codes, jax_results(work, codes), only)
 

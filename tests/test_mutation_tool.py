@@ -1,0 +1,103 @@
+"""tools/mutation.py's saved results: what `--save` writes, what a `--resume` elsewhere starts from.
+
+A module whose mutation run takes longer than a machine lasts is finished over several: the saved
+file must carry every status and function hash mutmut keeps, and only for the module it measured.
+"""
+
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODULE = "keras_posenc/m.py"
+ENTRY = {"tests": ["tests/test_m.py"]}
+CODES = {"keras_posenc.m.x_f__mutmut_1": 1, "keras_posenc.m.x_f__mutmut_2": 0,
+         "keras_posenc.m.x_g__mutmut_1": None}
+HASHES = {"x_f": "8014803b59a4", "x_g": "21ea6b5cc167"}
+# The keys of mutmut 3.8.1's `.meta` files: it refuses a file with others and needs all of them.
+MUTMUT_META_KEYS = {"exit_code_by_key", "hash_by_function_name", "type_check_error_by_key",
+                    "durations_by_key", "estimated_durations_by_key"}
+
+
+@pytest.fixture
+def tool(tmp_path, monkeypatch):
+    """The tool on a checkout of one module and one test file, at commit `abc`."""
+    spec = importlib.util.spec_from_file_location("mutation_tool", REPO / "tools" / "mutation.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    root = tmp_path / "checkout"
+    for folder in ("keras_posenc", "tests", "export", "tools"):
+        (root / folder).mkdir(parents=True)
+    (root / MODULE).write_text("def f():\n    return 1\n")
+    (root / "tests" / "test_m.py").write_text("def test_f():\n    pass\n")
+    (root / "setup.cfg").write_text("[tool:pytest]\naddopts = --doctest-modules\n")
+    monkeypatch.setattr(tool, "ROOT", root)
+    monkeypatch.setattr(tool, "WORK", root / ".cache" / "mutation")
+    monkeypatch.setattr(tool, "SAVED", root / "benchmarks" / "results" / "mutation")
+    monkeypatch.setattr(tool, "_git_head", lambda: "abc")
+    monkeypatch.setattr(tool, "_mutmut_version", lambda: "3.8.1")
+    return tool
+
+
+def _run(tool):
+    """A run as mutmut leaves it: the work dir with its `.meta`."""
+    work = tool.prepare(MODULE, ENTRY)
+    meta = tool.meta_path(work, MODULE)
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": CODES, "hash_by_function_name": HASHES,
+                                "type_check_error_by_key": {}, "durations_by_key": {"x": 1.0},
+                                "estimated_durations_by_key": {"x": 2.0}}))
+    return work
+
+
+def test_save_writes_the_statuses_hashes_module_digest_and_commits(tool):
+    work = _run(tool)
+    tool.save(MODULE, work)
+    saved = json.loads((tool.SAVED / "keras_posenc__m.json").read_text())
+    digest = hashlib.sha256(b"def f():\n    return 1\n").hexdigest()
+    assert saved == {"module": MODULE, "module_sha256": digest, "mutmut": "3.8.1",
+                     "commits": ["abc"], "hash_by_function_name": HASHES, "exit_code_by_key": CODES}
+
+
+def test_a_resume_without_a_work_dir_starts_from_the_saved_results(tool, monkeypatch):
+    tool.save(MODULE, _run(tool))
+    tool.shutil.rmtree(tool.WORK)
+    monkeypatch.setattr(tool, "_git_head", lambda: "def")
+    work = tool.refresh_tests(MODULE, ENTRY)
+    meta = json.loads(tool.meta_path(work, MODULE).read_text())
+    assert set(meta) == MUTMUT_META_KEYS
+    assert meta["exit_code_by_key"] == CODES and meta["hash_by_function_name"] == HASHES
+    assert tool.results(work, MODULE) == CODES
+    tool.save(MODULE, work)  # the run goes on at commit def: both commits produced its results
+    assert json.loads((tool.SAVED / "keras_posenc__m.json").read_text())["commits"] == ["abc", "def"]
+
+
+def test_the_report_without_a_work_dir_reads_the_saved_results(tool, capsys):
+    tool.save(MODULE, _run(tool))
+    tool.shutil.rmtree(tool.WORK)
+    assert tool.results(tool.work_dir(MODULE), MODULE) == CODES
+    assert capsys.readouterr().out.endswith("saved results: benchmarks/results/mutation/keras_posenc__m.json "
+                                            "(commits abc)\n")
+
+
+def test_saved_results_of_another_version_of_the_module_are_refused(tool):
+    tool.save(MODULE, _run(tool))
+    tool.shutil.rmtree(tool.WORK)
+    (tool.ROOT / MODULE).write_text("def f():\n    return 2\n")
+    message = ("error: benchmarks/results/mutation/keras_posenc__m.json holds the results of another version "
+               f"of {MODULE}: run it again without --resume")
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        tool.refresh_tests(MODULE, ENTRY)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        tool.results(tool.work_dir(MODULE), MODULE)
+
+
+def test_a_resume_with_neither_a_work_dir_nor_saved_results_says_to_run_first(tool):
+    message = (f"error: no earlier run of {MODULE} to go on with (no work dir, no "
+               "benchmarks/results/mutation/keras_posenc__m.json): run it without --resume first")
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        tool.refresh_tests(MODULE, ENTRY)
