@@ -101,3 +101,12 @@ def test_a_resume_with_neither_a_work_dir_nor_saved_results_says_to_run_first(to
                "benchmarks/results/mutation/keras_posenc__m.json): run it without --resume first")
     with pytest.raises(SystemExit, match=re.escape(message)):
         tool.refresh_tests(MODULE, ENTRY)
+
+
+def test_save_alone_saves_the_last_run_and_runs_nothing(tool, monkeypatch):
+    work = _run(tool)
+    monkeypatch.setattr(tool, "load_config", lambda: {MODULE: ENTRY})
+    monkeypatch.setattr(tool, "run_mutmut", lambda *args: pytest.fail("--save ran mutmut"))
+    assert tool.main([MODULE, "--save"]) == 1  # a survivor, a mutant not run: not a pass
+    assert tool.meta_path(work, MODULE).is_file()  # the run's work dir is kept
+    assert json.loads((tool.SAVED / "keras_posenc__m.json").read_text())["exit_code_by_key"] == CODES

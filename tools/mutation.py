@@ -4,7 +4,7 @@
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --report # report the last run
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --resume # go on with the last run
     python tools/mutation.py keras_posenc/layers/rope_scaling.py --survivors  # re-test its survivors
-    python tools/mutation.py keras_posenc/app/train.py --save     # keep the results in the checkout
+    python tools/mutation.py keras_posenc/app/train.py --save     # keep the last run's results
     python tools/mutation.py keras_posenc/layers/rotary_embedding.py --jax  # survivors, on JAX
     python tools/mutation.py keras_posenc/export/litertlm_bundle.py --only probe_texts  # one function
     python tools/mutation.py --list                                       # the modules configured
@@ -396,7 +396,8 @@ def main(argv=None):
     parser.add_argument("--children", type=int, default=1, metavar="N",
                         help="mutants tested side by side (default 1; at most one per core)")
     parser.add_argument("--save", action="store_true",
-                        help="write the results to benchmarks/results/mutation/ (after the run, if any)")
+                        help="write the results to benchmarks/results/mutation/: after --resume or "
+                             "--survivors their run's, else the last run's, without running anything")
     parser.add_argument("--list", action="store_true", help="list the configured modules")
     args = parser.parse_args(argv)
     if args.children < 1:
@@ -414,7 +415,7 @@ def main(argv=None):
     only = only_patterns(args.module, args.only) if args.only else None
     if args.jax:
         run_jax(args.module, entry, work, results(work, args.module))
-    elif not args.report:
+    elif not (args.report or args.save and not (args.resume or args.survivors)):
         names = ()
         if args.resume or args.survivors:
             work = refresh_tests(args.module, entry)
