@@ -266,7 +266,7 @@ def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back(pyt
         assert not stop.active and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
 
 
-def test_a_signal_the_process_ignores_stays_ignored():
+def test_a_signal_the_process_ignores_stays_ignored(sigterm_recorded):
     """Started with `nohup` or as a shell's background job: SIGINT stays ignored, SIGTERM stops."""
     train_lib = _train_lib()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -276,7 +276,7 @@ def test_a_signal_the_process_ignores_stays_ignored():
             os.kill(os.getpid(), signal.SIGINT)
             assert stop.received is None
             os.kill(os.getpid(), signal.SIGTERM)
-            assert stop.received == signal.SIGTERM
+            assert stop.received == signal.SIGTERM and sigterm_recorded == []
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
