@@ -475,6 +475,22 @@ def test_config_holds_every_setting_and_round_trips():
     assert clone.attention_dropout.rate == clone.ffn_dropout.rate == 0.25
 
 
+def test_a_layer_rebuilt_from_its_configs_is_built_and_takes_its_weights():
+    # What loading a `.keras` file of the layer does: from_config, build_from_config (the input shape
+    # that `build` recorded), then the weights.
+    layer = EncoderLayer(**SMALL)
+    layer.build((2, 5, 16))
+    assert layer.get_build_config() == {"input_shape": (2, 5, 16)}
+    restored = EncoderLayer.from_config(layer.get_config())
+    restored.build_from_config(layer.get_build_config())
+    assert restored.built
+    x = tf.random.stateless_normal([2, 5, 16], seed=[1, 2])
+    expected = layer(x).numpy()
+    restored(x)  # Keras 2's attention makes its kernels at the first call
+    restored.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(restored(x).numpy(), expected)
+
+
 def _message(call):
     return error_message(call, ValueError)
 
