@@ -354,6 +354,37 @@ def test_constructor_messages_in_full():
     assert RotaryEmbedding().supports_masking  # Keras reads it before passing a mask on
 
 
+def test_input_shape_messages_in_full():
+    def shape_message(shape):
+        return ("`inputs` must have shape [batch, length, heads, head_dim] or [batch, length, dim] with an "
+                f"even, known last dimension, got shape {shape}.")
+
+    ids = np.zeros([1, 2], np.int32)
+    for shape in ((1, 2, 5), (2, 4), (1, 1, 2, 2, 4), (1, 2, 3, 7)):
+        x = np.zeros(shape, np.float32)
+        assert error_message(lambda x=x: RotaryEmbedding()(x)) == shape_message(shape)
+        assert error_message(lambda x=x: rotary_embedding(x, ids)) == shape_message(shape)
+    for head_dim, shape in ((8, (1, 2, 4)), (4, (1, 2, 3, 8))):
+        layer, x = RotaryEmbedding(head_dim=head_dim, name="rope"), np.zeros(shape, np.float32)
+        assert error_message(lambda layer=layer, x=x: layer(x)) == (
+            f"RotaryEmbedding 'rope' has head_dim={head_dim}, got inputs of shape {shape}.")
+    assert RotaryEmbedding(head_dim=8)(np.zeros([1, 2, 3, 8], np.float32)).shape == (1, 2, 3, 8)
+    assert error_message(lambda: RotaryEmbedding(name="rope").inverse_frequencies) == (
+        "RotaryEmbedding 'rope' does not know its head dimension yet: pass `head_dim` or build it.")
+    built = RotaryEmbedding()
+    built.build((1, 2, 6))
+    assert built.inverse_frequencies.shape == (3,)
+    assert RotaryEmbedding(head_dim=8).inverse_frequencies.shape == (4,)
+    if not is_tensorflow():
+        return
+    import tensorflow as tf
+
+    unknown_width = tf.TensorSpec([None, None, None], tf.float32)
+    for call in (lambda x: RotaryEmbedding()(x), lambda x: rotary_embedding(x, tf.zeros([1, 2], tf.int32))):
+        assert error_message(lambda call=call: tf.function(call, input_signature=[unknown_width])
+                             .get_concrete_function()) == shape_message("(None, None, None)")
+
+
 def test_partial_rotation_passes_the_other_features_through():
     x, ids = _inputs([1, 3, 8]), np.array([[0, 3, 5]])
     out = to_numpy(RotaryEmbedding(partial_rotary_factor=0.5)(x, position_ids=ids))
