@@ -231,6 +231,9 @@ def _check_tensorboard_scalars_every_log_interval(runs):
 def _check_the_saved_model_carries_the_runs_optimizer_and_schedule(runs):
     import zipfile
 
+    for folder in (runs["run"], runs["reference"]):  # the name the exporter's messages use
+        with zipfile.ZipFile(os.path.join(folder, "model.keras")) as archive:
+            assert json.loads(archive.read("config.json"))["config"]["name"] == "causal_lm"
     with zipfile.ZipFile(os.path.join(runs["run"], "model.keras")) as archive:
         optimizer = json.loads(archive.read("config.json"))["compile_config"]["optimizer"]["config"]
     assert (optimizer["beta_1"], optimizer["beta_2"], optimizer["epsilon"]) == (0.9, 0.98, 1e-9)
