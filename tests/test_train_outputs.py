@@ -255,3 +255,32 @@ def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path):
     _check_the_run_folder_holds_the_tokenizer_config_and_schedule(runs, corpus)
     _check_tensorboard_scalars_every_log_interval(runs)
     _check_the_saved_model_carries_the_runs_optimizer_and_schedule(runs)
+
+
+def test_a_worker_trains_without_touching_the_run_folder_and_removes_its_scratch(corpus, tmp_path,
+                                                                                 monkeypatch):
+    # Under MultiWorkerMirroredStrategy every worker runs `_train`; only the chief (`chief=True`) may
+    # write or replace anything in `out`. A worker saves its checkpoints, logs and model (every
+    # worker takes part in a save) into scratch folders that are gone when its run ends.
+    import tempfile
+
+    import tensorflow as tf
+
+    from keras_posenc.app import train as train_lib
+
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    earlier = {"spm.model": "earlier tokenizer", "report.json": "earlier report", "notes.txt": "mine",
+               "checkpoints/checkpoint": "earlier checkpoint"}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
+    scratch = []
+    make_scratch = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *args, **kwargs: scratch.append(
+        make_scratch(*args, **kwargs)) or scratch[-1])
+    cfg = _config(corpus, out, steps=4)
+    report = train_lib._train(cfg, tf.distribute.get_strategy(), False, False, *train_lib._load_data(cfg))
+    assert (report["steps"], len(report["losses"])) == (4, 4)
+    files = {str(path.relative_to(out)): path.read_text() for path in out.rglob("*") if path.is_file()}
+    assert files == earlier
+    assert scratch and not [path for path in scratch if os.path.exists(path)]
