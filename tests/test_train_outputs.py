@@ -88,6 +88,8 @@ def _check_a_resume_continues_bit_exactly_and_says_where(runs):
     assert resumed["eval_loss"] == reference["eval_loss"]
     checkpoint = os.path.join(runs["run"], "checkpoints", "ckpt-5")
     assert f"Resuming from {checkpoint} at step 5.\n" in runs["printed"]
+    assert "2/2" in runs["printed"]  # verbose=1: Keras's progress bar of its 2 steps (the fresh run is quiet)
+    assert "7/7" not in runs["printed"]
     weights = [keras.models.load_model(os.path.join(runs[name], "model.keras"), compile=False).get_weights()
                for name in ("run", "reference")]
     for got, want in zip(*weights):
