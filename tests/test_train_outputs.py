@@ -280,9 +280,33 @@ def test_a_worker_trains_without_touching_the_run_folder_and_removes_its_scratch
     make_scratch = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *args, **kwargs: scratch.append(
         make_scratch(*args, **kwargs)) or scratch[-1])
+    elsewhere = tmp_path / "working_directory"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     cfg = _config(corpus, out, steps=4)
     report = train_lib._train(cfg, tf.distribute.get_strategy(), False, False, *train_lib._load_data(cfg))
     assert (report["steps"], len(report["losses"])) == (4, 4)
     files = {str(path.relative_to(out)): path.read_text() for path in out.rglob("*") if path.is_file()}
     assert files == earlier
     assert scratch and not [path for path in scratch if os.path.exists(path)]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_report_names_the_corpus_and_the_format_it_was_read_in(corpus, tmp_path, monkeypatch):
+    # Without --corpus the embedded default is read as text; a given corpus is read (and reported)
+    # in its format.
+    from keras_posenc.app import train as train_lib
+
+    lines = [line for line in open(corpus, encoding="utf-8").read().splitlines() if line][:200]
+    default = tmp_path / "default.txt"
+    default.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(train_lib.data_lib, "default_corpus_path", lambda: str(default))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])), encoding="utf-8")
+    short = {"steps": 2, "warmup_steps": 1}
+    embedded_config = dataclasses.replace(_config(corpus, tmp_path / "default", **short), corpus=None)
+    embedded = train_lib.train(embedded_config)
+    paired = train_lib.train(_config(str(pairs), tmp_path / "paired", corpus_format="tsv", **short))
+    for report, expected in ((embedded, ("default.txt", "text", 200)), (paired, ("pairs.tsv", "tsv", 100))):
+        assert (report["corpus"], report["corpus_format"],
+                report["train_examples"] + report["eval_examples"]) == expected
