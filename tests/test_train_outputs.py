@@ -48,8 +48,11 @@ def _three_runs(corpus, root):
     with contextlib.redirect_stdout(printed):
         resumed = train(_config(corpus, run, steps=7, resume=True, verbose=1))
         replaced = train(_config(corpus, reference, steps=7))
+    shutil.copytree(run, root / "finished")
+    finished = train(_config(corpus, root / "finished", steps=7, resume=True))  # nothing left to train
     return {"run": str(run), "reference": str(reference), "first": first, "resumed": resumed,
-            "replaced": replaced, "first_checkpoints": first_checkpoints, "printed": printed.getvalue()}
+            "replaced": replaced, "finished": finished, "first_checkpoints": first_checkpoints,
+            "printed": printed.getvalue()}
 
 
 def _split(corpus):
@@ -94,6 +97,13 @@ def _check_a_resume_continues_bit_exactly_and_says_where(runs):
                for name in ("run", "reference")]
     for got, want in zip(*weights):
         np.testing.assert_array_equal(got, want)
+
+
+def _check_a_resume_of_a_finished_run_trains_nothing_and_reports_it(runs):
+    finished, resumed = runs["finished"], runs["resumed"]
+    assert (finished["start_step"], finished["steps"], finished["losses"], finished["final_train_loss"]) == (
+        7, 7, [], None)
+    assert finished["eval_loss"] == resumed["eval_loss"]
 
 
 def _check_a_fresh_run_names_what_it_replaces_and_keeps_the_rest(runs):
@@ -249,6 +259,7 @@ def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path):
     runs = _three_runs(corpus, tmp_path)
     _check_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs)
     _check_a_resume_continues_bit_exactly_and_says_where(runs)
+    _check_a_resume_of_a_finished_run_trains_nothing_and_reports_it(runs)
     _check_a_fresh_run_names_what_it_replaces_and_keeps_the_rest(runs)
     _check_the_report_is_written_as_returned_with_every_field(runs, corpus)
     _check_tokens_and_batch_shapes_are_those_of_the_seeded_pipeline(runs, corpus)
