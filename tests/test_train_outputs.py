@@ -101,8 +101,8 @@ def _check_a_resume_continues_bit_exactly_and_says_where(runs):
 
 def _check_a_resume_of_a_finished_run_trains_nothing_and_reports_it(runs):
     finished, resumed = runs["finished"], runs["resumed"]
-    assert (finished["start_step"], finished["steps"], finished["losses"], finished["final_train_loss"]) == (
-        7, 7, [], None)
+    assert (finished["start_step"], finished["steps"], finished["losses"], finished["final_train_loss"],
+            finished["tokens_per_second"]) == (7, 7, [], None, None)
     assert finished["eval_loss"] == resumed["eval_loss"]
 
 
@@ -252,11 +252,24 @@ def _check_the_saved_model_carries_the_runs_optimizer_and_schedule(runs):
     assert optimizer["learning_rate"]["config"] == {"d_model": 16, "warmup_steps": 3, "scale": 1.5}
 
 
-def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path):
+def _check_the_loss_plot_draws_the_runs_held_out_and_unigram_losses(runs, plotted):
+    # What each baseline line shows: tests/test_train_settings.py draws a plot from these arguments.
+    assert [(kwargs["eval_loss"], kwargs["unigram_loss"]) for kwargs in plotted] == [
+        (runs[name]["eval_loss"], runs[name]["unigram_eval_loss"])
+        for name in ("first", "resumed", "replaced", "finished")]
+
+
+def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path, monkeypatch):
     # One test over the three runs, not one per check on a shared fixture: mutmut credits a module
     # fixture's work to the first test that uses it, so a mutant of the trainer would run that test
     # only, and not the checks of the others.
+    from keras_posenc.app import train as train_lib
+
+    plotted, plot = [], train_lib._plot_losses
+    monkeypatch.setattr(train_lib, "_plot_losses", lambda *args, **kwargs: plotted.append(kwargs) or plot(
+        *args, **kwargs))
     runs = _three_runs(corpus, tmp_path)
+    _check_the_loss_plot_draws_the_runs_held_out_and_unigram_losses(runs, plotted)
     _check_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs)
     _check_a_resume_continues_bit_exactly_and_says_where(runs)
     _check_a_resume_of_a_finished_run_trains_nothing_and_reports_it(runs)
