@@ -55,7 +55,7 @@ def test_run_writes_artifacts_and_beats_unigram(trained):
     assert on_disk["eval_perplexity"] == pytest.approx(np.exp(on_disk["eval_loss"]))
     assert on_disk["tokens_per_second"] > 0
     assert np.mean(report["losses"][-10:]) < np.mean(report["losses"][:10]) - 0.5
-    assert report["eval_loss"] < report["unigram_eval_loss"]
+    assert report["eval_loss"] < report["unigram_eval_loss"] and report["beats_unigram"] is True
     assert [s for s, _ in list_checkpoints(os.path.join(out, "checkpoints"))] == [30, 60, 90]
 
 
