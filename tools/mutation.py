@@ -89,8 +89,9 @@ def _survivors(codes):
     return sorted(k for k, c in codes.items() if c is not None and c not in KILLED)
 
 
-def prepare(module, entry):
-    """A fresh copy of the package, the tests and setup.cfg with the module's [mutmut] section."""
+def prepare(module, entry, commits=()):
+    """A fresh copy of the package, the tests and setup.cfg with the module's [mutmut] section; its
+    results come from `commits` (a saved run's) and the checkout's."""
     work = work_dir(module)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -119,7 +120,7 @@ def prepare(module, entry):
         cfg.remove_option("tool:pytest", "addopts")
     with open(work / "setup.cfg", "w", encoding="utf-8") as f:
         cfg.write(f)
-    record_commit(work)
+    record_commit(work, commits)
     return work
 
 
@@ -140,7 +141,7 @@ def refresh_tests(module, entry):
     cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(selection)
     with open(work / "setup.cfg", "w", encoding="utf-8") as f:
         cfg.write(f)
-    record_commit(work)
+    record_commit(work, _commits(work))
     return work
 
 
@@ -255,11 +256,10 @@ def _commits(work):
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
 
 
-def record_commit(work, earlier=None):
-    """Adds the checkout's commit to the commits whose tests produced the results in `work` (or `earlier`)."""
-    commits = list(_commits(work) if earlier is None else earlier)
-    if _git_head() not in commits:
-        commits.append(_git_head())
+def record_commit(work, commits):
+    """`commits` and the checkout's commit: the commits whose tests produced the results in `work`."""
+    head = _git_head()
+    commits = list(commits) + ([] if head in commits else [head])
     _commits_path(work).write_text(json.dumps(commits), encoding="utf-8")
 
 
@@ -297,7 +297,7 @@ def start_from_saved(module, entry):
     if saved is None:
         sys.exit(f"error: no earlier run of {module} to go on with (no work dir, no "
                  f"{saved_path(module).relative_to(ROOT)}): run it without --resume first")
-    work = prepare(module, entry)
+    work = prepare(module, entry, saved["commits"])
     meta = meta_path(work, module)
     meta.parent.mkdir(parents=True)
     with open(meta, "w", encoding="utf-8") as f:
@@ -305,7 +305,6 @@ def start_from_saved(module, entry):
                    "hash_by_function_name": saved["hash_by_function_name"],
                    "type_check_error_by_key": {}, "durations_by_key": {},
                    "estimated_durations_by_key": {}}, f)
-    record_commit(work, earlier=saved["commits"])
     print(f"going on from {saved_path(module).relative_to(ROOT)} (commits {', '.join(saved['commits'])})")
     return work
 
@@ -413,9 +412,11 @@ def main(argv=None):
     entry = modules[args.module]
     work = work_dir(args.module)
     only = only_patterns(args.module, args.only) if args.only else None
+    # `--save` alone saves the last run's results; with --resume or --survivors, after that run.
+    runs_mutmut = not args.report and (args.resume or args.survivors or not args.save)
     if args.jax:
         run_jax(args.module, entry, work, results(work, args.module))
-    elif not (args.report or args.save and not (args.resume or args.survivors)):
+    elif runs_mutmut:
         names = ()
         if args.resume or args.survivors:
             work = refresh_tests(args.module, entry)
