@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 from checkpoint_files import truncate_checkpoint
+from tiny_lm import TINY_TRAINER_MODEL
 
 from keras_posenc.app import dataset as data
 from keras_posenc.app import train as train_lib
@@ -22,8 +23,7 @@ from keras_posenc.backend import keras
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # mutmut's trampolines (`make mutation`) add frames between `train` and its warnings' stacklevel.
 UNDER_MUTMUT = "mutmut" in sys.modules
-TINY = {"steps": 6, "batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32,
-        "max_length": 16, "vocab_size": 150, "warmup_steps": 4, "checkpoint_every": 2, "verbose": 0}
+TINY = {**TINY_TRAINER_MODEL, "steps": 6, "warmup_steps": 4, "checkpoint_every": 2}
 
 
 def _weights(out):

@@ -12,6 +12,7 @@ import signal
 
 import numpy as np
 import pytest
+from tiny_lm import TINY_TRAINER_MODEL
 
 from keras_posenc.backend import is_tensorflow
 
@@ -385,10 +386,6 @@ def _cfg(tmp_path, **overrides):
     return _train_lib().TrainConfig(**settings)
 
 
-# A model that builds in a moment, for the tests that go as far as the first training step.
-SMALL_MODEL = {"batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32, "max_length": 16,
-               "vocab_size": 150, "verbose": 0}
-
 
 def test_a_resumed_run_keeps_its_own_tokenizer(tmp_path, monkeypatch):
     """On resume the run folder's `spm.model` is read back (not new); else one is trained (new)."""
@@ -407,7 +404,7 @@ def test_a_resumed_run_keeps_its_own_tokenizer(tmp_path, monkeypatch):
 def test_a_resume_with_no_checkpoint_names_the_folder_and_writes_nothing(corpus, tmp_path):
     out = tmp_path / "empty"
     with pytest.raises(ValueError) as raised:
-        _train_lib().train(_cfg(out, corpus=corpus, resume=True, **SMALL_MODEL))
+        _train_lib().train(_cfg(out, corpus=corpus, resume=True, **TINY_TRAINER_MODEL))
     assert str(raised.value) == (f"--resume was given but {out / 'checkpoints'} holds no complete checkpoint "
                                  "to resume from.")
     assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == []
@@ -434,7 +431,7 @@ def test_the_steps_get_the_split_in_the_runs_seeded_shuffle_repeated_past_an_epo
         raise _BatchesSeen
 
     monkeypatch.setattr(train_lib, "_fit", record)
-    cfg = _cfg(tmp_path, corpus=corpus, steps=STEPS_PAST_AN_EPOCH, seed=5, **SMALL_MODEL)
+    cfg = _cfg(tmp_path, corpus=corpus, steps=STEPS_PAST_AN_EPOCH, seed=5, **TINY_TRAINER_MODEL)
     with pytest.raises(_BatchesSeen):
         train_lib.train(cfg)
 

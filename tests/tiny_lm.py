@@ -1,8 +1,13 @@
-"""The tiny language models of the export tests: one layer, d_model 32, and variants."""
+"""The tiny language models of the export tests (one layer, d_model 32, and variants) and of the trainer's."""
 
 import numpy as np
 
 from keras_posenc.backend import keras
+
+# The trainer's tiny model (`TrainConfig` fields), quiet: it builds in a moment and trains a step in
+# milliseconds, for the tests of `keras_posenc.app.train`.
+TINY_TRAINER_MODEL = {"batch_size": 4, "num_layers": 1, "d_model": 16, "num_heads": 2, "dff": 32,
+                      "max_length": 16, "vocab_size": 150, "verbose": 0}
 
 
 def tiny_lm(vocab_size, seed):
