@@ -253,11 +253,12 @@ def _check_the_saved_model_carries_the_runs_optimizer_and_schedule(runs):
     assert optimizer["learning_rate"]["config"] == {"d_model": 16, "warmup_steps": 3, "scale": 1.5}
 
 
-def _check_the_loss_plot_draws_the_runs_held_out_and_unigram_losses(runs, plotted):
+def _check_the_loss_plot_starts_at_the_runs_first_step_and_draws_its_baselines(runs, plotted):
     # What each baseline line shows: tests/test_train_settings.py draws a plot from these arguments.
-    assert [(kwargs["eval_loss"], kwargs["unigram_loss"]) for kwargs in plotted] == [
-        (runs[name]["eval_loss"], runs[name]["unigram_eval_loss"])
+    assert [(args[2], kwargs["eval_loss"], kwargs["unigram_loss"]) for args, kwargs in plotted] == [
+        (runs[name]["start_step"], runs[name]["eval_loss"], runs[name]["unigram_eval_loss"])
         for name in ("first", "resumed", "replaced", "finished")]
+    assert [args[2] for args, _ in plotted] == [0, 5, 0, 7]
 
 
 def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path, monkeypatch):
@@ -267,10 +268,10 @@ def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path, monkey
     from keras_posenc.app import train as train_lib
 
     plotted, plot = [], train_lib._plot_losses
-    monkeypatch.setattr(train_lib, "_plot_losses", lambda *args, **kwargs: plotted.append(kwargs) or plot(
-        *args, **kwargs))
+    monkeypatch.setattr(train_lib, "_plot_losses",
+                        lambda *args, **kwargs: plotted.append((args, kwargs)) or plot(*args, **kwargs))
     runs = _three_runs(corpus, tmp_path)
-    _check_the_loss_plot_draws_the_runs_held_out_and_unigram_losses(runs, plotted)
+    _check_the_loss_plot_starts_at_the_runs_first_step_and_draws_its_baselines(runs, plotted)
     _check_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs)
     _check_a_resume_continues_bit_exactly_and_says_where(runs)
     _check_a_resume_of_a_finished_run_trains_nothing_and_reports_it(runs)
@@ -317,9 +318,12 @@ def test_a_worker_trains_without_touching_the_run_folder_and_removes_its_scratch
     assert list(elsewhere.iterdir()) == []
 
 
-def test_the_report_names_the_corpus_and_the_format_it_was_read_in(corpus, tmp_path, monkeypatch):
+def test_the_report_names_the_corpus_its_format_and_split_and_xla_compiles_when_asked(corpus, tmp_path,
+                                                                                       monkeypatch):
     # Without --corpus the embedded default is read as text; a given corpus is read (and reported)
-    # in its format.
+    # in its format, a malformed line skipped when asked, and split by the run's eval_fraction.
+    # With --jit-compile on the steps really are XLA-compiled (TensorFlow returns their HLO), and
+    # with it off they are not.
     from keras_posenc.app import train as train_lib
 
     lines = [line for line in open(corpus, encoding="utf-8").read().splitlines() if line][:200]
@@ -327,11 +331,26 @@ def test_the_report_names_the_corpus_and_the_format_it_was_read_in(corpus, tmp_p
     default.write_text("\n".join(lines) + "\n", encoding="utf-8")
     monkeypatch.setattr(train_lib.data_lib, "default_corpus_path", lambda: str(default))
     pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])), encoding="utf-8")
+    pairs.write_text("".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])) + "no tab here\n",
+                     encoding="utf-8")
+    made, make_steps = [], train_lib._Steps
+    monkeypatch.setattr(train_lib, "_Steps", lambda *args: made.append(make_steps(*args)) or made[-1])
     short = {"steps": 2, "warmup_steps": 1}
     embedded_config = dataclasses.replace(_config(corpus, tmp_path / "default", **short), corpus=None)
     embedded = train_lib.train(embedded_config)
-    paired = train_lib.train(_config(str(pairs), tmp_path / "paired", corpus_format="tsv", **short))
-    for report, expected in ((embedded, ("default.txt", "text", 200)), (paired, ("pairs.tsv", "tsv", 100))):
-        assert (report["corpus"], report["corpus_format"],
-                report["train_examples"] + report["eval_examples"]) == expected
+    paired = train_lib.train(_config(str(pairs), tmp_path / "paired", corpus_format="tsv",
+                                     skip_bad_lines=True, eval_fraction=0.25, jit_compile="on", **short))
+    for report, expected in ((embedded, ("default.txt", "text", 180, 20, False)),
+                             (paired, ("pairs.tsv", "tsv", 75, 25, True))):
+        assert (report["corpus"], report["corpus_format"], report["train_examples"], report["eval_examples"],
+                report["jit_compile"]) == expected
+
+    import tensorflow as tf
+
+    def batch(function):  # ones for each tensor of the step's signature
+        return tf.nest.map_structure(lambda spec: tf.ones([4, 8], spec.dtype), function.input_signature[0])
+
+    for function in (made[1]._train, made[1]._eval):
+        assert function.experimental_get_compiler_ir(batch(function))(stage="hlo").startswith("HloModule")
+    with pytest.raises(ValueError, match="jit_compile=True"):
+        made[0]._train.experimental_get_compiler_ir(batch(made[0]._train))
