@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -285,16 +286,36 @@ def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path, monkey
     _check_the_saved_model_carries_the_runs_optimizer_and_schedule(runs)
 
 
+class _WorkerStrategy:
+    """The default strategy as a worker of a cluster sees it: one that does not checkpoint."""
+
+    def __init__(self, strategy):
+        self._strategy = strategy
+        self.extended = types.SimpleNamespace(should_checkpoint=False)
+
+    def __getattr__(self, name):
+        return getattr(self._strategy, name)
+
+
 def test_a_worker_trains_without_touching_the_run_folder_and_removes_its_scratch(corpus, tmp_path,
                                                                                  monkeypatch):
-    # Under MultiWorkerMirroredStrategy every worker runs `_train`; only the chief (`chief=True`) may
-    # write or replace anything in `out`. A worker saves its checkpoints, logs and model (every
-    # worker takes part in a save) into scratch folders that are gone when its run ends.
+    # Under MultiWorkerMirroredStrategy every worker runs `train`; only the chief (the strategy's
+    # `should_checkpoint`) may lock, write or replace anything in `out`: a worker runs while the
+    # chief holds the folder. It saves its checkpoints, logs and model (every worker takes part in
+    # a save) into scratch folders that are gone when its run ends.
     import tempfile
 
     import tensorflow as tf
 
     from keras_posenc.app import train as train_lib
+    from keras_posenc.app.run_lock import RunLockedError
+
+    def held_by_the_chief(folder):
+        raise RunLockedError(f"{folder} is held by the chief")
+
+    worker = _WorkerStrategy(tf.distribute.get_strategy())
+    monkeypatch.setattr(train_lib, "make_strategy", lambda name: worker)
+    monkeypatch.setattr(train_lib, "run_lock", held_by_the_chief)
 
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
@@ -310,7 +331,7 @@ def test_a_worker_trains_without_touching_the_run_folder_and_removes_its_scratch
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     cfg = _config(corpus, out, steps=4)
-    report = train_lib._train(cfg, tf.distribute.get_strategy(), False, False, *train_lib._load_data(cfg))
+    report = train_lib.train(cfg)
     assert (report["steps"], len(report["losses"])) == (4, 4)
     files = {str(path.relative_to(out)): path.read_text() for path in out.rglob("*") if path.is_file()}
     assert files == earlier

@@ -127,12 +127,23 @@ def test_strategies_and_xla_settings(monkeypatch):
         train_lib.make_strategy("multiworker")
     assert str(error.value) == ("strategy='multiworker' needs the TF_CONFIG environment variable describing "
                                 "the cluster and this worker's task.")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", lambda: "the cluster's strategy")
+    assert train_lib.make_strategy("multiworker") == "the cluster's strategy"
     one = tf.distribute.get_strategy()
     assert train_lib._use_jit_compile("on", one) is True and train_lib._use_jit_compile("off", one) is False
     assert train_lib._use_jit_compile("auto", one) is bool(tf.config.list_logical_devices("GPU"))
 
     class TwoReplicas:
         num_replicas_in_sync = 2
+
+    # `auto` is on for one replica on a GPU only.
+    for devices, replicas, expected in (([], one, False), (["a GPU"], one, True),
+                                        (["a GPU"], TwoReplicas(), False)):
+        monkeypatch.setattr(tf.config, "list_logical_devices",
+                            lambda kind, devices=devices: devices if kind == "GPU" else ["a CPU"])
+        assert train_lib._use_jit_compile("auto", replicas) is expected
 
     with pytest.raises(ValueError) as error:
         train_lib._use_jit_compile("on", TwoReplicas())
