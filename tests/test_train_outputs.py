@@ -297,8 +297,8 @@ class _WorkerStrategy:
         return getattr(self._strategy, name)
 
 
-def test_a_worker_trains_without_touching_the_run_folder_and_removes_its_scratch(corpus, tmp_path,
-                                                                                 monkeypatch):
+def test_a_worker_trains_while_the_chief_holds_the_run_folder_and_writes_nothing_there(corpus, tmp_path,
+                                                                                      monkeypatch):
     # Under MultiWorkerMirroredStrategy every worker runs `train`; only the chief (the strategy's
     # `should_checkpoint`) may lock, write or replace anything in `out`: a worker runs while the
     # chief holds the folder. It saves its checkpoints, logs and model (every worker takes part in
