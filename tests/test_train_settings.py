@@ -35,6 +35,8 @@ def _train_lib():
     ({"vocab_size": 0}, "`vocab_size` must be a positive int, got vocab_size=0."),
     ({"warmup_steps": 0}, "`warmup_steps` must be a positive int, got warmup_steps=0."),
     ({"corpus_format": "csv"}, "`format` must be one of ('text', 'tsv'), got format='csv'."),
+    ({"corpus": None, "corpus_format": "tsv"}, "`format` (--format) 'tsv' needs a `corpus` (--corpus PATH): "
+                                               "the embedded corpus is plain text."),
     ({"strategy": "tpu"}, "`strategy` must be one of ('default', 'mirrored', 'multiworker'), got "
                           "strategy='tpu'."),
     ({"jit_compile": "yes"}, "`jit_compile` must be one of ('auto', 'on', 'off'), got jit_compile='yes'."),
@@ -46,7 +48,7 @@ def _train_lib():
 def test_a_bad_setting_is_named_before_anything_is_written(tmp_path, overrides, message):
     train_lib = _train_lib()
     out = tmp_path / "out"
-    config = train_lib.TrainConfig(corpus=str(tmp_path / "missing.txt"), out=str(out), **overrides)
+    config = train_lib.TrainConfig(**{"corpus": str(tmp_path / "missing.txt"), "out": str(out), **overrides})
     with pytest.raises(ValueError) as error:
         train_lib.train(config)
     assert str(error.value) == message

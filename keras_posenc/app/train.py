@@ -125,7 +125,7 @@ class TrainConfig:
         corpus: str or None, the corpus file (None: `data.default_corpus_path()`).
         out: str, output folder.
         corpus_format: `"text"` or `"tsv"` (pairs, trained with
-            `num_languages=2`).
+            `num_languages=2`; needs `corpus`: the embedded one is text).
         skip_bad_lines: bool, skip malformed TSV lines.
         vocab_size: int, SentencePiece vocabulary size.
         max_length: int, longest model input in tokens.
@@ -466,6 +466,9 @@ def _check_flags(cfg):
     if cfg.warmup_steps is not None:
         check_positive_ints([("warmup_steps", cfg.warmup_steps)])
     check_choice("format", cfg.corpus_format, data_lib.FORMATS)
+    if cfg.corpus is None and cfg.corpus_format != "text":
+        raise ValueError(f"`format` (--format) {cfg.corpus_format!r} needs a `corpus` (--corpus PATH): the "
+                         "embedded corpus is plain text.")
     check_choice("strategy", cfg.strategy, STRATEGIES)
     check_choice("jit_compile", cfg.jit_compile, JIT_COMPILE)
     if not 0.0 < cfg.eval_fraction < 1.0:
