@@ -1,12 +1,14 @@
 """tools/mutation.py's saved results: what `--save` writes, what a `--resume` elsewhere starts from.
 
 A module whose mutation run takes longer than a machine lasts is finished over several: the saved
-file must carry every status and function hash mutmut keeps, and only for the module it measured.
+file must carry every status and function hash mutmut keeps; a resume of a changed module goes on
+from it (mutmut compares the functions' hashes), a report does not stand for another version.
 """
 
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -84,16 +86,42 @@ def test_the_report_without_a_work_dir_reads_the_saved_results(tool, capsys):
                                             "(commits abc)\n")
 
 
-def test_saved_results_of_another_version_of_the_module_are_refused(tool):
+def test_a_resume_of_a_changed_module_starts_from_the_saved_results_and_says_so(tool, capsys):
+    # mutmut then makes the module's mutants and keeps the saved results of each function whose hash
+    # is unchanged; the report alone does not stand for another version of the module.
     tool.save(MODULE, _run(tool))
     tool.shutil.rmtree(tool.WORK)
     (tool.ROOT / MODULE).write_text("def f():\n    return 2\n")
+    work = tool.refresh_tests(MODULE, ENTRY)
+    assert (work / MODULE).read_text() == "def f():\n    return 2\n"
+    meta = json.loads(tool.meta_path(work, MODULE).read_text())
+    assert meta["exit_code_by_key"] == CODES and meta["hash_by_function_name"] == HASHES
+    assert capsys.readouterr().out.endswith(f"{MODULE} changed since: the mutants of the functions that "
+                                            "changed run again\n")
+    tool.shutil.rmtree(tool.WORK)
     message = ("error: benchmarks/results/mutation/keras_posenc__m.json holds the results of another version "
-               f"of {MODULE}: run it again without --resume")
-    with pytest.raises(SystemExit, match=re.escape(message)):
-        tool.refresh_tests(MODULE, ENTRY)
+               f"of {MODULE}: --resume runs the functions that changed")
     with pytest.raises(SystemExit, match=re.escape(message)):
         tool.results(tool.work_dir(MODULE), MODULE)
+
+
+def test_a_resume_in_the_work_dir_takes_the_checkouts_package_and_remakes_a_changed_modules_mutants(
+        tool, capsys):
+    work = _run(tool)
+    mutants = work / "mutants" / MODULE
+    mutants.write_text("the mutants of the earlier version")
+    os.utime(mutants, (2000, 2000))
+    (tool.ROOT / MODULE).write_text("def f():\n    return 2\n")
+    os.utime(tool.ROOT / MODULE, (1000, 1000))  # a checkout's file can be older than the mutants
+    (tool.ROOT / "keras_posenc" / "other.py").write_text("X = 1\n")
+    (tool.ROOT / "tests" / "test_other.py").write_text("def test_x():\n    pass\n")
+    assert tool.refresh_tests(MODULE, ENTRY) == work
+    assert (work / MODULE).read_text() == "def f():\n    return 2\n"
+    assert (work / "keras_posenc" / "other.py").is_file() and (work / "tests" / "test_other.py").is_file()
+    assert os.path.getmtime(work / MODULE) > os.path.getmtime(mutants)  # mutmut makes them again
+    assert json.loads(tool.meta_path(work, MODULE).read_text())["exit_code_by_key"] == CODES
+    assert capsys.readouterr().out == (f"{MODULE} changed since its last run: the mutants of the functions "
+                                       "that changed run again\n")
 
 
 def test_a_resume_with_neither_a_work_dir_nor_saved_results_says_to_run_first(tool):

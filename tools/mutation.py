@@ -16,19 +16,22 @@ and the tests, .cache/mutation/<module>/ (mutmut then mutates its own copy, muta
 TensorFlow's autograph re-reads source files while it traces, so nothing the tool writes may touch
 the checkout. mutmut runs with one worker (`--children 1`; more run mutants side by side, one
 core each), each mutant against only the configured tests that executed the mutated function.
-`--resume` and `--survivors` keep the work dir and its results (the module must be unchanged
-since), copy the current tests and the configured test selection into it and run the mutants not
-yet tested, or again the ones that survived (after tests were added) and are not listed as
-equivalent. `--only NAME...` runs (and reports) only the mutants of the named functions
-(`probe_texts`, or `Class.method`): after a change to a few functions of a module
-whose full run takes hours, those functions' mutants are the new ones.
+`--resume` and `--survivors` keep the work dir and its results, copy the current package, tests and
+configured test selection into it and run the mutants not yet tested, or again the ones that
+survived (after tests were added) and are not listed as equivalent. If the module changed since,
+mutmut compares each function's hash with the one its results were measured on: the mutants of the
+functions that changed are made and run again, the others keep their results. `--only NAME...`
+runs (and reports) only the mutants of the named functions (`probe_texts`, or `Class.method`):
+after a change to a few functions of a module whose full run takes hours, those functions' mutants
+are the new ones.
 
 A run longer than a machine lasts goes on elsewhere: `--save` writes the work dir's results to
 benchmarks/results/mutation/<module>.json (committed): each mutant's exit status, mutmut's hash of
 each function and the commits whose tests produced them. `--resume` or `--survivors` on a machine
-without the work dir starts from that file, if the module is the one its results were measured on
-(by its SHA-256): mutmut keeps the saved statuses and runs the mutants not yet run (or the
-survivors), as in its own work dir. `--report` without a work dir reports the saved results.
+without the work dir starts from that file: mutmut keeps the saved statuses of the functions whose
+hash is unchanged and runs the mutants not yet run (or the survivors), as in its own work dir.
+`--report` without a work dir reports the saved results, if the module is the one they were
+measured on (by its SHA-256).
 
 mutmut runs the tests on the Keras 2 stack (.venv), where the branches for other backends never run.
 A module with `jax_tests` in its table can have its survivors re-tested on Keras 3's JAX backend
@@ -125,16 +128,19 @@ def prepare(module, entry, commits=()):
 
 
 def refresh_tests(module, entry):
-    """The last run's work dir with the checkout's current tests and test selection; the module must be
-    the same."""
+    """The last run's work dir with the checkout's current package, tests and test selection."""
     work = work_dir(module)
     copy = work / module
     if not copy.is_file():
         return start_from_saved(module, entry)
     if copy.read_bytes() != (ROOT / module).read_bytes():
-        sys.exit(f"error: {module} changed since its last run: run it again without --resume")
-    shutil.rmtree(work / "tests")
-    shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        print(f"{module} changed since its last run: the mutants of the functions that changed run again")
+    for folder in ("keras_posenc", "tests"):
+        shutil.rmtree(work / folder)
+        shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # mutmut makes a module's mutants again only if the module is newer than them; it then keeps
+    # the results of each function whose hash is unchanged.
+    copy.touch()
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(work / "setup.cfg")
     selection = _checked_tests(module, entry["tests"])
@@ -210,6 +216,9 @@ def results(work, module):
     if not meta.is_file():
         saved = saved_results(module)
         if saved is not None:
+            if saved["module_sha256"] != _sha256(ROOT / module):
+                sys.exit(f"error: {saved_path(module).relative_to(ROOT)} holds the results of another "
+                         f"version of {module}: --resume runs the functions that changed")
             commits = ", ".join(saved["commits"])
             print(f"saved results: {saved_path(module).relative_to(ROOT)} (commits {commits})")
             return saved["exit_code_by_key"]
@@ -227,16 +236,12 @@ def _sha256(path):
 
 
 def saved_results(module):
-    """The saved results of `module` (`--save`), None if there are none; refused if the module changed."""
+    """The saved results of `module` (`--save`), None if there are none."""
     path = saved_path(module)
     if not path.is_file():
         return None
     with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
-    if saved["module_sha256"] != _sha256(ROOT / module):
-        sys.exit(f"error: {path.relative_to(ROOT)} holds the results of another version of {module}: "
-                 "run it again without --resume")
-    return saved
+        return json.load(f)
 
 
 def _git_head():
@@ -306,6 +311,8 @@ def start_from_saved(module, entry):
                    "type_check_error_by_key": {}, "durations_by_key": {},
                    "estimated_durations_by_key": {}}, f)
     print(f"going on from {saved_path(module).relative_to(ROOT)} (commits {', '.join(saved['commits'])})")
+    if saved["module_sha256"] != _sha256(ROOT / module):
+        print(f"{module} changed since: the mutants of the functions that changed run again")
     return work
 
 
