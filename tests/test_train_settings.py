@@ -399,7 +399,6 @@ def _cfg(tmp_path, **overrides):
     return _train_lib().TrainConfig(**settings)
 
 
-
 def test_a_resumed_run_keeps_its_own_tokenizer(tmp_path, monkeypatch):
     """On resume the run folder's `spm.model` is read back (not new); else one is trained (new)."""
     train_lib = _train_lib()
