@@ -6,12 +6,18 @@ import os
 
 import numpy as np
 import pytest
+from stacks import once_on_keras2
 
 from keras_posenc.app import ablation, cli
 from keras_posenc.app import dataset as data
 
 QUICK_VARIANTS = tuple(ablation.VARIANTS)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+quick_run_once = once_on_keras2(
+    "the quick report's files and statistics; run_ablation's training and evaluation run on both in "
+    "test_integer_at_scale_zero_trains_exactly_like_none, attention_by_distance in test_diagnostics")
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +28,7 @@ def quick_run(tmp_path_factory):
         return out, json.load(f)
 
 
+@quick_run_once
 def test_quick_cli_writes_every_file(quick_run):
     out, results = quick_run
     for name in ("ablation.md", "ablation.json"):
@@ -34,6 +41,7 @@ def test_quick_cli_writes_every_file(quick_run):
     assert tuple(results["variants"]) == QUICK_VARIANTS
 
 
+@quick_run_once
 def test_quick_results_cover_every_variant_seed_and_length(quick_run):
     _, results = quick_run
     t = ablation.QUICK.max_length
@@ -57,6 +65,7 @@ def test_quick_results_cover_every_variant_seed_and_length(quick_run):
             np.testing.assert_allclose(summary, [np.mean(values), np.std(values, ddof=1)], rtol=1e-12)
 
 
+@quick_run_once
 def test_markdown_table_has_a_row_per_variant(quick_run):
     out, results = quick_run
     with open(os.path.join(out, "ablation.md")) as f:
@@ -72,6 +81,7 @@ def test_markdown_table_has_a_row_per_variant(quick_run):
         assert cells[2].strip() == f"{mean:.3f} ± {std:.3f}"
 
 
+@quick_run_once
 def test_factorized_table_gives_the_full_table_results(quick_run):
     # Equal by construction: the factorized table is the full table to float32 rounding.
     _, results = quick_run
@@ -82,6 +92,7 @@ def test_factorized_table_gives_the_full_table_results(quick_run):
             np.testing.assert_allclose(a["eval"][key], b["eval"][key], atol=1e-5)
 
 
+@quick_run_once
 def test_positions_below_the_training_length_do_not_depend_on_the_evaluated_length(quick_run):
     # Causal mask: position p sees only positions <= p, so the first T losses of a 4T window are
     # those of the T window with the same start; only the positions past T can differ. NTK, YaRN and
@@ -98,6 +109,7 @@ def test_positions_below_the_training_length_do_not_depend_on_the_evaluated_leng
                 np.testing.assert_allclose(run["beyond_train_length"][str(4 * t)], beyond, rtol=1e-12)
 
 
+@quick_run_once
 def test_attention_by_distance_is_a_mean_over_rows_that_sum_to_one(quick_run):
     _, results = quick_run
     t = ablation.QUICK.max_length

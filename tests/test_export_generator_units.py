@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from litert_stand_in import FAILED_QUANTIZE, executable, failing_litert_python
+from stacks import once_on_keras2
 
 from keras_posenc import special_ids
 from keras_posenc.backend import keras
@@ -20,6 +21,10 @@ from keras_posenc.export import conversion, generator, quantization
 from keras_posenc.export import quality as quality_module
 from keras_posenc.export.targets import target_of
 from keras_posenc.models import CausalLM
+
+# generator.py's own decisions (lengths, defaults, which Python checks, every kind on a tiny file).
+plumbing_once = once_on_keras2("generator.py's own decisions; test_export_generator.py converts and runs the "
+                               "files of every kind on both stacks")
 
 TINY = {"num_layers": 2, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20, "max_length": 16,
         "dropout": 0.0}
@@ -406,6 +411,7 @@ def test_parity_compares_every_generated_step_with_the_full_pass(model, cpu_file
     {"position": "alibi"},
     {"position": "learned", "norm_first": True},
 ], ids=["rope-yarn", "alibi", "learned-pre-ln"])
+@plumbing_once
 def test_every_position_kind_generates_the_keras_tokens(config):
     model = _model(**config)
     session = generator.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8))
@@ -566,6 +572,7 @@ def test_the_checked_gl_export_is_a_pair_with_a_cost_for_each_file(model):
     assert result.report["same_tokens"] and result.report["tokens_checked"] == 2
 
 
+@plumbing_once
 def test_check_tokens_is_capped_by_the_cache_and_the_model(model):
     checked = generator.check_generation(model, prompt_length=4, cache_length=8, check_prompt=[6],
                                          check_tokens=2)
@@ -583,6 +590,7 @@ def test_check_tokens_is_capped_by_the_cache_and_the_model(model):
     assert checked["tokens_checked"] == 15 and checked["same_tokens"]
 
 
+@plumbing_once
 def test_the_default_check_prompt_is_clipped_to_the_vocabulary():
     small = _model(vocab_size=7)
     checked = generator.check_generation(small, prompt_length=4, cache_length=8, check_tokens=1)
@@ -637,6 +645,7 @@ def test_export_generator_writes_the_files_and_returns_the_summary(model, tmp_pa
         assert json.load(f)["cache_length"] == 8
 
 
+@plumbing_once
 def test_export_options_reach_the_check(model):
     long = _model(max_length=24)
     result = generator.export_generation(long, prompt_length=4, cache_length=20)
@@ -649,6 +658,7 @@ def test_export_options_reach_the_check(model):
     assert result.embedding == "graph" and result.host_table is None and len(result.models) == 1
 
 
+@plumbing_once
 def test_the_litert_python_given_is_the_one_used(no_litert_python_variables, model, tmp_path, monkeypatch):
     # As on Keras 2's stack: no ai-edge-litert in this Python, so the check runs in the LiteRT Python.
     monkeypatch.setattr(quantization, "_litert_in_process", lambda: False)
@@ -667,6 +677,7 @@ def test_the_litert_python_given_is_the_one_used(no_litert_python_variables, mod
         generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int8")
 
 
+@plumbing_once
 def test_the_check_runs_the_default_prompt_cut_to_the_prefill(monkeypatch):
     prompts = []
     real = generator.check_generator_parity
