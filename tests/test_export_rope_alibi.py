@@ -1,8 +1,6 @@
 """RoPE and ALiBi models on every export target: constants only (no SIN/COS), parity with Keras."""
 
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -107,7 +105,6 @@ def test_gl_rejects_explicit_position_ids_with_rope():
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EDGE_CACHE = os.path.join(ROOT, ".edge-cache")
 
 
 def _edge_onnx_site_on_path():
@@ -120,49 +117,3 @@ def _edge_onnx_site_on_path():
     site = runtimes.onnx_site()
     if os.path.isfile(os.path.join(site, ".stamp")) and site not in sys.path:
         sys.path.append(site)
-RUNTIMES = {"gpu": ("venv-litert", "probe_litert.py", ["--accelerator", "gpu"], ["--accelerator", "cpu"]),
-            "gl": ("venv-mediapipe", "probe_gl.py", [], ["--cpu"])}
-
-
-def _run_probe(target, model_path, feeds, output, flags):
-    venv, probe, _, _ = RUNTIMES[target]
-    lib = os.path.join(EDGE_CACHE, "mesa", "usr", "lib", "x86_64-linux-gnu")
-    env = dict(os.environ, VK_ICD_FILENAMES=os.path.join(EDGE_CACHE, "mesa", "lvp_icd.json"),
-               LD_LIBRARY_PATH=lib, XDG_RUNTIME_DIR=os.path.dirname(output), EGL_PLATFORM="surfaceless")
-    probe_path = os.path.join(ROOT, "tests", "edge", "runtime", probe)
-    result = subprocess.run([os.path.join(EDGE_CACHE, venv, "bin", "python"), probe_path, model_path, feeds,
-                             output] + flags, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr, np.load(output)
-
-
-# What tests/edge/runtime/bootstrap.sh leaves once each runtime is complete (a venv's stamp is written last).
-_BOOTSTRAPPED = ("mesa/lvp_icd.json", "venv-litert/.stamp", "venv-mediapipe/.stamp")
-
-
-@pytest.mark.skipif(not all(os.path.isfile(os.path.join(EDGE_CACHE, f)) for f in _BOOTSTRAPPED),
-                    reason="the emulated GPU runtimes are not bootstrapped (make test-edge)")
-@pytest.mark.parametrize("target", ["gpu", "gl"])
-@pytest.mark.parametrize("name", ["rope", "alibi"])
-def test_real_gpu_runtimes_run_every_op_and_match_the_cpu(name, target, tmp_path):
-    """LiteRT GPU accelerator on Mesa lavapipe (gpu), GL delegate on llvmpipe (gl), as in `make test-edge`."""
-    model = _model(name)
-    row = np.array([[0, 0, 0, 5, 6, 7, 8, 9, 10, 11]], np.int32)
-    path = str(tmp_path / f"{name}.tflite")
-    with open(path, "wb") as f:
-        f.write(export.to_tflite(model, sequence_length=LENGTH, target=target))
-    feeds = str(tmp_path / "feeds.npz")
-    np.savez(feeds, token_ids=row.astype(np.float32 if target == "gl" else np.int32))
-    _, _, accelerated, cpu = RUNTIMES[target]
-    info, log, on_gpu = _run_probe(target, path, feeds, str(tmp_path / "gpu.npy"), accelerated)
-    _, _, on_cpu = _run_probe(target, path, feeds, str(tmp_path / "cpu.npy"), cpu)
-    real = np.broadcast_to((row != 0)[..., None], (1, LENGTH, 20)).reshape(-1)
-    on_gpu, on_cpu = on_gpu.reshape(-1)[real], on_cpu.reshape(-1)[real]
-    keras_out = model(tf.constant(row), training=False).numpy().reshape(-1)[real]
-    if target == "gpu":
-        assert info["fully_accelerated"], log[-2000:]
-        assert np.max(np.abs(on_gpu - on_cpu)) <= 1e-4
-    else:
-        assert "not supported by GPU delegate" not in log and "No shader" not in log, log[-2000:]
-        assert np.max(np.abs(on_gpu - on_cpu)) <= 1e-3 and np.any(on_gpu != 0)
-    assert np.max(np.abs(on_gpu - keras_out)) <= 1e-4
