@@ -174,11 +174,12 @@ pytest-keras3-tensorflow: venv-keras3
 pytest-keras3-jax: venv-keras3
 	KERAS_BACKEND=jax $(KERAS3_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) $(KERAS3_JAX_TESTS)
 
-# The stacks are independent processes in separate venvs: they run two at a time (one per core),
-# the JAX run on the core that frees first, each one's output printed in one piece when it ends
-# (--output-sync); any failing fails `test`.
+# The stacks are independent processes in separate venvs: all three run at once, sharing the cores
+# (on two cores the short JAX run no longer waits for a long one to end, and the two long ones end
+# together), each one's output printed in one piece when it ends (--output-sync); any failing fails
+# `test`.
 test: lint
-	@$(MAKE) -j2 --output-sync=target pytest-keras2 pytest-keras3-tensorflow pytest-keras3-jax
+	@$(MAKE) -j3 --output-sync=target pytest-keras2 pytest-keras3-tensorflow pytest-keras3-jax
 
 test-keras2: lint
 	@$(MAKE) pytest-keras2
