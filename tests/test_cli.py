@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from stacks import once_on_keras2
 
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
@@ -281,6 +282,8 @@ def test_inspect_prints_diagnostics_and_writes_plots(tsv_run, capsys):
     assert summary["pe_range"]["ok"] and summary["probe_sentences"] == 2
 
 
+@once_on_keras2("the training image's stack; test_train's run_writes_artifacts_and_beats_unigram "
+                "checks that a Keras 3 run learns")
 def test_default_flags_learn_in_300_steps_on_the_shipped_parallel_corpus(tmp_path, capsys):
     """Acceptance: `train --corpus <pairs>.tsv --format tsv --steps 300`, every other flag at its default."""
     out = str(tmp_path / "run")

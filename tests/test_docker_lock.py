@@ -21,6 +21,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+from stacks import once_on_keras2
 
 _TOOL = Path(__file__).resolve().parents[1] / "tools" / "check_docker_lock.py"
 _spec = importlib.util.spec_from_file_location("check_docker_lock", _TOOL)
@@ -354,6 +355,7 @@ print(json.dumps(order))
 """
 
 
+@once_on_keras2("the import order is the package's own, the same on both stacks")
 def test_keras_posenc_imports_sentencepiece_before_tensorflow():
     """In the image (Python 3.8, sentencepiece 0.2.0) `keras-posenc demo/train` only survives
     SentencePiece training if `import keras_posenc` loads sentencepiece before tensorflow."""

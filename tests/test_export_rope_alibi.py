@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from stacks import once_on_keras2
 
 from keras_posenc import EncoderLayer, export
 from keras_posenc.backend import keras
@@ -33,6 +34,11 @@ MODELS = {
         "high_freq_factor": 4.0}},
 }
 
+# Llama 3.1's scaling changes only the frozen tables' values: the graph is rope's, which runs on both.
+EXPORTED = [pytest.param(name, marks=once_on_keras2("the scaling changes only the frozen tables' values; "
+                                                    "rope runs on both"))
+            if name == "rope-llama3" else name for name in sorted(MODELS)]
+
 
 def _model(name):
     keras.utils.set_random_seed(0)
@@ -43,7 +49,7 @@ def _model(name):
 
 
 @pytest.mark.parametrize("target", ["gpu", "gl", "cpu"])
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", EXPORTED)
 def test_tflite_targets_freeze_positions_and_match_keras(name, target):
     model = _model(name)
     flat = export.to_tflite(model, sequence_length=LENGTH, target=target)
@@ -57,7 +63,7 @@ def test_tflite_targets_freeze_positions_and_match_keras(name, target):
     assert parity <= 1e-5, parity
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", EXPORTED)
 def test_tensorrt_onnx_matches_keras(name):
     _edge_onnx_site_on_path()
     pytest.importorskip("tf2onnx")
