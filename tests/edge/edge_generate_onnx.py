@@ -72,7 +72,7 @@ def test_the_pair_fills_its_cache_with_the_keras_tokens(model, pair):
 
 
 def test_the_opset_is_checked_and_passed_to_tf2onnx(model):
-    with pytest.raises(ValueError, match=f"opset.*{ONNX_OPSET}"):
+    with pytest.raises(ValueError, match=rf"^`opset` must be >= {ONNX_OPSET}, got opset={ONNX_OPSET - 1}\.$"):
         generator.to_onnx_generator(model, prompt_length=4, cache_length=8, opset=ONNX_OPSET - 1)
     pair = generator.to_onnx_generator(model, prompt_length=2, cache_length=4, opset=ONNX_OPSET + 1)
     assert [_opsets(proto) for proto in pair] == [[ONNX_OPSET + 1]] * 2
