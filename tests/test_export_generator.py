@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from stacks import once_on_keras2
 
 from keras_posenc import export
 from keras_posenc.app import dataset as data
@@ -94,8 +95,8 @@ SHADER_CASES = {
 
 
 # Keras 3 reads the same weights into the same graphs: one case there, all four on Keras 2.
-KERAS2_ONLY = pytest.mark.skipif(is_keras3(), reason="the gl graphs of this case run on Keras 2; Keras 3 "
-                                 "runs gl-alibi-host (CI time is tight)")
+KERAS2_ONLY = once_on_keras2("the gl graphs of this case run on Keras 2; Keras 3 runs gl-alibi-host "
+                             "(CI time is tight)")
 
 
 @pytest.mark.parametrize("name", [name if name == "gl-alibi-host" else pytest.param(name, marks=KERAS2_ONLY)
@@ -166,7 +167,7 @@ def kit_files(tmp_path_factory):
 
 # The kit is one runtime-only script whatever stack exported the file: its subprocess runs (each
 # starts a TFLite runtime) run once, on Keras 2.
-kit_once = pytest.mark.skipif(is_keras3(), reason="the kit's subprocess runs are checked once, on Keras 2")
+kit_once = once_on_keras2("the kit is one runtime-only script whatever stack exported the file")
 
 
 def _run_kit(*args):

@@ -10,7 +10,7 @@ import tensorflow as tf
 from stacks import once_on_keras2, once_on_keras3
 
 from keras_posenc import export
-from keras_posenc.backend import is_keras3, keras
+from keras_posenc.backend import keras
 from keras_posenc.models import CausalLM
 
 LENGTH = 48
@@ -229,8 +229,7 @@ def scale_model():
     return train_briefly(model, steps=150, length=32, batch=32, seed=1)
 
 
-@pytest.mark.skipif(is_keras3(), reason="run once, on the Keras 2 stack: both converters get the same gl "
-                    "formulation, and CI time is tight")
+@once_on_keras2("both converters get the same gl formulation, and CI time is tight")
 @pytest.mark.parametrize("target", ["gpu", "gl"])
 def test_length_128_vocab_8000_in_float32_and_float16(edge, target, scale_model, tflite_file, half_precision):
     model = scale_model
@@ -313,8 +312,7 @@ def test_rope_and_alibi_files_on_the_gpu_runtimes(edge, name, target, tflite_fil
 WIDE = dict(num_layers=2, d_model=512, num_heads=8, dff=2048, vocab_size=8000, max_length=512, dropout=0.0)
 
 
-@pytest.mark.skipif(is_keras3(), reason="run once, on the Keras 2 stack: both converters get the same gl "
-                    "formulation, and CI time is tight")
+@once_on_keras2("both converters get the same gl formulation, and CI time is tight")
 @pytest.mark.parametrize("target", ["gpu", "gl"])
 def test_length_512_file_stays_within_1_10_times_the_weights(target):
     """No constant grows faster than T^2: at T = 512 the file is the weights plus a few [T, T] tables.
