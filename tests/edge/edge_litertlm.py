@@ -56,10 +56,11 @@ def sessions(sp_model):
     return [["the cat"], [long], ["a small dog", "ran into the garden"]]
 
 
-@pytest.fixture(scope="module", params=sorted(POSITIONS))
+@pytest.fixture(scope="module", params=[
+    name if name in KERAS3_POSITIONS else pytest.param(name, marks=once_on_keras2("the same graphs as "
+                                                                                  "rope-yarn's"))
+    for name in sorted(POSITIONS)])
 def bundle(request, tmp_path_factory, sp_model, edge):
-    if is_keras3() and request.param not in KERAS3_POSITIONS:
-        pytest.skip(f"{request.param}: exported on Keras 2 only")
     model = tied_lm(POSITIONS[request.param])
     out = str(tmp_path_factory.mktemp(f"litertlm-{request.param}") / "gen.litertlm")
     result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
@@ -164,10 +165,11 @@ def held_out_rows(sp_model, corpus, rows=24):
     return table
 
 
-@pytest.mark.parametrize("target,quantize", [("cpu", "int8"), ("cpu", "int4"), ("gpu", "int8")])
+@pytest.mark.parametrize("target,quantize", [
+    ("cpu", "int8"),
+    pytest.param("cpu", "int4", marks=once_on_keras2("int4 bundles: the same LiteRT Quantizer recipe")),
+    ("gpu", "int8")])
 def test_quantized_bundles_run_on_the_engine_as_on_litert(tmp_path, sp_model, corpus, edge, target, quantize):
-    if is_keras3() and quantize == "int4":
-        pytest.skip("int4 bundles: exported on Keras 2 only (the same LiteRT Quantizer recipe)")
     model = tied_lm(POSITIONS["rope-yarn"])
     probes = sessions(sp_model)
     # The float32 bundle, packed as export_litertlm packs it (its engine run is the other tests' job).
