@@ -9,9 +9,10 @@ the values of the frozen cos/sin tables (NumPy float64, the same on both stacks)
 logic of a command whose training run is checked on both stacks elsewhere. The reason names the
 case that keeps the stack covered.
 
-In `make test` that one stack is Keras 2: `make mutation` runs the tests on .venv (Keras 2), so a
-test that kills mutants must run there. `make test-edge` (never part of a mutation run) may run a
-case once on either stack, to balance its two runs.
+A test file that `tools/mutation.toml` lists runs its once-cases on Keras 2: `make mutation` runs
+the tests on .venv (Keras 2), so a test that kills mutants must run there. The other files, and
+`make test-edge`'s, may run a case once on either stack, to balance the two runs (each stage takes
+as long as its longer run).
 """
 
 import pytest

@@ -11,12 +11,13 @@ import os
 import numpy as np
 import pytest
 from litert_stand_in import executable
-from stacks import once_on_keras2
+from stacks import once_on_keras2, once_on_keras3
 
 from keras_posenc import special_ids
 from keras_posenc.app import cli
 from keras_posenc.backend import is_keras3, keras
 from keras_posenc.export import contract, litert_python, litertlm, litertlm_bundle
+from keras_posenc.export.flatbuffer import op_counts
 from keras_posenc.layers.rope_scaling import ROTARY_SCALINGS
 from keras_posenc.models import CausalLM
 
@@ -57,9 +58,15 @@ def test_the_rope_table_covers_every_scaling():
 
 FIRST = [2, 9, 17, 5, 11, 30, 7, 21, 13, 6]  # 9 tokens prefilled in 3 chunks of 4, the 10th decoded
 SECOND = [8, 19, 25]
-# These scalings change only the values of the frozen cos/sin tables, so the converter sees the graph
-# of rope-plain (which runs on both stacks) with other constants.
-TABLE_ONLY_SCALINGS = ("rope-linear", "rope-ntk", "rope-yarn", "rope-yarn-turns", "rope-llama3")
+# Kinds whose files differ from another kind's only in constants: the position tables are frozen
+# (a gathered table for the table kinds, cos/sin tables for the RoPE scalings), so the converter sees
+# the graph of the kind named here. The named kind runs on both stacks; each kind of this table runs
+# once (on Keras 3 if in ONCE_ON_KERAS3, else on Keras 2) and checks there that its file has the named
+# kind's ops and size.
+SAME_GRAPH_AS = {"sinusoidal-factorized": "sinusoidal-full", "sinusoidal-interpolated": "sinusoidal-full",
+                 "learned": "sinusoidal-full",
+                 **{f"rope-{scaling}": "rope-plain" for scaling in ROTARY_SCALINGS if scaling}}
+ONCE_ON_KERAS3 = ("sinusoidal-factorized", "rope-longrope", "rope-yarn")
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,30 +78,50 @@ def _model_and_keras_turns(name):
     return model, [keras_first, model.generate(FIRST + keras_first + SECOND, 8).ids[0].tolist()]
 
 
-@pytest.mark.parametrize("name", [name for name in sorted(POSITIONS) if name not in TABLE_ONLY_SCALINGS]
-                         + [pytest.param(name, marks=once_on_keras2(
-                             "the scaling changes only the frozen tables' values; rope-plain runs on both"))
-                            for name in TABLE_ONLY_SCALINGS])
+@functools.lru_cache(maxsize=None)
+def _engine_file(name, target):
+    return litertlm.to_litertlm_tflite(_model_and_keras_turns(name)[0], prompt_length=4, cache_length=36,
+                                       target=target)
+
+
+def _kinds(names, same_graph_as, on_keras3=()):
+    """`names` as parameters: each kind of `same_graph_as` once, on Keras 3 if in `on_keras3`."""
+    def once(name):
+        kind = same_graph_as[name]
+        stack = once_on_keras3 if name in on_keras3 else once_on_keras2
+        return stack(f"its file is {kind}'s graph with other constants (checked here), and {kind} runs "
+                     "on both")
+
+    return [pytest.param(name, marks=once(name)) if name in same_graph_as else name for name in names]
+
+
+def _generates_the_keras_tokens(name, target, same_graph_as):
+    flat = _engine_file(name, target)
+    if name in same_graph_as:
+        kind = same_graph_as[name]
+        assert op_counts(flat) == op_counts(_engine_file(kind, target))
+        assert len(flat) == len(_engine_file(kind, target))
+    turns = _model_and_keras_turns(name)[1]
+    assert litertlm.engine_greedy(litertlm.EngineFeeder(flat), [FIRST, SECOND], 8) == turns
+
+
+@pytest.mark.parametrize("name", _kinds(sorted(POSITIONS), SAME_GRAPH_AS, ONCE_ON_KERAS3))
 def test_fed_as_the_engine_feeds_it_every_position_kind_generates_the_keras_tokens(name):
-    model, keras_turns = _model_and_keras_turns(name)
-    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36)
-    assert litertlm.engine_greedy(litertlm.EngineFeeder(flat), [FIRST, SECOND], 8) == keras_turns
+    _generates_the_keras_tokens(name, "cpu", SAME_GRAPH_AS)
 
 
-GPU_POSITIONS = ("sinusoidal-factorized", "learned", "alibi", "rope-yarn", pytest.param("rope-llama3", marks=(
-    once_on_keras2("the scaling changes only the frozen tables' values; rope-yarn runs on both"))))
+GPU_SAME_GRAPH_AS = {"learned": "sinusoidal-factorized", "rope-llama3": "rope-yarn"}
 
 
-@pytest.mark.parametrize("name", GPU_POSITIONS)
+GPU_KINDS = ["sinusoidal-factorized", "learned", "alibi", "rope-yarn", "rope-llama3"]
+
+
+@pytest.mark.parametrize("name", _kinds(GPU_KINDS, GPU_SAME_GRAPH_AS))
 def test_the_gpu_file_fed_as_the_engine_feeds_it_generates_the_keras_tokens(name):
-    model, keras_turns = _model_and_keras_turns(name)
-    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36, target="gpu")
-    assert litertlm.engine_greedy(litertlm.EngineFeeder(flat), [FIRST, SECOND], 8) == keras_turns
+    _generates_the_keras_tokens(name, "gpu", GPU_SAME_GRAPH_AS)
 
 
 def test_the_gpu_file_holds_only_shader_ops_and_no_transpose():
-    from keras_posenc.export.flatbuffer import op_counts
-
     flat = litertlm.to_litertlm_tflite(_model(position="rope"), prompt_length=4, cache_length=16,
                                        target="gpu")
     ops = set(op_counts(flat))

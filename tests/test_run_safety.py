@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pytest
 from checkpoint_files import truncate_checkpoint
+from stacks import once_on_keras2
 
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
@@ -121,6 +122,8 @@ def _holder(folder):
     return process
 
 
+@once_on_keras2("the run lock is the package's own file lock; test_sigterm_during_training_saves_a_"
+                "checkpoint_and_exits_143 has a second run refused by a running one on both stacks")
 def test_a_second_run_refuses_and_a_killed_holder_is_taken_over(corpus, earlier_run, run_copy, capsys):
     before = _snapshot(run_copy)
     holder = _holder(run_copy)
