@@ -12,6 +12,7 @@ at most 0.35x its float32 export.
 import numpy as np
 import pytest
 from edge_targets import DEMO, LENGTH, bigram_language, bigram_rows, demo_model, feeds_of
+from stacks import once_on_keras2, once_on_keras3
 
 from keras_posenc import export
 from keras_posenc.export import generator, host_table
@@ -136,30 +137,34 @@ def test_tensorrt_onnx_in_onnxruntime_keeps_the_held_out_loss(exported, quantize
     assert _bytes(result) <= (0.55 if quantize == "float16" else MAX_INT8_RATIO) * _bytes(float32)
 
 
+# Each runtime's int8 prefill/decode files come from one converter (an export, a quality check and a
+# free-running text on an emulated GPU each): LiteRT's GPU accelerator from TensorFlow 2.21's, the GL
+# delegate from TensorFlow 2.12's, the one Jetson's TFLite goes with.
+@pytest.mark.parametrize("target", [
+    pytest.param("gpu", marks=once_on_keras3("LiteRT's GPU accelerator gets TensorFlow 2.21's int8 files")),
+    pytest.param("gl", marks=once_on_keras2("the GL delegate gets TensorFlow 2.12's int8 files, as Jetson"))])
 def test_int8_prefill_decode_runs_on_the_gpu_runtimes_with_the_keras_tokens(trained, held_out, edge,
-                                                                             tmp_path):
+                                                                             tmp_path, target):
     from edge_generate import NEW_TOKENS, PROMPT, run_kit_on_litert
 
     keras_ids = trained.generate(PROMPT, NEW_TOKENS).ids[0].tolist()
-    for target in ("gpu", "gl"):
-        result = export.export_generation(trained, prompt_length=16, cache_length=LENGTH, target=target,
-                                          quantize="int8", eval_token_ids=held_out,
-                                          litert_python=edge.litertlm_python())
-        assert result.failures() == [], result.lines
-        assert result.report["quality"]["loss_increase"] <= 0.01
-        out = str(tmp_path / f"gen-{target}.tflite")
-        paths = result.save(out)
-        assert out + ".embeddings.npz" in paths  # int8 rows, read by the kit
-        if target == "gpu":  # the kit, GPU-only on LiteRT's accelerator, dequantizing the rows it feeds
-            ids, _, stdout = run_kit_on_litert(edge, out, "fp32", tmp_path)
-            assert "fully accelerated: True" in stdout
-        else:
-            rows = host_table.dequantized_table(result.host_table)
-            gl = edge.run_gl_generate(generator.tflite_paths(out), PROMPT, NEW_TOKENS, pad_id=0,
-                                      table=rows)
-            assert gl.returncode == 0 and edge.refusals(gl.log) == [], gl.log[-3000:]
-            ids = gl.output[0]
-        _assert_greedy_through_a_near_tie(trained, keras_ids, ids, target)
+    result = export.export_generation(trained, prompt_length=16, cache_length=LENGTH, target=target,
+                                      quantize="int8", eval_token_ids=held_out,
+                                      litert_python=edge.litertlm_python())
+    assert result.failures() == [], result.lines
+    assert result.report["quality"]["loss_increase"] <= 0.01
+    out = str(tmp_path / f"gen-{target}.tflite")
+    paths = result.save(out)
+    assert out + ".embeddings.npz" in paths  # int8 rows, read by the kit
+    if target == "gpu":  # the kit, GPU-only on LiteRT's accelerator, dequantizing the rows it feeds
+        ids, _, stdout = run_kit_on_litert(edge, out, "fp32", tmp_path)
+        assert "fully accelerated: True" in stdout
+    else:
+        rows = host_table.dequantized_table(result.host_table)
+        gl = edge.run_gl_generate(generator.tflite_paths(out), PROMPT, NEW_TOKENS, pad_id=0, table=rows)
+        assert gl.returncode == 0 and edge.refusals(gl.log) == [], gl.log[-3000:]
+        ids = gl.output[0]
+    _assert_greedy_through_a_near_tie(trained, keras_ids, ids, target)
 
 
 # A float32 margin (logits) that int8 weights may overturn: the greedy pick of the int8 files may
@@ -184,6 +189,8 @@ def _assert_greedy_through_a_near_tie(trained, keras_ids, ids, target):
     assert margin <= NEAR_TIE, (target, first, margin)
 
 
+@once_on_keras3("onnxruntime quantizes the ONNX files whichever stack exported them; the float32 ONNX "
+                "prefill/decode files of both stacks run in edge_generate_onnx.py")
 def test_int8_tensorrt_prefill_decode_keeps_the_keras_tokens_on_onnxruntime(trained, held_out, edge):
     """The two ONNX models quantized to int8 QDQ, calibrated on the float32 models' own greedy runs.
 

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from stacks import once_on_keras2, once_on_keras3
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras
@@ -30,12 +31,21 @@ def demo(tmp_path_factory):
     return model, path, folder, ids
 
 
+# The command's flags reach the export the Python API makes, and edge_targets.py runs every target's
+# files from both converters on the runtimes: each command run below (a subprocess that imports the
+# stack and exports) runs on one stack, gpu on Keras 3 (LiteRT's current converter), gl and tensorrt on
+# Keras 2 (the Jetson path the TF 2.12 image trains for).
+CLI_ONCE = ("the command's path is the package's; edge_targets.py runs this target's files from both "
+            "converters")
+
+
 def cli(*argv):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.run([sys.executable, "-m", "keras_posenc.app.cli", *argv], capture_output=True,
                           text=True, timeout=900, env=environment)
 
 
+@once_on_keras3(CLI_ONCE)
 def test_cli_gpu_target_is_fully_accelerated_by_litert(edge, demo):
     model, path, folder, ids = demo
     out = str(folder / "m_gpu.tflite")
@@ -51,6 +61,7 @@ def test_cli_gpu_target_is_fully_accelerated_by_litert(edge, demo):
     assert np.max(np.abs(gpu.output - cpu.output)) <= 1e-4
 
 
+@once_on_keras2(CLI_ONCE)
 def test_cli_gl_target_runs_both_layers_on_gl(edge, demo):
     model, path, folder, ids = demo
     out = str(folder / "m_gl.tflite")
@@ -69,6 +80,7 @@ def test_cli_gl_target_runs_both_layers_on_gl(edge, demo):
     assert ops["SOFTMAX"] == 2 * 4  # two layers x four heads
 
 
+@once_on_keras2(CLI_ONCE)
 def test_cli_tensorrt_target_writes_onnx_with_parity(edge, demo):
     model, path, folder, ids = demo
     out = str(folder / "m.onnx")
