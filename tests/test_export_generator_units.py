@@ -406,6 +406,19 @@ def test_parity_compares_every_generated_step_with_the_full_pass(model, cpu_file
     assert same is False and parity > 100
 
 
+@plumbing_once
+def test_parity_skips_the_model_s_own_pad_id_as_generate_does():
+    # Padding is id 1; the head makes 1 the raw best pick at every step and 0 the runner-up.
+    model = _model(pad_id=1)
+    kernel, bias = model.head.get_weights()
+    bias[1], bias[0] = 50.0, 25.0
+    model.head.set_weights([kernel, bias])
+    session = generator.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8))
+    assert model.generate([6, 7, 8], 3).ids[0].tolist() == [0, 0, 0]
+    assert generator.check_generator_parity(model, session, [6, 7, 8], 3)[0] is True
+    assert generator.greedy_generate(session, [6, 7, 8], 3)[0] == [1, 1, 1]  # with padding id 0
+
+
 @pytest.mark.parametrize("config", [
     {"position": "rope", "scaling": "yarn", "scaling_factor": 2.0, "original_length": 8},
     {"position": "alibi"},
