@@ -6,6 +6,7 @@ with their messages, the boundaries of the lengths, the feeds greedy generation 
 of the quality report recomputed by hand, and the files' inputs, outputs and metadata.
 """
 
+import contextlib
 import json
 import os
 
@@ -551,6 +552,7 @@ def test_the_checked_export_reports_tokens_parity_and_costs(model):
     meta = result.metadata
     assert meta["embedding"] == "graph" and meta["input_dtype"] == "int32" and meta["quantize"] is None
     assert meta["cache_bytes"] == 2 * 2 * 8 * 8 * 4 and meta["kind"] == "prefill_decode"
+    assert (meta["prompt_length"], meta["cache_length"]) == (4, 8)  # what the kit feeds
     assert 0 < meta["decode_multiply_adds"] < meta["prefill_multiply_adds"]
     assert "quantization" not in meta and "quality" not in meta and result.host_table is None
     assert result.lines == [
@@ -630,10 +632,50 @@ def test_a_float16_export_reports_its_quality_against_float32(model, float16_exp
     assert result.lines[-1].startswith("Greedy generation on 3 prompts x 3 tokens: ")
     assert len(result.lines) == 4
     assert result.description.endswith(", float16 weights")
+    types = {d["dtype"] for d in tf.lite.Interpreter(model_content=result.models[0]).get_tensor_details()}
+    assert np.float16 in types  # the file is the float16 one, not float32's
     stored = result.host_table
     assert stored is not None and np.asarray(stored).dtype == np.float16
     np.testing.assert_allclose(np.asarray(stored, np.float32), conversion.host_embedding_table(model),
                                atol=1e-3, rtol=1e-3)
+
+
+@plumbing_once
+def test_the_quantized_and_the_float32_file_run_on_the_interpreter_the_recipe_needs(model, monkeypatch):
+    opened = []
+
+    class Recording(tf.lite.Interpreter):
+        def __init__(self, model_content):
+            opened.append(model_content)
+            super().__init__(model_content=model_content)
+
+    @contextlib.contextmanager
+    def recording_interpreter(recipe, litert_python=None):
+        assert recipe == quantization.recipe_for("gpu", "float16", "prefill_decode")
+        yield Recording
+
+    monkeypatch.setattr(generator, "interpreter_for", recording_interpreter)
+    checked = generator.check_generation(model, prompt_length=4, cache_length=8, target="gpu",
+                                         embedding="graph", quantize="float16", check_tokens=2)
+    float32 = generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gpu",
+                                            embedding="graph")
+    assert opened == [checked["models"][0], float32]
+
+
+@plumbing_once
+def test_the_quality_check_prompts_are_the_check_prompt_and_the_rows_real_tokens(monkeypatch):
+    seen = []
+    real = generator.generation_quality
+
+    def recording(model, float_session, session, prompts, tokens, eval_token_ids=None):
+        seen.append(prompts)
+        return real(model, float_session, session, prompts, tokens, eval_token_ids)
+
+    monkeypatch.setattr(generator, "generation_quality", recording)
+    rows = np.array([[6, 7, 8, 10, 11, 12], [12, 13, 9, 9, 9, 9], [9, 9, 9, 9, 9, 9]])
+    generator.check_generation(_model(pad_id=9), prompt_length=4, cache_length=8, quantize="float16",
+                               check_prompt=[2, 3], check_tokens=2, eval_token_ids=rows)
+    assert seen == [[[2, 3], [6, 7, 8, 10], [12, 13]]]  # padding (9) cut, an all-padding row left out
 
 
 def test_a_negative_loss_bound_is_refused_before_any_export(model):

@@ -119,6 +119,9 @@ def test_the_checked_tensorrt_export_reports_both_files(model):
                                          check_tokens=3, quantize="float16")
     assert (result.target, result.quantize, result.embedding) == ("tensorrt", "float16", "graph")
     assert len(result.models) == 2 and result.host_table is None
+    for proto in result.models:  # the checked pair is the float16 one
+        initializers = onnx.load_from_string(proto).graph.initializer
+        assert onnx.TensorProto.FLOAT16 in {initializer.data_type for initializer in initializers}
     assert result.report["same_tokens"] and result.report["tokens_checked"] == 3
     meta = result.metadata
     assert meta["input_dtype"] == "int32" and meta["accelerators"] == ["gpu", "cpu"]
