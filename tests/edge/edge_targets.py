@@ -4,6 +4,9 @@ Demo-size models (2 layers, d_model 64, 4 heads, length 48), with and without la
 tables full / factorized / interpolated, float32 and float16 weights.
 """
 
+import functools
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -82,8 +85,15 @@ def train_briefly(model, *, steps=150, length=LENGTH, batch=16, seed=0):
 
 
 def demo_model(options):
+    """The demo-size model of `options`, trained briefly; made once per process for each `options`
+    (each training takes seconds, and the tests only read the model)."""
+    return _trained_demo_model(json.dumps(options, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _trained_demo_model(options_json):
     keras.utils.set_random_seed(11)
-    model = CausalLM(dict(DEMO, **options), name="demo")
+    model = CausalLM(dict(DEMO, **json.loads(options_json)), name="demo")
     model.build_on_dummy()
     for weight in model.weights:
         if "language_scale" in weight.name:
@@ -394,7 +404,12 @@ def test_tensorrt_host_embedding_onnx_on_onnxruntime(edge, host_model, half_prec
     half_precision(export.run_onnx(half, feeds, roles), export.run_onnx(onnx, feeds, roles), ids != 0)
 
 
-def test_runtime_segment_ids_on_gl_and_litert(edge, tflite_file, half_precision):
+# Each converter's file runs on one runtime: the segment ids' graph is the same for both targets'
+# converters, and each target's other files run from both converters above.
+@pytest.mark.parametrize("target", [
+    pytest.param("gl", marks=once_on_keras2("the GL delegate gets TensorFlow 2.12's file, as Jetson")),
+    pytest.param("gpu", marks=once_on_keras3("LiteRT's GPU accelerator gets TensorFlow 2.21's file"))])
+def test_runtime_segment_ids_on_gl_and_litert(edge, tflite_file, half_precision, target):
     """Packed rows with runtime segment ids: per-segment positions and block-diagonal attention on GPU."""
     from keras_posenc.layers.encoder import Encoder
 
@@ -429,14 +444,14 @@ def test_runtime_segment_ids_on_gl_and_litert(edge, tflite_file, half_precision)
     tokens[:, :5] = 0  # left padding
     real = tokens != 0
     expected = model([tokens, eval_segments]).numpy()
-    for target, run, dtype in (("gl", edge.run_gl, np.float32), ("gpu", edge.run_litert, np.int32)):
-        path = tflite_file(target, export.to_tflite(model, sequence_length=LENGTH, target=target))
-        feeds = {"token_ids": tokens.astype(dtype), "segment_ids": eval_segments.astype(dtype)}
-        options = {"rows": len(eval_segments)} if target == "gl" else {}
-        result = run(path, feeds, **options)
-        assert result.returncode == 0 and edge.refusals(result.log) == [], result.log[-3000:]
-        got = result.output.reshape(len(eval_segments), LENGTH, 7)
-        assert np.max(np.abs(got[real] - expected[real])) <= 1e-4, target
-        half = run(path, feeds, fp16=True, **options)
-        assert half.returncode == 0 and edge.refusals(half.log) == [], half.log[-3000:]
-        half_precision(half.output.reshape(len(eval_segments), LENGTH, 7), expected, real)
+    run, dtype = (edge.run_gl, np.float32) if target == "gl" else (edge.run_litert, np.int32)
+    path = tflite_file(target, export.to_tflite(model, sequence_length=LENGTH, target=target))
+    feeds = {"token_ids": tokens.astype(dtype), "segment_ids": eval_segments.astype(dtype)}
+    options = {"rows": len(eval_segments)} if target == "gl" else {}
+    result = run(path, feeds, **options)
+    assert result.returncode == 0 and edge.refusals(result.log) == [], result.log[-3000:]
+    got = result.output.reshape(len(eval_segments), LENGTH, 7)
+    assert np.max(np.abs(got[real] - expected[real])) <= 1e-4, target
+    half = run(path, feeds, fp16=True, **options)
+    assert half.returncode == 0 and edge.refusals(half.log) == [], half.log[-3000:]
+    half_precision(half.output.reshape(len(eval_segments), LENGTH, 7), expected, real)
