@@ -432,6 +432,14 @@ def test_every_position_kind_generates_the_keras_tokens(config):
     _generates_like_keras(model, session, [6, 7], 7)
 
 
+@plumbing_once
+def test_a_one_layer_model_s_file_reads_its_lengths_from_its_one_cache():
+    one = _model(num_layers=1)
+    session = generator.TfliteSession(generator.to_tflite_generator(one, prompt_length=4, cache_length=8))
+    assert (session.prompt_length, session.cache_length, session.vocab_size) == (4, 8, 20)
+    _generates_like_keras(one, session, [6, 7, 8], 5)
+
+
 @pytest.fixture(scope="module")
 def gpu_files(model):
     return {embedding: generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gpu",

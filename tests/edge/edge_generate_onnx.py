@@ -71,6 +71,16 @@ def test_the_pair_fills_its_cache_with_the_keras_tokens(model, pair):
     assert outputs["logits"].shape == (1, 20) and outputs["present_key_0"].shape == (1, 8, 2, 4)
 
 
+def test_a_one_layer_pair_reads_its_lengths_from_its_one_cache():
+    keras.utils.set_random_seed(11)
+    one = CausalLM({**TINY, "num_layers": 1})
+    one.build_on_dummy()
+    session = generator.OnnxSession(*generator.to_onnx_generator(one, prompt_length=4, cache_length=8))
+    assert (session.prompt_length, session.cache_length, session.vocab_size) == (4, 8, 20)
+    ids, _ = generator.greedy_generate(session, [6, 7, 8], 5)
+    assert ids == one.generate([6, 7, 8], 5).ids[0].tolist()
+
+
 def test_the_opset_is_checked_and_passed_to_tf2onnx(model):
     with pytest.raises(ValueError, match=rf"^`opset` must be >= {ONNX_OPSET}, got opset={ONNX_OPSET - 1}\.$"):
         generator.to_onnx_generator(model, prompt_length=4, cache_length=8, opset=ONNX_OPSET - 1)
