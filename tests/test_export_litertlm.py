@@ -66,7 +66,7 @@ SECOND = [8, 19, 25]
 SAME_GRAPH_AS = {"sinusoidal-factorized": "sinusoidal-full", "sinusoidal-interpolated": "sinusoidal-full",
                  "learned": "sinusoidal-full",
                  **{f"rope-{scaling}": "rope-plain" for scaling in ROTARY_SCALINGS if scaling}}
-ONCE_ON_KERAS3 = ("sinusoidal-factorized", "rope-longrope", "rope-yarn")
+ONCE_ON_KERAS3 = ("sinusoidal-factorized", "rope-linear", "rope-longrope", "rope-yarn")
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,7 +116,7 @@ GPU_SAME_GRAPH_AS = {"learned": "sinusoidal-factorized", "rope-llama3": "rope-ya
 GPU_KINDS = ["sinusoidal-factorized", "learned", "alibi", "rope-yarn", "rope-llama3"]
 
 
-@pytest.mark.parametrize("name", _kinds(GPU_KINDS, GPU_SAME_GRAPH_AS))
+@pytest.mark.parametrize("name", _kinds(GPU_KINDS, GPU_SAME_GRAPH_AS, on_keras3=("learned",)))
 def test_the_gpu_file_fed_as_the_engine_feeds_it_generates_the_keras_tokens(name):
     _generates_the_keras_tokens(name, "gpu", GPU_SAME_GRAPH_AS)
 
