@@ -429,7 +429,8 @@ def test_parity_skips_the_model_s_own_pad_id_as_generate_does():
     {"position": "rope", "scaling": "yarn", "scaling_factor": 2.0, "original_length": 8},
     {"position": "alibi"},
     {"position": "learned", "norm_first": True},
-], ids=["rope-yarn", "alibi", "learned-pre-ln"])
+    {"dropout": 0.5},
+], ids=["rope-yarn", "alibi", "learned-pre-ln", "dropout"])
 @plumbing_once
 def test_every_position_kind_generates_the_keras_tokens(config):
     model = _model(**config)
