@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -144,9 +145,20 @@ def test_resume_after_killed_process_matches_uninterrupted_run(corpus, tmp_path)
         np.testing.assert_array_equal(got, want)
 
 
-def test_files_of_an_interrupted_save_are_ignored(corpus, tmp_path):
-    out = str(tmp_path / "run")
+@pytest.fixture(scope="module")
+def four_steps(corpus, tmp_path_factory):
+    """The folder of a finished 4-step run (checkpoints at 2 and 4); tests resume copies of it."""
+    out = str(tmp_path_factory.mktemp("four_steps") / "run")
     train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=4)))
+    return out
+
+
+def _copy_of(run, tmp_path):
+    return shutil.copytree(run, str(tmp_path / "run"))
+
+
+def test_files_of_an_interrupted_save_are_ignored(corpus, four_steps, tmp_path):
+    out = _copy_of(four_steps, tmp_path)
     ckpt_dir = os.path.join(out, "checkpoints")
     assert [s for s, _ in list_checkpoints(ckpt_dir)] == [2, 4]
     # A save killed half-way leaves its temporary shards, or an index the state file never named.
@@ -206,7 +218,6 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from keras_posenc.app.train import TrainConfig, train
     corpus, out, tiny = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    single = train(TrainConfig(corpus=corpus, out=out + "/single", strategy="default", **tiny))
     mirrored = train(TrainConfig(corpus=corpus, out=out + "/mirrored", strategy="mirrored", **tiny))
     # 5 examples in batches of 4: the last batch's one row goes to replica 0, replica 1 gets none.
     import numpy as np
@@ -224,18 +235,27 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     logits = model(tf.constant(features)).numpy().astype(np.float64)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     picked = np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
-    print(json.dumps([single["losses"], mirrored["losses"], mirrored["num_replicas"],
-                      single["eval_loss"], mirrored["eval_loss"], ragged_eval, -picked[labels != 0].mean()]))
+    print(json.dumps([mirrored["losses"], mirrored["num_replicas"], mirrored["eval_loss"], ragged_eval,
+                      -picked[labels != 0].mean()]))
 """)
 
 
-def test_mirrored_strategy_on_two_devices_matches_single_device(corpus, tmp_path):
-    tiny = dict(TINY, dropout=0.0, lr_scale=4.0)
-    result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, corpus, str(tmp_path), json.dumps(tiny)],
-                            env=_subprocess_env(), capture_output=True, text=True, timeout=300)
+# The run the two-replica runs (mirrored, multi-worker) are compared with: the same settings on one device.
+ONE_DEVICE = dict(TINY, dropout=0.0, lr_scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def one_device(corpus, tmp_path_factory):
+    return train(TrainConfig(corpus=corpus, out=str(tmp_path_factory.mktemp("one_device")), **ONE_DEVICE))
+
+
+def test_mirrored_strategy_on_two_devices_matches_single_device(corpus, one_device, tmp_path):
+    command = [sys.executable, "-c", MIRRORED_SCRIPT, corpus, str(tmp_path), json.dumps(ONE_DEVICE)]
+    result = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     last_line = result.stdout.strip().splitlines()[-1]
-    single, mirrored, replicas, single_eval, mirrored_eval, ragged, ragged_expected = json.loads(last_line)
+    mirrored, replicas, mirrored_eval, ragged, ragged_expected = json.loads(last_line)
+    single, single_eval = one_device["losses"], one_device["eval_loss"]
     assert replicas == 2
     # The only difference from one device is float summation order: each replica's half-batch gradient,
     # then their sum. The training losses of these 6 steps agree to 3e-7 relative on Keras 2 and to 1.3e-5
@@ -273,9 +293,8 @@ def _free_ports(count):
     return ports
 
 
-def test_multiworker_on_localhost_matches_single_device(corpus, tmp_path):
-    tiny = dict(TINY, dropout=0.0, lr_scale=4.0)
-    single = train(TrainConfig(corpus=corpus, out=str(tmp_path / "single"), **tiny))
+def test_multiworker_on_localhost_matches_single_device(corpus, one_device, tmp_path):
+    tiny, single = ONE_DEVICE, one_device
     cluster = {"worker": [f"localhost:{port}" for port in _free_ports(2)]}
     out = str(tmp_path / "multi")
     flags = ["--corpus", corpus, "--out", out, "--strategy", "multiworker", "--quiet",
@@ -303,11 +322,11 @@ def test_multiworker_on_localhost_matches_single_device(corpus, tmp_path):
 
 def test_warmup_defaults_to_half_the_steps_and_a_resume_keeps_it(corpus, tmp_path):
     out = str(tmp_path / "run")
-    first = train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=20, warmup_steps=None)))
-    assert first["warmup_steps"] == train_lib.default_warmup_steps(20) == 10
+    first = train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=8, warmup_steps=None)))
+    assert first["warmup_steps"] == train_lib.default_warmup_steps(8) == 4
     resumed = train(TrainConfig(corpus=corpus, out=out, resume=True,
-                                **dict(TINY, steps=40, warmup_steps=None)))
-    assert resumed["start_step"] == 20 and resumed["warmup_steps"] == 10  # not 40 // 2: same schedule
+                                **dict(TINY, steps=16, warmup_steps=None)))
+    assert resumed["start_step"] == 8 and resumed["warmup_steps"] == 4  # not 16 // 2: same schedule
 
 
 def test_explicit_warmup_not_below_the_steps_warns(corpus, tmp_path):
@@ -318,11 +337,11 @@ def test_explicit_warmup_not_below_the_steps_warns(corpus, tmp_path):
     assert UNDER_MUTMUT or [w.filename for w in caught if "--warmup-steps" in str(w.message)] == [__file__]
 
 
-def test_a_checkpoint_of_another_pipeline_resumes_model_and_optimizer(corpus, tmp_path, monkeypatch):
+def test_a_checkpoint_of_another_pipeline_resumes_model_and_optimizer(corpus, four_steps, tmp_path,
+                                                                      monkeypatch):
     """A checkpoint from an earlier input pipeline (e.g. before the buckets) is not lost: the model,
     optimizer and step resume, the batches start afresh, and a warning says so."""
-    out = str(tmp_path / "run")
-    train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=4)))
+    out = _copy_of(four_steps, tmp_path)
     original = data.lm_dataset
     monkeypatch.setattr(data, "lm_dataset", lambda *a, **k: original(*a, **k).shuffle(4, seed=1))
     with pytest.warns(UserWarning, match="holds the state of another input pipeline"):
