@@ -80,9 +80,18 @@ def test_the_gpu_cache_bound_is_2048_inclusive():
                                 "float16 integers), got cache_length=2049.")
 
 
+class _AnotherLibrarysLM(keras.Model):
+    """A causal LM of another library: it generates, but has no keras_posenc `encoder`."""
+
+    def generate(self, prompt, max_new_tokens):
+        raise AssertionError("never called")
+
+
 @pytest.mark.parametrize("make,args,message", [
     (lambda: keras.Sequential([keras.layers.Dense(2)]), (4, 8, "cpu"),
      "A prefill/decode export needs a keras_posenc CausalLM, got Sequential."),
+    (_AnotherLibrarysLM, (4, 8, "cpu"),
+     "A prefill/decode export needs a keras_posenc CausalLM, got _AnotherLibrarysLM."),
     (lambda: _model(), (4, 8, "metal"),
      "A prefill/decode export supports target in ('gpu', 'gl', 'cpu', 'tensorrt'), got target='metal'."),
     (lambda: _model(), (4, 8, None),
