@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from litert_stand_in import FAILED_QUANTIZE, failing_litert_python
+from tflite_files import tensor_dtypes
 
 from keras_posenc.backend import is_keras3, keras, save_model
 from keras_posenc.export import conversion
@@ -531,8 +532,7 @@ def test_convert_tflite_defaults_to_the_gpu_graph_with_the_lookup_inside():
 def test_the_quantize_mode_and_the_litert_python_reach_the_converter(no_litert_python_variables, tmp_path):
     model = _embedding_model()
     half = conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="float16")
-    types = {detail["dtype"] for detail in tf.lite.Interpreter(model_content=half).get_tensor_details()}
-    assert np.float16 in types
+    assert np.float16 in tensor_dtypes(half)
     python = failing_litert_python(tmp_path)
     with pytest.raises(RuntimeError) as error:
         conversion.to_tflite(model, sequence_length=LENGTH, target="cpu", quantize="int4",

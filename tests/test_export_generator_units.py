@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 from litert_stand_in import FAILED_QUANTIZE, executable, failing_litert_python
 from stacks import once_on_keras2
+from tflite_files import tensor_dtypes
 
 from keras_posenc import special_ids
 from keras_posenc.backend import keras
@@ -36,11 +37,6 @@ def _model(**config):
     model = CausalLM({**TINY, **config})
     model.build_on_dummy()
     return model
-
-
-def _tensor_dtypes(flat):
-    """The dtypes of a TFLite file's tensors (float16 among them when its weights are float16)."""
-    return {detail["dtype"] for detail in tf.lite.Interpreter(model_content=flat).get_tensor_details()}
 
 
 @pytest.fixture(scope="module")
@@ -545,7 +541,7 @@ def test_the_converter_gets_both_signatures_builtin_ops_and_the_recipe(model, mo
     assert seen["keys"] == ["prefill", "decode"]
     assert seen["converter"].target_spec.supported_ops == [tf.lite.OpsSet.TFLITE_BUILTINS]
     assert seen["converter"].target_spec.supported_types == [tf.float16]
-    assert np.float16 in _tensor_dtypes(flat)
+    assert np.float16 in tensor_dtypes(flat)
     with pytest.raises(ValueError, match="--quantize int4 is refused for target='cpu'"):
         generator.to_tflite_generator(model, prompt_length=4, cache_length=8, quantize="int4")
 
@@ -654,7 +650,7 @@ def test_a_float16_export_reports_its_quality_against_float32(model, float16_exp
     assert result.lines[-1].startswith("Greedy generation on 3 prompts x 3 tokens: ")
     assert len(result.lines) == 4
     assert result.description.endswith(", float16 weights")
-    assert np.float16 in _tensor_dtypes(result.models[0])  # the file is the float16 one, not float32's
+    assert np.float16 in tensor_dtypes(result.models[0])  # the file is the float16 one, not float32's
     stored = result.host_table
     assert stored is not None and np.asarray(stored).dtype == np.float16
     np.testing.assert_allclose(np.asarray(stored, np.float32), conversion.host_embedding_table(model),
@@ -778,7 +774,7 @@ def test_the_check_refuses_what_a_prefill_decode_export_refuses(model):
 def test_a_gl_pair_is_quantized_file_by_file(model):
     for content in generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gl",
                                                  quantize="float16"):
-        assert np.float16 in _tensor_dtypes(content)
+        assert np.float16 in tensor_dtypes(content)
 
 
 def test_signatures_with_a_litert_quantizer_recipe_go_to_the_litert_python(no_litert_python_variables,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from litert_stand_in import FAILED_QUANTIZE, failing_litert_python
+from tflite_files import tensor_dtypes
 from tiny_lm import perturbed_causal_lm
 
 from keras_posenc.export import litertlm
@@ -221,8 +222,7 @@ def test_an_int8_cpu_model_has_int8_weights_and_fewer_bytes():
                                            quantize=quantize)
 
     flat, float32 = convert("int8"), convert(None)
-    types = [detail["dtype"] for detail in tf.lite.Interpreter(model_content=flat).get_tensor_details()]
-    assert np.int8 in types and len(flat) < 0.7 * len(float32)
+    assert np.int8 in tensor_dtypes(flat) and len(flat) < 0.7 * len(float32)
     assert litertlm.EngineFeeder(flat).cache_length == CACHE
 
 
