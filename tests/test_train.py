@@ -294,11 +294,10 @@ def _free_ports(count):
 
 
 def test_multiworker_on_localhost_matches_single_device(corpus, one_device, tmp_path):
-    tiny, single = ONE_DEVICE, one_device
     cluster = {"worker": [f"localhost:{port}" for port in _free_ports(2)]}
     out = str(tmp_path / "multi")
     flags = ["--corpus", corpus, "--out", out, "--strategy", "multiworker", "--quiet",
-             "--steps", str(tiny["steps"]), "--batch-size", str(tiny["batch_size"]),
+             "--steps", str(ONE_DEVICE["steps"]), "--batch-size", str(ONE_DEVICE["batch_size"]),
              "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32",
              "--max-length", "16", "--vocab-size", "150", "--warmup-steps", "4", "--dropout", "0",
              "--lr-scale", "4", "--checkpoint-every", "2"]
@@ -315,8 +314,8 @@ def test_multiworker_on_localhost_matches_single_device(corpus, one_device, tmp_
         report = json.load(f)  # written by the chief (worker 0) only
     assert report["num_replicas"] == 2
     # Same float summation order as the mirrored test, same bounds (see there).
-    np.testing.assert_allclose(report["losses"], single["losses"], rtol=LOSS_RTOL)
-    assert report["eval_loss"] == pytest.approx(single["eval_loss"], rel=EVAL_RTOL)
+    np.testing.assert_allclose(report["losses"], one_device["losses"], rtol=LOSS_RTOL)
+    assert report["eval_loss"] == pytest.approx(one_device["eval_loss"], rel=EVAL_RTOL)
     assert [step for step, _ in list_checkpoints(os.path.join(out, "checkpoints"))] == [2, 4, 6]
 
 

@@ -19,12 +19,16 @@ TINY = {"num_layers": 2, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 
 RECIPES = quantization.RECIPES[("tensorrt", "prefill_decode")]
 
 
-@pytest.fixture(scope="module")
-def model():
+def _model(**config):
     keras.utils.set_random_seed(11)
-    model = CausalLM(TINY)
+    model = CausalLM({**TINY, **config})
     model.build_on_dummy()
     return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _model()
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +76,7 @@ def test_the_pair_fills_its_cache_with_the_keras_tokens(model, pair):
 
 
 def test_a_one_layer_pair_reads_its_lengths_from_its_one_cache():
-    keras.utils.set_random_seed(11)
-    one = CausalLM({**TINY, "num_layers": 1})
-    one.build_on_dummy()
+    one = _model(num_layers=1)
     session = generator.OnnxSession(*generator.to_onnx_generator(one, prompt_length=4, cache_length=8))
     assert (session.prompt_length, session.cache_length, session.vocab_size) == (4, 8, 20)
     ids, _ = generator.greedy_generate(session, [6, 7, 8], 5)
