@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from litert_stand_in import executable
 from stacks import once_on_keras2, once_on_keras3
+from tflite_files import assert_same_graph
 
 from keras_posenc import special_ids
 from keras_posenc.app import cli
@@ -98,9 +99,7 @@ def _kinds(names, same_graph_as, on_keras3=()):
 def _generates_the_keras_tokens(name, target, same_graph_as):
     flat = _engine_file(name, target)
     if name in same_graph_as:
-        kind = same_graph_as[name]
-        assert op_counts(flat) == op_counts(_engine_file(kind, target))
-        assert len(flat) == len(_engine_file(kind, target))
+        assert_same_graph(flat, _engine_file(same_graph_as[name], target))
     turns = _model_and_keras_turns(name)[1]
     assert litertlm.engine_greedy(litertlm.EngineFeeder(flat), [FIRST, SECOND], 8) == turns
 
