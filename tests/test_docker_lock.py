@@ -108,7 +108,7 @@ def test_setup_cfg_ranges_are_satisfied_by_lock(python):
     names = {canonicalize_name(r.name) for r in groups["install_requires"]}
     assert {"tensorflow", "keras", "numpy"} == names  # the layers need nothing else
     app = {canonicalize_name(r.name) for r in groups["extras[app]"]}
-    assert app == {"tensorflow-text", "sentencepiece", "matplotlib"}
+    assert app == {"tensorflow-text", "sentencepiece", "matplotlib", "sacrebleu"}
     for req in groups["install_requires"] + groups["extras[app]"] + groups["extras[dev]"]:
         assert req.specifier.contains(pins[canonicalize_name(req.name)]), req
 

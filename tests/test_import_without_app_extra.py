@@ -8,7 +8,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APP_MODULES = ("sentencepiece", "tensorflow_text", "matplotlib")
+APP_MODULES = ("sentencepiece", "tensorflow_text", "matplotlib", "sacrebleu")
 
 # A finder that makes the `app` extra's modules absent, as in an environment without them.
 _PROGRAM = """

@@ -47,7 +47,7 @@ __all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "build_parser",
 
 DEMO_OUT = os.path.join("runs", "demo")
 # The modules of the `app` extra (setup.cfg): the layers run without them, the command does not.
-APP_EXTRA_MODULES = ("sentencepiece", "tensorflow_text", "matplotlib")
+APP_EXTRA_MODULES = ("sentencepiece", "tensorflow_text", "matplotlib", "sacrebleu")
 # The demo's `TrainConfig` fields: small enough to finish in well under 5 minutes on 2 CPU cores, big
 # enough to beat a unigram model.
 DEMO_SETTINGS = {
