@@ -425,6 +425,21 @@ if not _KERAS3:
     def softmax(x, axis=-1):
         return tf.nn.softmax(x, axis=axis)
 
+    def log_softmax(x, axis=-1):
+        return tf.nn.log_softmax(x, axis=axis)
+
+    def matmul(x1, x2):
+        return tf.linalg.matmul(x1, x2)
+
+    def transpose(x, axes=None):
+        return tf.transpose(x, perm=axes)
+
+    def full(shape, fill_value, dtype=None):
+        return tf.fill(shape, tf.constant(fill_value, dtype=_dtype(dtype) if dtype else None))
+
+    def broadcast_to(x, shape):
+        return tf.broadcast_to(x, shape)
+
     def _binary(fn):
         def op(x1, x2):
             x1, x2 = _common(x1, x2)

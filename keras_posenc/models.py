@@ -28,7 +28,7 @@ from keras_posenc.generation import generate as _generate
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
 
-__all__ = ["CausalLM", "transformer_adam"]
+__all__ = ["CausalLM", "TokenLossTraining", "transformer_adam"]
 
 
 def transformer_adam(d_model, warmup_steps=4000, scale=1.0):
@@ -59,8 +59,40 @@ def transformer_adam(d_model, warmup_steps=4000, scale=1.0):
                                  beta_1=0.9, beta_2=0.98, epsilon=1e-9)
 
 
+class TokenLossTraining:
+    """`train_step`, `test_step` and `metrics` of a model trained on the mean loss of its real labels.
+
+    The model defines `token_loss_sums(data, training)`, the sum of the
+    losses of one batch's real labels and their count; this mixin divides by
+    the count of the whole global batch (see the module docstring) and keeps
+    the token-weighted eval loss. Put it before `keras.Model`; the model sets
+    `eval_loss = keras.metrics.Mean(name="loss")` and
+    `distribute_reduction_method = "sum"` in its constructor.
+    """
+
+    def train_step(self, data):
+        context = tf.distribute.get_replica_context()
+        with tf.GradientTape() as tape:
+            local_sum, local_count = self.token_loss_sums(data, training=True)
+            global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
+            loss = local_sum / tf.maximum(global_count, 1.0)
+        gradients = tape.gradient(loss, self.trainable_variables)  # Keras 3 optimizers have no `minimize`
+        self.optimizer.apply_gradients(zip(_dense(gradients), self.trainable_variables))
+        # Per-replica shares; Keras sums them over replicas (distribute_reduction_method="sum").
+        return {"loss": loss, "tokens": local_count}
+
+    def test_step(self, data):
+        local_sum, local_count = self.token_loss_sums(data, training=False)
+        self.eval_loss.update_state(local_sum / tf.maximum(local_count, 1.0), sample_weight=local_count)
+        return {"loss": self.eval_loss.result()}
+
+    @property
+    def metrics(self):
+        return [self.eval_loss]
+
+
 @keras.utils.register_keras_serializable(package="keras_posenc")
-class CausalLM(keras.Model):
+class CausalLM(TokenLossTraining, keras.Model):
     """A next-token language model: `Encoder` + `Dense(vocab_size)` head.
 
     Args:
@@ -196,26 +228,6 @@ class CausalLM(keras.Model):
         losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
         real = tf.cast(tf.not_equal(labels, self.pad_id), tf.float32)
         return tf.reduce_sum(losses * real), tf.reduce_sum(real)
-
-    def train_step(self, data):
-        context = tf.distribute.get_replica_context()
-        with tf.GradientTape() as tape:
-            local_sum, local_count = self.token_loss_sums(data, training=True)
-            global_count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
-            loss = local_sum / tf.maximum(global_count, 1.0)
-        gradients = tape.gradient(loss, self.trainable_variables)  # Keras 3 optimizers have no `minimize`
-        self.optimizer.apply_gradients(zip(_dense(gradients), self.trainable_variables))
-        # Per-replica shares; Keras sums them over replicas (distribute_reduction_method="sum").
-        return {"loss": loss, "tokens": local_count}
-
-    def test_step(self, data):
-        local_sum, local_count = self.token_loss_sums(data, training=False)
-        self.eval_loss.update_state(local_sum / tf.maximum(local_count, 1.0), sample_weight=local_count)
-        return {"loss": self.eval_loss.result()}
-
-    @property
-    def metrics(self):
-        return [self.eval_loss]
 
     def build_on_dummy(self):
         """Creates the weights by calling the model on a tiny batch."""

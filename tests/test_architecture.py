@@ -17,7 +17,8 @@ LEVELS = {
     "keras_posenc.tables": 1,
     "keras_posenc.positions": 2,
     "keras_posenc.layers": 3,
-    "keras_posenc.schedules": 4, "keras_posenc.generation": 4, "keras_posenc.models": 5,
+    "keras_posenc.schedules": 4, "keras_posenc.generation": 4, "keras_posenc.beam_search": 4,
+    "keras_posenc.models": 5, "keras_posenc.seq2seq": 5,
     "keras_posenc.export": 6,
     "keras_posenc.app": 7,
 }

@@ -258,6 +258,38 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
                             ops.cast(value_cache, self.compute_dtype))
         return self._output_dense(output), key_cache, value_cache, ops.cast(scores, self.compute_dtype)
 
+    def attend_projected(self, query, keys, values, key_mask=None, training=None):
+        """Attention of `query` over keys and values already projected (cross-attention with a cache).
+
+        The query is projected here; `keys` and `values` are `key_dense` and
+        `value_dense` of the attended sequence, computed once by the caller
+        (an encoder-decoder's cross-attention reads the same source at every
+        decoder step). No position term: for `position=None` layers.
+
+        Args:
+            query: float `[batch, length, dim]`.
+            keys, values: float `[batch, key_length, num_heads, head_dim]`.
+            key_mask: optional bool `[batch, key_length]`, True for keys that may be attended to.
+            training: bool, enables dropout on the probabilities.
+
+        Returns:
+            `(outputs [batch, length, dim], probabilities [batch, num_heads, length, key_length])`,
+            the probabilities before dropout.
+        """
+        if self.position is not None:
+            raise ValueError(f"`attend_projected` has no position term; this layer has "
+                             f"position={self.position!r}.")
+        query = self._query_dense(query)
+        logits = ops.einsum("bqhd,bkhd->bhqk", ops.cast(query, "float32"), ops.cast(keys, "float32"))
+        logits = logits * (1.0 / float(self.head_dim) ** 0.5)
+        if key_mask is not None:
+            logits = ops.where(ops.cast(key_mask, "bool")[:, None, None, :], logits, MASKED_BIAS)
+        scores = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
+        # Keras 2 gives the dropout layer the global policy: cast again after it.
+        probabilities = ops.cast(self._dropout_layer(scores, training=training), self.compute_dtype)
+        output = ops.einsum("bhqk,bkhd->bqhd", probabilities, ops.cast(values, self.compute_dtype))
+        return self._in_compute_dtype(self._output_dense(output)), scores
+
     def compute_output_spec(self, query, value=None, key=None, position_ids=None, **kwargs):
         return super().compute_output_spec(query, query if value is None else value, key=key, **kwargs)
 

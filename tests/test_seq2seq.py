@@ -1,0 +1,293 @@
+"""DecoderLayer and Seq2SeqTransformer: the Keras contract, cached = full, padding invariance, the loss."""
+
+import itertools
+
+import numpy as np
+import pytest
+from layer_test_helper import error_message, run_layer_test, to_numpy
+
+from keras_posenc.backend import keras, ops, save_model
+from keras_posenc.beam_search import beam_search, greedy_search, length_penalty
+from keras_posenc.layers.decoder_layer import DecoderLayer
+from keras_posenc.seq2seq import Seq2SeqTransformer
+
+SMALL = {"d_model": 16, "num_heads": 2, "dff": 32}
+MODEL = {"num_layers": 2, "vocab_size": 40, "max_length": 24, "dropout": 0.0, **SMALL}
+# Softmax is invariant to a per-query constant, and q . b_k is one: key biases get no gradient.
+KEY_BIASES = ("key/bias",)
+
+
+def normal(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+# DecoderLayer ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_contract(tmp_path, norm_first):
+    source_mask = np.array([[True] * 6, [True, True, True, False, False, False]])
+    run_layer_test(DecoderLayer, {**SMALL, "norm_first": norm_first},
+                   {"inputs": normal([2, 5, 16]), "encoder_outputs": normal([2, 6, 16], 1),
+                    "encoder_mask": source_mask},
+                   expected_output_shape=(2, 5, 16), expected_num_trainable_weights=26,
+                   weights_without_gradient=KEY_BIASES, tmp_dir=tmp_path)
+
+
+def test_decoder_layer_never_attends_to_source_padding_or_the_future():
+    layer = DecoderLayer(**SMALL, dropout=0.0)
+    x, source = normal([2, 5, 16]), normal([2, 6, 16], 1)
+    source_mask = np.array([[True] * 6, [False, False, True, True, True, True]])
+    y, self_scores, cross_scores = layer(x, source, encoder_mask=source_mask, return_attention_scores=True)
+    self_scores, cross_scores = to_numpy(self_scores), to_numpy(cross_scores)
+    assert np.triu(self_scores.max(axis=(0, 1)), k=1).max() == 0.0  # no later target token
+    assert cross_scores[1, :, :, :2].max() == 0.0
+    np.testing.assert_allclose(cross_scores.sum(-1), 1.0, atol=1e-6)
+    # The padded source row gives what the unpadded source gives.
+    alone = layer(x[1:], source[1:, 2:])
+    np.testing.assert_allclose(to_numpy(y)[1], to_numpy(alone)[0], atol=1e-5)
+
+
+def test_decoder_layer_output_is_causal():
+    layer = DecoderLayer(**SMALL, dropout=0.0)
+    x, source = normal([1, 5, 16]), normal([1, 4, 16], 1)
+    changed = x.copy()
+    changed[0, 3:] += 1.0
+    a, b = to_numpy(layer(x, source)), to_numpy(layer(changed, source))
+    np.testing.assert_array_equal(a[0, :3], b[0, :3])
+    assert np.abs(a[0, 3:] - b[0, 3:]).min() > 0
+
+
+def test_decoder_layer_errors():
+    assert "divisible" in error_message(lambda: DecoderLayer(d_model=10, num_heads=3, dff=8))
+    layer = DecoderLayer(**SMALL)
+    message = error_message(lambda: layer(normal([1, 3, 16]), normal([1, 3, 8])))
+    assert "`encoder_outputs` must have shape [batch, length, d_model=16]" in message
+    message = error_message(lambda: layer.cached_step(normal([1, 1, 16]), None, None, None, None, None, None))
+    assert "cached decoding needs `cache_index` and `position_ids`" in message
+
+
+# Seq2SeqTransformer ------------------------------------------------------------------------------
+VARIANTS = {
+    "sinusoidal-post-ln": {},
+    "learned-pre-ln-untied": {"position": "learned", "norm_first": True, "share_embeddings": False,
+                              "tie_output": False},
+    "rope": {"position": "rope"},
+    "alibi-pre-ln": {"position": "alibi", "norm_first": True},
+    "factorized-no-language-scale": {"position_config": {"table": "factorized"}, "language_scale": False},
+}
+
+
+def _model(seed=0, **overrides):
+    keras.utils.set_random_seed(seed)
+    model = Seq2SeqTransformer(**{**MODEL, **overrides})
+    model.build_on_dummy()
+    return model
+
+
+SOURCES = np.array([[0, 0, 7, 8, 9, 10, 3], [11, 12, 13, 14, 15, 16, 3]], np.int32)
+TARGETS = np.array([[2, 20, 21, 22, 23, 3], [2, 24, 25, 26, 3, 0]], np.int32)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_cached_decoder_step_equals_the_full_forward_pass(variant):
+    model = _model(**VARIANTS[variant])
+    full = to_numpy(model({"source_ids": SOURCES, "target_ids": TARGETS}))
+    outputs, mask = model.encode(SOURCES)
+    cross = model.cross_cache(outputs)
+    cache = ops.zeros(model.cache_shape(2, TARGETS.shape[1]))
+    for t in range(TARGETS.shape[1]):
+        logits, cache = model.decode_step(TARGETS[:, t:t + 1], cache, t, cross, mask)
+        real = TARGETS[:, t] != 0  # a padding slot's logits are never read
+        np.testing.assert_allclose(to_numpy(logits)[real, 0], full[real, t], atol=1e-4, err_msg=f"step {t}")
+    # A chunk of several tokens (a prefill) too.
+    logits, _ = model.decode_step(TARGETS[:, :4], ops.zeros(model.cache_shape(2, 6)), 0, cross, mask)
+    np.testing.assert_allclose(to_numpy(logits), full[:, :4], atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["sinusoidal-post-ln", "rope", "alibi-pre-ln"])
+def test_padded_or_batched_sources_translate_as_alone(variant):
+    model = _model(**VARIANTS[variant])
+    sentences = [[7, 8, 9, 10, 3], [11, 12, 13, 3], [14, 3]]
+    alone = [model.translate(np.array([s]), max_new_tokens=8, beam_size=3).ids[0].tolist() for s in sentences]
+    width = 7
+    left = np.array([[0] * (width - len(s)) + s for s in sentences])
+    right = np.array([s + [0] * (width - len(s)) for s in sentences])
+    for batch in (left, right):
+        result = model.translate(batch, max_new_tokens=8, beam_size=3)
+        assert [ids.tolist() for ids in result.ids] == alone
+    greedy_alone = [model.translate(np.array([s]), max_new_tokens=8, beam_size=1).ids[0].tolist()
+                    for s in sentences]
+    assert [ids.tolist() for ids in model.translate(left, max_new_tokens=8, beam_size=1).ids] == greedy_alone
+
+
+def test_translate_never_emits_padding_or_start_and_stops_at_the_limit():
+    model = _model()
+    result = model.translate(SOURCES, max_new_tokens=5, beam_size=2)
+    for ids in result.ids:
+        assert len(ids) <= 5
+        assert not set(ids.tolist()) & {0, 2, 3}
+
+
+def test_beam_scores_at_least_greedy_under_the_model():
+    model = _model(seed=3)
+    sources = np.array([[7, 8, 9, 3], [11, 12, 13, 3], [14, 15, 3, 0]], np.int32)
+    greedy = model.translate(sources, max_new_tokens=6, beam_size=1)
+    beam = model.translate(sources, max_new_tokens=6, beam_size=4, alpha=0.0)
+    assert (beam.log_probs >= greedy.log_probs - 1e-9).all()
+
+
+def test_label_smoothed_loss_against_numpy():
+    model = _model(label_smoothing=0.1)
+    labels = np.concatenate([TARGETS[:, 1:], np.zeros([2, 1], np.int32)], axis=1)
+    features = {"source_ids": SOURCES, "target_ids": TARGETS}
+    logits = to_numpy(model(features)).astype(np.float64)
+    log_p = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    nll = -np.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
+    smoothed = 0.9 * nll - 0.1 * log_p.mean(-1)
+    real = labels != 0
+    loss_sum, count = model.token_loss_sums((features, labels), training=False)
+    assert float(count) == real.sum()
+    np.testing.assert_allclose(float(loss_sum), nll[real].sum(), rtol=1e-5)
+    # Dropout is 0, so training=True differs only by the smoothing.
+    loss_sum, _ = model.token_loss_sums((features, labels), training=True)
+    np.testing.assert_allclose(float(loss_sum), smoothed[real].sum(), rtol=1e-5)
+
+
+def test_tied_output_uses_the_target_embedding_and_shared_embeddings_are_one_table():
+    def tables(model):  # [vocab, d_model] embedding tables and [d_model, vocab] head kernels
+        shapes = [tuple(w.shape) for w in model.trainable_weights]
+        return shapes.count((40, 16)), shapes.count((16, 40))
+
+    model = _model()
+    assert model.target_embedding is model.encoder.embedding
+    assert tables(model) == (1, 0)
+    hidden = normal([1, 3, 16])
+    table = to_numpy(model.encoder.embedding.token_embedding.embeddings).astype(np.float64)
+    expected = hidden.astype(np.float64) @ table.T
+    np.testing.assert_allclose(to_numpy(model._logits(hidden)), expected, atol=1e-5)
+    assert tables(_model(share_embeddings=False, tie_output=False)) == (2, 1)
+    assert tables(_model(share_embeddings=False)) == (2, 0)
+
+
+def test_language_scale_gives_source_and_target_their_own_scale():
+    model = _model()
+    scales = [w for w in model.trainable_weights if tuple(w.shape) == (2,)]
+    assert len(scales) == 1
+    np.testing.assert_array_equal(to_numpy(scales[0]), [1.0, 1.0])
+    assert not [w for w in _model(position="rope").trainable_weights if tuple(w.shape) == (2,)]
+
+
+def test_config_round_trip_and_keras_file(tmp_path):
+    model = _model(**VARIANTS["learned-pre-ln-untied"])
+    config = model.get_config()
+    clone = Seq2SeqTransformer.from_config(config)
+    assert clone.get_config() == config
+    features = {"source_ids": SOURCES, "target_ids": TARGETS}
+    path = str(tmp_path / "model.keras")
+    save_model(model, path)
+    restored = keras.models.load_model(path)
+    assert isinstance(restored, Seq2SeqTransformer)
+    np.testing.assert_array_equal(to_numpy(restored(features)), to_numpy(model(features)))
+    assert [ids.tolist() for ids in restored.translate(SOURCES, max_new_tokens=5).ids] == \
+        [ids.tolist() for ids in model.translate(SOURCES, max_new_tokens=5).ids]
+
+
+def test_model_errors():
+    assert "`bos_id` must be an int in [0, vocab_size=40)" in error_message(lambda: Seq2SeqTransformer(
+        **{**MODEL, "bos_id": 40}))
+    assert "`label_smoothing`" in error_message(
+        lambda: Seq2SeqTransformer(**{**MODEL, "label_smoothing": 1.0}))
+    model = _model()
+    assert "`max_new_tokens` must be an int in [1, max_length - 1 = 23]" in error_message(
+        lambda: model.translate(SOURCES, max_new_tokens=24))
+    assert "`source_ids` must lie in [0, vocab_size=40)" in error_message(
+        lambda: model.translate([[5, 40, 3]]))
+    assert "longer than the model's max_length=24" in error_message(
+        lambda: model.translate(np.full([1, 30], 5)))
+
+
+# Beam search against exhaustive search -----------------------------------------------------------
+def _markov(seed, vocab):
+    table = np.random.default_rng(seed).dirichlet(np.ones(vocab) * 0.7, size=vocab)
+    return np.log(table)
+
+
+def _exhaustive_best(first, next_log_probs, vocab, end_id, max_new_tokens, alpha):
+    """The best hypothesis by GNMT's score among every sequence: ended ones, and unended ones at the limit."""
+    words = [t for t in range(vocab) if t != end_id]
+    best = (-np.inf, None)
+    for length in range(1, max_new_tokens + 1):
+        for body in itertools.product(words, repeat=length):
+            score, history = first[body[0]], [body[0]]
+            for token in body[1:]:
+                score += next_log_probs(history)[token]
+                history.append(token)
+            ended = length < max_new_tokens
+            if ended:
+                ended_score = score + next_log_probs(history)[end_id]
+                best = max(best, (ended_score / length_penalty(length + 1, alpha), list(body)))
+            if length == max_new_tokens:
+                best = max(best, (score / length_penalty(length, alpha), list(body)))
+        if length == 1:
+            best = max(best, (first[end_id] / length_penalty(1, alpha), []))
+    return best
+
+
+def _history_model(seed, vocab):
+    """Next-token log-probabilities that depend on the whole history, not only the last token."""
+    table = _markov(seed, vocab)
+    return lambda history: table[(7 * sum(history) + 3 * len(history)) % vocab]
+
+
+@pytest.mark.parametrize("seed,alpha", [(0, 0.0), (1, 0.6), (2, 1.0), (3, 0.6)])
+def test_a_beam_as_wide_as_the_search_space_finds_the_exhaustive_optimum(seed, alpha):
+    vocab, end_id, limit = 3, 0, 4
+    next_log_probs = _history_model(seed, vocab)
+    firsts = np.stack([_markov(seed + 10, vocab)[0], _markov(seed + 20, vocab)[1]])
+
+    def step(tokens, histories):  # the state: each hypothesis's tokens, reordered by the search
+        histories = [history + [int(t)] for history, t in zip(histories, tokens)]
+        return np.stack([next_log_probs(history) for history in histories]), histories
+
+    def reorder(histories, rows):
+        return [list(histories[r]) for r in rows]
+
+    result = beam_search(firsts, [[], []], step, reorder, beam_size=(vocab - 1) ** limit,
+                         max_new_tokens=limit, end_id=end_id, alpha=alpha)
+    for row in range(2):
+        score, ids = _exhaustive_best(firsts[row], next_log_probs, vocab, end_id, limit, alpha)
+        assert result.ids[row].tolist() == ids
+        np.testing.assert_allclose(result.scores[row], score, rtol=1e-12)
+
+
+def test_greedy_is_beam_one_and_stops_at_the_end_token():
+    table = _markov(7, 5)
+
+    def step(tokens, state):
+        return table[np.asarray(tokens)], state
+
+    first = table[[1, 2, 3]]
+    greedy = greedy_search(first, None, step, max_new_tokens=6, end_id=0)
+    beam = beam_search(first, None, step, lambda s, r: s, beam_size=1, max_new_tokens=6, end_id=0)
+    assert [g.tolist() for g in greedy.ids] == [b.tolist() for b in beam.ids]
+    for row in range(3):  # the argmax chain, independently
+        expected, token, logp = [], None, first[row]
+        for _ in range(6):
+            token = int(np.argmax(logp))
+            if token == 0:
+                break
+            expected.append(token)
+            logp = table[token]
+        assert greedy.ids[row].tolist() == expected
+
+
+def test_search_errors():
+    first = np.log(np.full([1, 3], 1 / 3))
+    assert "`beam_size` must be an int >= 1" in error_message(
+        lambda: beam_search(first, None, None, None, beam_size=0, max_new_tokens=3, end_id=0))
+    assert "`alpha` (the length penalty) must be >= 0" in error_message(
+        lambda: beam_search(first, None, None, None, beam_size=2, max_new_tokens=3, end_id=0, alpha=-1))
+    assert "`max_new_tokens` must be an int >= 1" in error_message(
+        lambda: greedy_search(first, None, None, max_new_tokens=0, end_id=0))
+    assert "`end_id` must lie in [0, vocab=3)" in error_message(
+        lambda: greedy_search(first, None, None, max_new_tokens=2, end_id=3))
