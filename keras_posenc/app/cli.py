@@ -1,4 +1,4 @@
-"""The `keras-posenc` command line: `demo`, `train`, `generate`, `inspect`, `export`, `ablate`.
+"""The `keras-posenc` command line: `demo`, `train`, `generate`, `translate`, `inspect`, `export`, `ablate`.
 
 Each subcommand is a pair `_add_<name>_parser(subparsers)` (its flags) and
 `_run_<name>(args) -> int` (its work), registered in `_SUBCOMMANDS`. The
@@ -26,6 +26,8 @@ From a shell (each subcommand has `--help`)::
     keras-posenc demo                                    # train + export a small LM, runs/demo/
     keras-posenc train --corpus corpus.txt --out runs/lm --steps 500
     keras-posenc generate runs/lm --prompt "The module" --max-new-tokens 20
+    keras-posenc train --task translate --format tsv --corpus pairs.tsv --out runs/mt --steps 4000
+    keras-posenc translate runs/mt --input test.en --output test.hyp --reference test.de
     keras-posenc inspect runs/lm/model.keras
     keras-posenc export runs/lm/model.keras --out runs/lm/model.tflite --sequence-length 64
     keras-posenc ablate --quick
@@ -228,14 +230,56 @@ def _run_generate(args):
     return 0
 
 
+# translate ----------------------------------------------------------------------------------
+def _add_translate_parser(subparsers):
+    parser = subparsers.add_parser(
+        "translate", help="translate sentences with a trained run (beam search); BLEU/chrF with --reference",
+        description="Translates one sentence per line with a run of `keras-posenc train --task translate` "
+                    "(or a decoder-only run trained with --format tsv, which continues '<s> source <sep>'): "
+                    "batched beam search over a key/value cache, GNMT's length penalty; beam 1 is greedy. "
+                    "With --reference, prints sacrebleu's BLEU and chrF and their signatures. Translations "
+                    "go to --output; with --output - (stdout) the score and timing lines go to stderr.")
+    parser.add_argument("run", metavar="RUN_DIR_OR_MODEL",
+                        help="a run folder (model.keras + spm.model), or a .keras file with spm.model "
+                             "beside it")
+    parser.add_argument("--input", required=True, help="source sentences, one per line; - reads stdin")
+    parser.add_argument("--output", default="-", help="translations, one per line, written atomically; "
+                                                      "- is stdout (default: -)")
+    parser.add_argument("--beam-size", type=_positive_int, default=4, help="beams; 1 is greedy (default: 4)")
+    parser.add_argument("--length-penalty", type=_nonnegative_float, default=0.6, dest="alpha",
+                        help="alpha of GNMT's length penalty ((5 + length) / 6) ** alpha (default: 0.6)")
+    parser.add_argument("--batch-size", type=_positive_int, default=32,
+                        help="sentences per batch, sorted by length (default: 32)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                        help="target tokens at most (default: what the model's max length leaves)")
+    parser.add_argument("--reference", help="reference translations, one per input line: print BLEU and chrF")
+    parser.add_argument("--spm", help="SentencePiece model (default: spm.model beside the model)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the scores and timing as one JSON object (default: off)")
+
+
+def _run_translate(args):
+    from keras_posenc.app import translation
+
+    result = translation.translate_file(
+        args.run, args.input, args.output, reference_path=args.reference, spm_path=args.spm,
+        beam_size=args.beam_size, alpha=args.alpha, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens)
+    print(translation.format_summary(result, as_json=args.json),
+          file=sys.stderr if args.output == "-" else sys.stdout)
+    return 0
+
+
 # train --------------------------------------------------------------------------------------
 def _add_train_parser(subparsers):
     from keras_posenc.app.train import TrainConfig
 
     parser = subparsers.add_parser(
-        "train", help="train a causal LM on a text or TSV corpus",
+        "train", help="train a causal LM on a text or TSV corpus, or a translator (--task translate)",
         description="Trains a causal next-token LM. A TSV corpus (source<TAB>target) is trained as "
                     "'source <sep> target' with language ids 0/1 and a position scale per language. "
+                    "--task translate trains an encoder-decoder Transformer on the pairs instead and keeps "
+                    "the weights of the best dev BLEU (scored at every checkpoint). "
                     "Without --warmup-steps the warmup is min(4000, max(1, steps // 2)).")
     _add_config_flags(parser, TrainConfig())
 
@@ -248,6 +292,10 @@ def _run_train(args):
         raise _Error("--format tsv needs --corpus PATH (the embedded corpus is plain text).")
     report = train(config)
     _print_summary(report, config.out)
+    if report.get("dev_bleu") is not None:
+        print(f"dev BLEU {report['dev_bleu']:.2f}, chrF {report['dev_chrf']:.2f} (greedy, "
+              f"{report['dev_sentences']} pairs of the {report['dev_corpus']}; kept: step "
+              f"{report['dev_best_step']}) {report['dev_bleu_signature']}")
     return 0
 
 
@@ -644,6 +692,7 @@ _SUBCOMMANDS = {
     "demo": (_add_demo_parser, _run_demo),
     "train": (_add_train_parser, _run_train),
     "generate": (_add_generate_parser, _run_generate),
+    "translate": (_add_translate_parser, _run_translate),
     "inspect": (_add_inspect_parser, _run_inspect),
     "export": (_add_export_parser, _run_export),
     "ablate": (_add_ablate_parser, _run_ablate),

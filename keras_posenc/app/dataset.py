@@ -431,7 +431,7 @@ def default_bucket_lengths(max_length):
     return lengths + [max_length]
 
 
-def _check_bucket_lengths(bucket_lengths, max_length):
+def check_bucket_lengths(bucket_lengths, max_length):
     """`bucket_lengths` sorted and validated: positive ints, the longest at least `max_length`."""
     if bucket_lengths == "auto":
         return default_bucket_lengths(max_length)
@@ -514,7 +514,7 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
           https://www.tensorflow.org/text/api_docs/python/text/SentencepieceTokenizer.
     """
     check_positive_ints([("max_length", max_length), ("batch_size", batch_size)])
-    bucket_lengths = _check_bucket_lengths(bucket_lengths, max_length)
+    bucket_lengths = check_bucket_lengths(bucket_lengths, max_length)
     if not examples:
         raise CorpusError("Cannot build a dataset from an empty list of examples.")
     paired = isinstance(examples[0], tuple)

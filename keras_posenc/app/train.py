@@ -1,8 +1,10 @@
-"""Training of a causal next-token language model (checkpoints, tf.distribute).
+"""Training of a causal next-token language model or a translator (checkpoints, tf.distribute).
 
 The model is `models.CausalLM` (a causal `Encoder` followed by
-`Dense(vocab_size)`), trained with masked sparse cross-entropy (padding
-ignored) and `models.transformer_adam` (Adam(0.9, 0.98, 1e-9) on
+`Dense(vocab_size)`), or with `task="translate"` a
+`seq2seq.Seq2SeqTransformer` whose kept weights are those of the best dev
+BLEU (`dev_scoring`), trained with masked sparse cross-entropy (padding
+ignored; label-smoothed for the translator) and `models.transformer_adam` (Adam(0.9, 0.98, 1e-9) on
 `WarmupSchedule`). `train(TrainConfig(...))` writes to `out`:
 `model.keras`, `spm.model`, `report.json`, `loss.png`, TensorBoard logs in
 `logs/` and checkpoints in `checkpoints/`.
@@ -53,20 +55,25 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.app import dataset as data_lib
+from keras_posenc.app import translation_data
 from keras_posenc.app._plotting import pyplot, save_figure
+from keras_posenc.app.dev_scoring import DEV_SCORES_FILE, DevScoring
 from keras_posenc.app.run_lock import run_lock
 from keras_posenc.backend import dropout_state, keras, make_deterministic, save_model
 from keras_posenc.files import FileWriteError, describe_write_error, is_disk_full, write_bytes, write_json
 from keras_posenc.layers.encoder import NAMED_POSITIONS, named_position
 from keras_posenc.models import CausalLM, transformer_adam
 from keras_posenc.schedules import WarmupSchedule
+from keras_posenc.seq2seq import Seq2SeqTransformer
 from keras_posenc.tables import TABLE_KINDS
 from keras_posenc.validation import check_choice, check_positive_ints
 
-__all__ = ["JIT_COMPILE", "REPLACED_BY_A_FRESH_RUN", "STRATEGIES", "StepLog", "TrainConfig",
+__all__ = ["JIT_COMPILE", "REPLACED_BY_A_FRESH_RUN", "STRATEGIES", "StepLog", "TASKS", "TrainConfig",
            "TrainingInterrupted", "default_warmup_steps", "list_checkpoints", "make_strategy", "train"]
 
 STRATEGIES = ("default", "mirrored", "multiworker")
+# lm: a causal LM (CausalLM); translate: an encoder-decoder translator (Seq2SeqTransformer) over pairs.
+TASKS = ("lm", "translate")
 JIT_COMPILE = ("auto", "on", "off")
 _CONFIG_FILE = "config.json"
 _SCHEDULE_FILE = "schedule.json"
@@ -122,7 +129,15 @@ class TrainConfig:
     its help text and choices.
 
     Args:
+        task: one of `TASKS`: `"lm"` trains `CausalLM`, `"translate"` a
+            `Seq2SeqTransformer` on the pairs of a TSV corpus.
         corpus: str or None, the corpus file (None: `data.default_corpus_path()`).
+        dev_corpus: str or None, translate: the TSV pairs whose BLEU picks the
+            kept weights (None: the held-out split).
+        dev_sentences: int, translate: how many dev pairs are scored.
+        label_smoothing: float in [0, 1), translate: on the training loss.
+        share_embeddings: bool, translate: one embedding for both sides and
+            the softmax tied to it.
         out: str, output folder.
         corpus_format: `"text"` or `"tsv"` (pairs, trained with
             `num_languages=2`; needs `corpus`: the embedded one is text).
@@ -165,7 +180,13 @@ class TrainConfig:
     (32, 100, 2, 'full')
     """
 
+    task: str = _option("lm", "data", "lm: a causal next-token LM; translate: an encoder-decoder translator "
+                        "of the pairs of a --format tsv corpus", choices=TASKS)
     corpus: str = _option(None, "data", "corpus file (default: the embedded English corpus)")
+    dev_corpus: str = _option(None, "data", "--task translate: TSV pairs whose BLEU picks the kept model "
+                              "(default: the held-out split of --corpus)")
+    dev_sentences: int = _option(500, "data", "--task translate: dev pairs translated (greedy) at each "
+                                 "checkpoint, the first N")
     out: str = _option("runs/train", "data", "output folder")
     corpus_format: str = _option("text", "data", "text: one document or sentence per line; "
                                  "tsv: source<TAB>target", flag="--format", choices=data_lib.FORMATS)
@@ -175,12 +196,16 @@ class TrainConfig:
     add_eos: bool = _option(True, "data", "do not end sequences with </s>", flag="--no-eos")
     eval_fraction: float = _option(0.05, "data", "share of examples held out for evaluation")
     max_length: int = _option(64, "model", "longest input sequence in tokens (independent of --vocab-size)")
-    num_layers: int = _option(2, "model", "encoder layers")
+    num_layers: int = _option(2, "model", "encoder layers (--task translate: encoder and decoder layers "
+                              "each)")
     d_model: int = _option(64, "model", "model width")
     num_heads: int = _option(4, "model", "attention heads")
     dff: int = _option(256, "model", "feed-forward width")
     dropout: float = _option(0.1, "model", "dropout rate")
     norm_first: bool = _option(False, "model", "pre-LN blocks")
+    label_smoothing: float = _option(0.1, "model", "--task translate: label smoothing of the training loss")
+    share_embeddings: bool = _option(True, "model", "--task translate: separate source and target "
+                                     "embeddings and an untied softmax", flag="--no-shared-embeddings")
     position: str = _option("sinusoidal", "model", "position encoding", choices=NAMED_POSITIONS)
     table: str = _option("full", "model", "sinusoidal table storage (only for --position sinusoidal)",
                          choices=TABLE_KINDS)
@@ -203,25 +228,47 @@ class TrainConfig:
     verbose: int = _option(1, "training", "no progress bar", flag="--quiet", const=0)
 
     def model_config(self, vocab_size):
-        """The keyword arguments of `Encoder`; a checkpoint only fits this exact config.
+        """The model's keyword arguments; a checkpoint only fits this exact config.
 
         Args:
             vocab_size: int, the trained tokenizer's vocabulary size.
 
         Returns:
-            dict, the `encoder_config` of `CausalLM`.
+            dict: the `encoder_config` of `CausalLM` (`task="lm"`), or the
+            keyword arguments of `Seq2SeqTransformer` (`task="translate"`).
         """
         position, position_config = named_position(self.position, self.max_length)
+        if position == "sinusoidal":
+            position_config["table"] = self.table
         config = {
             "num_layers": self.num_layers, "d_model": self.d_model, "num_heads": self.num_heads,
             "dff": self.dff, "vocab_size": vocab_size, "max_length": self.max_length, "dropout": self.dropout,
-            "norm_first": self.norm_first, "pad_id": data_lib.PAD_ID, "position": position, **position_config,
+            "norm_first": self.norm_first, "pad_id": data_lib.PAD_ID, "position": position,
         }
-        if position == "sinusoidal":
-            config["table"] = self.table
+        if self.task == "translate":
+            return {**config, "position_config": position_config, "language_scale": True,
+                    "share_embeddings": self.share_embeddings, "tie_output": self.share_embeddings,
+                    "label_smoothing": self.label_smoothing, "bos_id": data_lib.BOS_ID,
+                    "eos_id": data_lib.EOS_ID}
+        config.update(position_config)
         if self.corpus_format == "tsv":
             config["num_languages"] = 2
         return config
+
+    def build_model(self, vocab_size, name=None):
+        """The run's model (not built): `CausalLM` or `Seq2SeqTransformer` of `model_config(vocab_size)`."""
+        config = self.model_config(vocab_size)
+        if self.task == "translate":
+            return Seq2SeqTransformer(**config, name=name or "seq2seq_transformer")
+        return CausalLM(config, name=name or "causal_lm")
+
+    def dataset(self, examples, sp_model, **options):
+        """The run's tf.data pipeline of `examples`: `lm_dataset` or `translation_dataset`."""
+        if self.task == "translate":
+            return translation_data.translation_dataset(examples, sp_model, max_length=self.max_length,
+                                                        **options)
+        return data_lib.lm_dataset(examples, sp_model, max_length=self.max_length, add_bos=self.add_bos,
+                                   add_eos=self.add_eos, **options)
 
 
 # Checkpoints -------------------------------------------------------------------------------
@@ -469,6 +516,13 @@ def _check_flags(cfg):
     if cfg.corpus is None and cfg.corpus_format != "text":
         raise ValueError(f"`format` (--format) {cfg.corpus_format!r} needs a `corpus` (--corpus PATH): the "
                          "embedded corpus is plain text.")
+    check_choice("task", cfg.task, TASKS)
+    if cfg.task == "translate" and cfg.corpus_format != "tsv":
+        raise ValueError("`task` (--task) 'translate' trains on pairs: give --format tsv and --corpus PATH "
+                         "(source<TAB>target lines).")
+    if cfg.dev_corpus is not None and cfg.task != "translate":
+        raise ValueError("`dev_corpus` (--dev-corpus) is scored in BLEU by --task translate only.")
+    check_positive_ints([("dev_sentences", cfg.dev_sentences)])
     check_choice("strategy", cfg.strategy, STRATEGIES)
     check_choice("jit_compile", cfg.jit_compile, JIT_COMPILE)
     if not 0.0 < cfg.eval_fraction < 1.0:
@@ -480,11 +534,11 @@ def _check_flags(cfg):
 def _check_model_config(cfg):
     """The model config, checked by the layers themselves before the run folder is touched.
 
-    A `CausalLM` of the config is constructed (not built: no weights), so `d_model` not divisible by
-    `num_heads`, a bad `dff`, length, position or table setting fails here, not after the tokenizer
-    was trained or an earlier run replaced.
+    The run's model is constructed (not built: no weights), so `d_model` not divisible by
+    `num_heads`, a bad `dff`, length, position, table or label-smoothing setting fails here, not
+    after the tokenizer was trained or an earlier run replaced.
     """
-    CausalLM(cfg.model_config(cfg.vocab_size), name="config_check")
+    cfg.build_model(cfg.vocab_size, name="config_check")
 
 
 def _warmup_steps(cfg, ckpt_dir):
@@ -503,12 +557,22 @@ def _warmup_steps(cfg, ckpt_dir):
 
 
 def _load_data(cfg):
-    """`(corpus path, training examples, held-out examples)`; reads only, so it runs before the lock."""
+    """`(corpus path, training examples, held-out examples, dev pairs)`; reads only (before the lock).
+
+    The dev pairs (translate only, else None) are the first `dev_sentences` of `dev_corpus`, or of
+    the held-out split.
+    """
     corpus = cfg.corpus or data_lib.default_corpus_path()
     corpus_format = "text" if cfg.corpus is None else cfg.corpus_format
     examples = data_lib.load_corpus(corpus, corpus_format, skip_bad_lines=cfg.skip_bad_lines)
     train_examples, eval_examples = data_lib.split_corpus(examples, cfg.eval_fraction, seed=cfg.seed)
-    return corpus, train_examples, eval_examples
+    dev_pairs = None
+    if cfg.task == "translate":
+        dev_pairs = eval_examples
+        if cfg.dev_corpus is not None:
+            dev_pairs = data_lib.load_corpus(cfg.dev_corpus, "tsv", skip_bad_lines=cfg.skip_bad_lines)
+        dev_pairs = dev_pairs[:cfg.dev_sentences]
+    return corpus, train_examples, eval_examples, dev_pairs
 
 
 def _tokenizer(cfg, train_examples):
@@ -602,7 +666,7 @@ def train(cfg):
     """Trains per `cfg` and returns the report (also written to `out/report.json`).
 
     Reads and splits the corpus, trains SentencePiece on the training split
-    (or reuses `out/spm.model` on resume), trains `CausalLM` under the
+    (or reuses `out/spm.model` on resume), trains the task's model under the
     strategy (`train_step` per replica, Keras callbacks), evaluates on the held-out split against an
     add-one unigram baseline, and writes `model.keras`, `spm.model`,
     `report.json`, `loss.png`, `logs/` and `checkpoints/` to `cfg.out`
@@ -630,8 +694,10 @@ def train(cfg):
         chose), `bucket_lengths`, `traces` (how often the train and eval
         steps traced: once each), `batch_shapes` (how many batch shapes
         each step saw: at most one per bucket length, so at most that many
-        XLA compiles), `model_config`, `train_config`
-        and (on the chief) `loss_plot`.
+        XLA compiles), `model_config`, `train_config`, `task`
+        and (on the chief) `loss_plot`; with `task="translate"` also
+        `dev_bleu`, `dev_chrf` (sacrebleu, greedy, of the kept weights),
+        `dev_best_step`, `dev_bleu_signature` and `dev_history`.
 
     Raises:
         ValueError: a bad setting, `resume` without a (readable) checkpoint,
@@ -662,7 +728,7 @@ def train(cfg):
         return _train(cfg, strategy, chief, jit_compile, *data)
 
 
-def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examples):
+def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examples, dev_pairs):
     """`train` once the flags, the model config and the corpus are checked and `cfg.out` is locked."""
     make_deterministic(cfg.seed)
     ckpt_dir = _checkpoint_dir(cfg.out)
@@ -676,12 +742,11 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
         _check_checkpoint_config(ckpt_dir, model_config)
     warmup_steps = _warmup_steps(cfg, ckpt_dir)
 
-    dataset_kwargs = {"max_length": cfg.max_length, "add_bos": cfg.add_bos, "add_eos": cfg.add_eos}
-    train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True,
-                                   seed=cfg.seed, repeat=True, drop_remainder=True, **dataset_kwargs)
+    train_ds = cfg.dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
+                           repeat=True, drop_remainder=True)
     batches = iter(train_ds)  # global batches; checkpointed, so a resume continues where it stopped
     with strategy.scope():
-        model = CausalLM(model_config, name="causal_lm")
+        model = cfg.build_model(vocab_size)
         model.build_on_dummy()
         optimizer = transformer_adam(cfg.d_model, warmup_steps, scale=cfg.lr_scale)
         optimizer.build(model.trainable_variables)
@@ -721,6 +786,11 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
     callbacks = [step_log, _CheckpointCallback(manager, cfg.checkpoint_every, optimizer),
                  _ScalarLog(os.path.join(cfg.out if chief else save_dir, "logs"), cfg.log_every, optimizer,
                             WarmupSchedule(cfg.d_model, warmup_steps, scale=cfg.lr_scale))]
+    dev = None
+    if cfg.task == "translate":
+        dev = DevScoring(model, sp_model, dev_pairs, cfg.checkpoint_every, optimizer,
+                         os.path.join(ckpt_dir, DEV_SCORES_FILE) if chief else None)
+        callbacks.append(dev)
     steps_fn = _Steps(model, strategy, train_ds.element_spec, jit_compile)
     # A signal stops a multi-worker run at once: its final save would need every worker.
     stop = _StopOnSignal(active=not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
@@ -733,15 +803,16 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, int(optimizer.iterations.numpy()), manager.latest_checkpoint)
 
+    model_path = os.path.join(cfg.out, "model.keras")
+    if dev is not None:  # the kept weights: the best dev BLEU's
+        dev.keep_best(model_path)
     # Short last batches are filled with padding rows: every eval batch has one of the bucket shapes.
-    eval_ds = data_lib.lm_dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
-                                  fill_batches=True, **dataset_kwargs)
+    eval_ds = cfg.dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
+                          fill_batches=True)
     eval_loss = _evaluate(steps_fn, eval_ds)
-    unigram_train_ds = data_lib.lm_dataset(train_examples, sp_model, batch_size=256, shuffle=False,
-                                           **dataset_kwargs)
+    unigram_train_ds = cfg.dataset(train_examples, sp_model, batch_size=256, shuffle=False)
     unigram_loss = data_lib.unigram_cross_entropy(unigram_train_ds, eval_ds, vocab_size)
 
-    model_path = os.path.join(cfg.out, "model.keras")
     if chief:
         save_model(model, model_path)
     else:
@@ -749,6 +820,7 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
         # only the chief's copy is kept. A worker that skips it leaves the chief hanging.
         with tempfile.TemporaryDirectory() as scratch:
             save_model(model, os.path.join(scratch, "model.keras"))
+    train_seconds = step_log.seconds - (dev.seconds if dev is not None else 0.0)  # dev scoring left out
     report = {
         "corpus": os.path.basename(corpus),
         "corpus_format": cfg.corpus_format if cfg.corpus else "text",
@@ -763,8 +835,9 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
         "eval_perplexity": math.exp(eval_loss),
         "unigram_eval_loss": unigram_loss,
         "unigram_eval_perplexity": math.exp(unigram_loss),
-        "train_seconds": step_log.seconds,
-        "tokens_per_second": step_log.tokens / step_log.seconds if step_log.seconds else None,
+        "task": cfg.task,
+        "train_seconds": train_seconds,
+        "tokens_per_second": step_log.tokens / train_seconds if train_seconds else None,
         "num_replicas": strategy.num_replicas_in_sync,
         "jit_compile": jit_compile,
         "bucket_lengths": data_lib.default_bucket_lengths(cfg.max_length),
@@ -775,6 +848,13 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
         "warmup_steps": warmup_steps,
         "beats_unigram": bool(eval_loss < unigram_loss),
     }
+    if dev is not None:
+        report.update({
+            "dev_corpus": os.path.basename(cfg.dev_corpus) if cfg.dev_corpus else "held-out split",
+            "dev_sentences": len(dev_pairs), "dev_bleu": dev.best["bleu"], "dev_chrf": dev.best["chrf"],
+            "dev_best_step": dev.best["step"], "dev_search": "greedy", "dev_bleu_signature": dev.signature,
+            "dev_history": dev.history,
+        })
     if chief:
         report["loss_plot"] = _plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
                                            eval_loss=eval_loss, unigram_loss=unigram_loss)
