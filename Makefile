@@ -18,6 +18,8 @@
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
 #   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)
 #   make bench       run benchmarks/*.py in .venv-bench
+#   make corpus      the English -> German corpus of Debian's German gettext catalogues (train/dev/test
+#                    by package, tools/debian_po_packages.tsv) in .cache/corpus/debian_po_en_de/
 #   make docker      build the GPU training image (needs a Docker engine and network)
 #   make docker-demo run `keras-posenc demo` in that image, output in runs/docker-demo/
 #   make docker-proof build the unedited Dockerfile with podman on a local Debian base (no registry;
@@ -76,10 +78,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
         pytest-keras3 pytest-keras3-tensorflow pytest-keras3-jax test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice \
-        mutation
+        mutation corpus
 
 help:
-	@sed -n '3,26p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,28p' Makefile | sed 's/^# \{0,1\}//'
 
 # --- interpreter check -------------------------------------------------------------------
 # TF 2.12 publishes wheels for CPython 3.8-3.11 only: on any other version pip would fail deep
@@ -264,6 +266,19 @@ $(BENCH_VENV)/.stamp: $(LOCK) $(BENCH_LOCK) setup.cfg pyproject.toml
 bench: bench-env
 	@if [ -z "$(strip $(BENCH_SCRIPTS))" ]; then echo "error: no benchmarks/*.py scripts to run"; exit 1; fi
 	@for s in $(BENCH_SCRIPTS); do echo "== $$s $(BENCH_ARGS)"; $(BENCH_VENV)/bin/python "$$s" $(BENCH_ARGS); done
+
+# --- parallel corpus ---------------------------------------------------------------------
+# tools/make_parallel_corpus.py needs only the standard library (plus apt-get and dpkg-deb for the
+# .deb files, cached in $(CORPUS_DIR)/debs so that a rebuild is offline); the stamp skips the build
+# while the manifest and the tool are older than it.
+CORPUS_DIR := .cache/corpus/debian_po_en_de
+CORPUS_PY = $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+
+corpus: $(CORPUS_DIR)/.stamp
+
+$(CORPUS_DIR)/.stamp: tools/make_parallel_corpus.py tools/debian_po_packages.tsv
+	$(CORPUS_PY) tools/make_parallel_corpus.py --debian $(CORPUS_DIR)
+	touch $@
 
 # --- docker ------------------------------------------------------------------------------
 docker-check:
