@@ -8,6 +8,7 @@ from keras_posenc import _startup  # noqa: F401, I001
 
 from keras_posenc import layers
 from keras_posenc.layers.alibi import alibi_slopes
+from keras_posenc.layers.decoder_layer import DecoderLayer
 from keras_posenc.layers.encoder import Encoder, EncoderLayer
 from keras_posenc.positions import position_ids
 from keras_posenc.schedules import WarmupSchedule
@@ -15,5 +16,5 @@ from keras_posenc.tables import resize_table_2d, sinusoidal_table, sinusoidal_ta
 
 __version__ = "0.1.0"
 
-__all__ = ["Encoder", "EncoderLayer", "WarmupSchedule", "alibi_slopes", "layers", "position_ids",
-           "resize_table_2d", "sinusoidal_table", "sinusoidal_table_2d"]
+__all__ = ["DecoderLayer", "Encoder", "EncoderLayer", "WarmupSchedule", "alibi_slopes", "layers",
+           "position_ids", "resize_table_2d", "sinusoidal_table", "sinusoidal_table_2d"]

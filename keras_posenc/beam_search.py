@@ -72,6 +72,15 @@ def _forbid(log_probs, forbidden_ids):
     return log_probs
 
 
+def _top(scores, count):
+    """The indices of each row's `count` largest scores, largest first (ties: the lower index first)."""
+    count = min(count, scores.shape[1])
+    chosen = np.argpartition(-scores, count - 1, axis=-1)[:, :count]
+    values = np.take_along_axis(scores, chosen, axis=-1)
+    order = np.lexsort((chosen, -values), axis=-1)
+    return np.take_along_axis(chosen, order, axis=-1)
+
+
 def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_ids=()):
     """The argmax token at every step until `end_id` or `max_new_tokens`.
 
@@ -184,7 +193,7 @@ def beam_search(log_probs, state, step, reorder, *, beam_size, max_new_tokens, e
     steps = 0
     for t in range(limit):
         candidates = (alive_scores[:, :, None] + log_probs.reshape(batch, k, vocab)).reshape(batch, k * vocab)
-        order = np.argsort(-candidates, axis=-1, kind="stable")[:, :2 * k]
+        order = _top(candidates, 2 * k)
         new_scores = np.full([batch, k], -np.inf)
         new_alive = np.zeros([batch, k, t + 1], np.int64)
         sources = np.tile(np.arange(k), [batch, 1])

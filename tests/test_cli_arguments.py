@@ -62,13 +62,15 @@ VERBOSE_HELP = ("also show TensorFlow's, XLA's and TFLite's log lines and the li
 HELP = {
     (): """usage: keras-posenc [-h] COMMAND ...
 
-The `keras-posenc` command line: `demo`, `train`, `generate`, `inspect`, `export`, `ablate`.
+The `keras-posenc` command line: `demo`, `train`, `generate`, `translate`, `inspect`, `export`, `ablate`.
 
 positional arguments:
   COMMAND
     demo      train a small LM on the embedded corpus (a few minutes on a CPU)
-    train     train a causal LM on a text or TSV corpus
+    train     train a causal LM on a text or TSV corpus, or a translator (--task translate)
     generate  generate text from a trained model (KV cache)
+    translate
+              translate sentences with a trained run (beam search); BLEU/chrF with --reference
     inspect   position-embedding diagnostics of a trained model
     export    convert a trained model to TFLite for edge GPUs (builtin ops only)
     ablate    position-encoding ablation and length extrapolation
@@ -76,10 +78,12 @@ positional arguments:
 options:
   -h, --help  show this help message and exit
 """,
-    ("train",): f"""usage: keras-posenc train [-h] [--corpus CORPUS] [--out OUT] [--format {{text,tsv}}] \
-[--skip-bad-lines] [--vocab-size VOCAB_SIZE] [--no-bos] [--no-eos] [--eval-fraction EVAL_FRACTION] \
-[--max-length MAX_LENGTH] [--num-layers NUM_LAYERS] [--d-model D_MODEL] [--num-heads NUM_HEADS] [--dff \
-DFF] [--dropout DROPOUT] [--norm-first] [--position \
+    ("train",): f"""usage: keras-posenc train [-h] [--task {{lm,translate}}] [--corpus CORPUS] \
+[--dev-corpus DEV_CORPUS] \
+[--dev-sentences DEV_SENTENCES] [--out OUT] [--format {{text,tsv}}] [--skip-bad-lines] [--vocab-size \
+VOCAB_SIZE] [--no-bos] [--no-eos] [--eval-fraction EVAL_FRACTION] [--max-length MAX_LENGTH] [--num-layers \
+NUM_LAYERS] [--d-model D_MODEL] [--num-heads NUM_HEADS] [--dff DFF] [--dropout DROPOUT] [--norm-first] \
+[--label-smoothing LABEL_SMOOTHING] [--no-shared-embeddings] [--position \
 {{sinusoidal,learned,integer,none,rope,alibi,rope-ntk,rope-yarn,rope-llama3}}] [--table \
 {{full,interpolated,factorized}}] [--steps STEPS] [--batch-size BATCH_SIZE] [--warmup-steps WARMUP_STEPS] \
 [--lr-scale LR_SCALE] [--seed SEED] [--checkpoint-every CHECKPOINT_EVERY] [--keep-checkpoints \
@@ -87,15 +91,25 @@ KEEP_CHECKPOINTS] [--log-every LOG_EVERY] [--resume] [--strategy {{default,mirro
 [--jit-compile {{auto,on,off}}] [--quiet] [--verbose]
 
 Trains a causal next-token LM. A TSV corpus (source<TAB>target) is trained as 'source <sep> target' with \
-language ids 0/1 and a position scale per language. Without --warmup-steps the warmup is min(4000, max(1, \
-steps // 2)).
+language ids 0/1 and a position scale per language. --task translate trains an encoder-decoder Transformer \
+on the pairs instead and keeps the weights of the best dev BLEU (scored at every checkpoint). Without \
+--warmup-steps the warmup is min(4000, max(1, steps // 2)).
 
 options:
   -h, --help            show this help message and exit
   --verbose             {VERBOSE_HELP}
 
 data:
+  --task {{lm,translate}}
+                        lm: a causal next-token LM; translate: an encoder-decoder translator of the pairs \
+of a --format tsv corpus (default: lm)
   --corpus CORPUS       corpus file (default: the embedded English corpus)
+  --dev-corpus DEV_CORPUS
+                        --task translate: TSV pairs whose BLEU picks the kept model (default: the held-out \
+split of --corpus)
+  --dev-sentences DEV_SENTENCES
+                        --task translate: dev pairs translated (greedy) at each checkpoint, the first N \
+(default: 500)
   --out OUT             output folder (default: runs/train)
   --format {{text,tsv}}   text: one document or sentence per line; tsv: source<TAB>target (default: text)
   --skip-bad-lines      skip TSV lines without exactly one tab (default: off)
@@ -110,13 +124,18 @@ model:
   --max-length MAX_LENGTH
                         longest input sequence in tokens (independent of --vocab-size) (default: 64)
   --num-layers NUM_LAYERS
-                        encoder layers (default: 2)
+                        encoder layers (--task translate: encoder and decoder layers each) (default: 2)
   --d-model D_MODEL     model width (default: 64)
   --num-heads NUM_HEADS
                         attention heads (default: 4)
   --dff DFF             feed-forward width (default: 256)
   --dropout DROPOUT     dropout rate (default: 0.1)
   --norm-first          pre-LN blocks (default: off)
+  --label-smoothing LABEL_SMOOTHING
+                        --task translate: label smoothing of the training loss (default: 0.1)
+  --no-shared-embeddings
+                        --task translate: separate source and target embeddings and an untied softmax \
+(default: off)
   --position {{sinusoidal,learned,integer,none,rope,alibi,rope-ntk,rope-yarn,rope-llama3}}
                         position encoding (default: sinusoidal)
   --table {{full,interpolated,factorized}}
@@ -141,9 +160,40 @@ leave warmup)
   --strategy {{default,mirrored,multiworker}}
                         tf.distribute strategy; multiworker reads TF_CONFIG (default: default)
   --jit-compile {{auto,on,off}}
-                        XLA-compile the train and eval steps (one compile per bucket length); auto: on \
-for one GPU, off on CPUs, where compiling costs more than it saves (default: auto)
+                        XLA-compile the train and eval steps (one compile per bucket length); auto: on for \
+one GPU, off on CPUs, where compiling costs more than it saves (default: auto)
   --quiet               no progress bar (default: off)
+""",
+    ("translate",): f"""usage: keras-posenc translate [-h] --input INPUT [--output OUTPUT] \
+[--beam-size BEAM_SIZE] \
+[--length-penalty ALPHA] [--batch-size BATCH_SIZE] [--max-new-tokens MAX_NEW_TOKENS] [--reference \
+REFERENCE] [--spm SPM] [--json] [--verbose] RUN_DIR_OR_MODEL
+
+Translates one sentence per line with a run of `keras-posenc train --task translate` (or a decoder-only run \
+trained with --format tsv, which continues '<s> source <sep>'): batched beam search over a key/value cache, \
+GNMT's length penalty; beam 1 is greedy. With --reference, prints sacrebleu's BLEU and chrF and their \
+signatures. Translations go to --output; with --output - (stdout) the score and timing lines go to stderr.
+
+positional arguments:
+  RUN_DIR_OR_MODEL      a run folder (model.keras + spm.model), or a .keras file with spm.model beside it
+
+options:
+  -h, --help            show this help message and exit
+  --input INPUT         source sentences, one per line; - reads stdin
+  --output OUTPUT       translations, one per line, written atomically; - is stdout (default: -)
+  --beam-size BEAM_SIZE
+                        beams; 1 is greedy (default: 4)
+  --length-penalty ALPHA
+                        alpha of GNMT's length penalty ((5 + length) / 6) ** alpha (default: 0.6)
+  --batch-size BATCH_SIZE
+                        sentences per batch, sorted by length (default: 32)
+  --max-new-tokens MAX_NEW_TOKENS
+                        target tokens at most (default: what the model's max length leaves)
+  --reference REFERENCE
+                        reference translations, one per input line: print BLEU and chrF
+  --spm SPM             SentencePiece model (default: spm.model beside the model)
+  --json                print the scores and timing as one JSON object (default: off)
+  --verbose             {VERBOSE_HELP}
 """,
     ("demo",): f"""usage: keras-posenc demo [-h] [--out OUT] [--steps STEPS] [--seed SEED] [--quiet] \
 [--verbose]

@@ -102,6 +102,11 @@ HUB_CASES = {
                        {"query": _features(2, 5, 8), "value": _features(2, 5, 8)}, (2, 5, 8), 8),
     "attention_alibi": ("PositionalAttention", {"num_heads": 2, "key_dim": 4, "position": "alibi"},
                         {"query": _features(2, 5, 8), "value": _features(2, 5, 8)}, (2, 5, 8), 8),
+    "decoder": ("DecoderLayer", {"d_model": 8, "num_heads": 2, "dff": 16, "dropout": 0.0},
+                {"x": _features(2, 5, 8), "encoder_outputs": _features(2, 6, 8)}, (2, 5, 8), 26),
+    "decoder_rope": ("DecoderLayer", {"d_model": 8, "num_heads": 2, "dff": 16, "dropout": 0.0,
+                                      "position": "rope"},
+                     {"x": _features(2, 5, 8), "encoder_outputs": _features(2, 6, 8)}, (2, 5, 8), 26),
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, "tools", "make_parallel_corpus.py")
-DATA = os.path.join(REPO, "keras_posenc", "app", "data")
+DATA = os.path.join(REPO, "tests", "data", "debian_po_en_de")
 SLICES = {split: os.path.join(DATA, f"debian_po_en_de_{split}_slice.tsv")
           for split in ("train", "dev", "test")}
 NOTICE = os.path.join(DATA, "LICENSE-DEBIAN-PO-CORPUS.txt")

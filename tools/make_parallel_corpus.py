@@ -44,7 +44,8 @@ has at most 60 characters) and their licence notice:
 
     python tools/make_parallel_corpus.py --debian .cache/corpus/debian_po_en_de
     python tools/make_parallel_corpus.py --debian .cache/corpus/debian_po_en_de --slice 3000 \\
-        --slice-dir keras_posenc/app/data --licence keras_posenc/app/data/LICENSE-DEBIAN-PO-CORPUS.txt
+        --slice-dir tests/data/debian_po_en_de \\
+        --licence tests/data/debian_po_en_de/LICENSE-DEBIAN-PO-CORPUS.txt
 
 `--cache DIR` (default `OUTDIR/debs`) is where the `.deb` files are kept; the
 first build needs a Debian bookworm host with its package lists (`apt-get update`).

@@ -97,7 +97,8 @@ def translate_sentences(run, sentences, *, beam_size=4, alpha=0.6, batch_size=32
         alpha: float >= 0, the length penalty's exponent.
         batch_size: int >= 1, sentences per batch.
         max_new_tokens: optional int, target tokens at most (default: what
-            the model's `max_length` leaves).
+            the model's `max_length` leaves after `<s>`; a decoder-only LM:
+            half its `max_length`, its sources cut to leave room for them).
         progress: optional function `progress(done, total)` called after each batch.
 
     Returns:
@@ -107,8 +108,11 @@ def translate_sentences(run, sentences, *, beam_size=4, alpha=0.6, batch_size=32
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"`batch_size` must be an int >= 1, got batch_size={batch_size!r}.")
     sentences = list(sentences)
-    rows = source_ids(run.processor, sentences, run.max_length) if run.kind == "seq2seq" else \
-        _lm_prefixes(run, sentences)
+    if run.kind == "seq2seq":
+        rows = source_ids(run.processor, sentences, run.max_length)
+    else:
+        max_new_tokens = max_new_tokens or run.max_length // 2
+        rows = _lm_prefixes(run, sentences, max_new_tokens)
     order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))
     outputs, tokens, start = [None] * len(rows), 0, time.perf_counter()
     for first in range(0, len(order), batch_size):
@@ -138,9 +142,17 @@ def _padded(rows, left):
     return out
 
 
-def _lm_prefixes(run, sentences):
-    """`<s> source <sep>` of every sentence, the source cut so that at least one target token fits."""
-    keep = run.max_length - 3
+def _lm_prefixes(run, sentences, max_new_tokens):
+    """`<s> source <sep>` of every sentence, the source cut so that `max_new_tokens` fit after it.
+
+    The cut depends on the model and `max_new_tokens` only, never on the batch: a sentence gets the
+    same translation in any batch.
+    """
+    keep = run.max_length - 2 - max_new_tokens
+    if keep < 1:
+        raise ValueError(f"`max_new_tokens`={max_new_tokens} leaves no room for a source within the "
+                         f"decoder-only model's max_length={run.max_length} (<s>, the source, <sep>, the "
+                         "translation).")
     return [np.asarray([data_lib.BOS_ID] + list(ids[:keep]) + [data_lib.SEP_ID], np.int32)
             for ids in run.processor.encode(sentences)]
 
@@ -161,12 +173,6 @@ def _lm_search(model, prefixes, max_new_tokens, *, beam_size, alpha):
     encoder = model.encoder
     prompt = _padded(prefixes, left=True)
     batch, prompt_length = prompt.shape
-    longest = max(len(p) for p in prefixes)
-    room = encoder.max_length - longest
-    max_new_tokens = room if max_new_tokens is None else min(int(max_new_tokens), room)
-    if max_new_tokens < 1:
-        raise ValueError(f"A source of {longest - 2} tokens leaves no room for a translation within the "
-                         f"model's max_length={encoder.max_length}.")
     step = _lm_step_function(model)
     real = prompt != encoder.pad_id
     positions = ops.convert_to_numpy(position_ids(real)).astype(np.int32)

@@ -1,5 +1,6 @@
 """Keras layers of keras_posenc."""
 
+from keras_posenc.layers.decoder_layer import DecoderLayer
 from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedding
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
 from keras_posenc.layers.positional_attention import PositionalAttention
@@ -10,6 +11,7 @@ from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmb
 from keras_posenc.layers.zero_position_embedding import ZeroPositionEmbedding
 
 __all__ = [
+    "DecoderLayer",
     "IntegerPositionEmbedding",
     "LearnedPositionEmbedding",
     "PositionalAttention",

@@ -72,6 +72,7 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
     Example:
 
     >>> import numpy as np
+    >>> from keras_posenc.backend import ops
     >>> layer = DecoderLayer(d_model=8, num_heads=2, dff=16)
     >>> rng = np.random.default_rng(0)
     >>> x = rng.normal(size=[2, 4, 8]).astype("float32")
