@@ -52,9 +52,10 @@ KERAS3_JAX_TESTS ?= tests/test_tables.py tests/test_readme.py tests/test_propert
   tests/test_property_regressions.py tests/test_generate.py keras_posenc/generation.py \
   $(wildcard tests/test_keras3_*.py tests/test_interop_*.py) \
   keras_posenc/backend.py keras_posenc/tables.py keras_posenc/positions.py keras_posenc/schedules.py \
+  keras_posenc/beam_search.py \
   $(addprefix keras_posenc/layers/,position_embedding_base.py sinusoidal_position_embedding.py \
     learned_position_embedding.py integer_position_embedding.py zero_position_embedding.py \
-    token_and_position_embedding.py rotary_embedding.py rope_scaling.py)
+    token_and_position_embedding.py rotary_embedding.py rope_scaling.py decoder_layer.py)
 BENCH_LOCK := requirements/bench.txt
 # pip itself is bootstrapping tooling, not part of the resolved set; setuptools and wheel come
 # from the lock (they are dependencies of TF's stack and the build backend of this package).

@@ -145,7 +145,8 @@ def _check_the_report_is_written_as_returned_with_every_field(runs, corpus):
         "losses", "final_train_loss", "eval_loss", "eval_perplexity", "unigram_eval_loss",
         "unigram_eval_perplexity", "train_seconds", "tokens_per_second", "num_replicas", "jit_compile",
         "bucket_lengths", "traces", "batch_shapes", "model_config", "train_config", "warmup_steps",
-        "beats_unigram", "loss_plot"}
+        "beats_unigram", "loss_plot", "task"}
+    assert report["task"] == "lm"  # `--task translate` adds the dev scores (tests/test_translate.py)
 
 
 def _check_tokens_and_batch_shapes_are_those_of_the_seeded_pipeline(runs, corpus):

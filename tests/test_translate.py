@@ -210,3 +210,13 @@ def test_dev_scoring_keeps_the_best_weights_across_a_resume(translate_run, tmp_p
     assert report["dev_best_step"] == 30 and report["start_step"] == 90
     after = keras.models.load_model(os.path.join(out, "model.keras"), compile=False).get_weights()
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+@once_on_keras2("the refusal reads the loaded model's class, the same on both stacks")
+def test_export_refuses_a_translator_in_one_line(translate_run, tmp_path, capsys):
+    out = tmp_path / "model.tflite"
+    code = cli.main(["export", os.path.join(translate_run, "model.keras"), "--out", str(out),
+                     "--sequence-length", "16"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds an encoder-decoder translator (Seq2SeqTransformer)" in err
+    assert err.count("\n") == 1 and not out.exists()

@@ -42,6 +42,7 @@ from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
 from keras_posenc.layers.rope_scaling import DYNAMIC_SCALINGS
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
+from keras_posenc.seq2seq import Seq2SeqTransformer
 from keras_posenc.validation import check_choice, check_positive_int
 
 __all__ = ["EMBEDDINGS", "HOST_EMBEDDINGS", "ONNX_OPSET", "QUANTIZE_MODES", "TARGETS", "ModelSpec",
@@ -306,11 +307,16 @@ def load_model(path):
     if not os.path.exists(path):
         raise FileNotFoundError(f"Model file not found: {path!r}.")
     try:
-        return keras.models.load_model(path, compile=False)
+        model = keras.models.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for corrupt or foreign files
         raise ValueError(f"Could not load a Keras model from {path!r}: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}. Is it a model saved by "
                          "keras_posenc, with every custom layer registered?") from error
+    if isinstance(model, Seq2SeqTransformer):
+        raise ValueError(f"{path!r} holds an encoder-decoder translator (Seq2SeqTransformer): the export "
+                         "targets take decoder-only and window models; translate it with `keras-posenc "
+                         "translate` (Keras) for now.")
+    return model
 
 
 
