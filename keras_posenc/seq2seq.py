@@ -75,9 +75,13 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         position_config: optional dict, the position's options (as `Encoder`'s).
         language_scale: bool, a learned position scale per language (additive
             positions only; `num_languages=2`).
-        share_embeddings: bool, one token embedding for source and target.
+        share_embeddings: bool, one token embedding for source and target
+            (default: one each).
         tie_output: bool, the softmax's weights are the target token
-            embedding's (Vaswani et al., section 3.4); else a `Dense` head.
+            embedding's (Vaswani et al., section 3.4); else (default) a
+            `Dense` head. Vaswani et al. share and tie (both True); at the
+            sizes of benchmarks/bench_translate.py separate tables trained
+            better (docs/translation.md).
         label_smoothing: float in [0, 1), on the training loss.
         **kwargs: standard model arguments (`name`, ...).
 
@@ -110,8 +114,8 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
     def __init__(self, num_layers, d_model, num_heads, dff, vocab_size, max_length, *, dropout=0.1,
                  norm_first=False, activation="relu", epsilon=1e-6, pad_id=PAD_ID, bos_id=BOS_ID,
                  eos_id=EOS_ID,
-                 position="sinusoidal", position_config=None, language_scale=True, share_embeddings=True,
-                 tie_output=True, label_smoothing=0.1, **kwargs):
+                 position="sinusoidal", position_config=None, language_scale=True, share_embeddings=False,
+                 tie_output=False, label_smoothing=0.1, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("num_layers", num_layers)
         check_positive_int("vocab_size", vocab_size)

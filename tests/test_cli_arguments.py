@@ -83,7 +83,7 @@ options:
 [--dev-sentences DEV_SENTENCES] [--out OUT] [--format {{text,tsv}}] [--skip-bad-lines] [--vocab-size \
 VOCAB_SIZE] [--no-bos] [--no-eos] [--eval-fraction EVAL_FRACTION] [--max-length MAX_LENGTH] [--num-layers \
 NUM_LAYERS] [--d-model D_MODEL] [--num-heads NUM_HEADS] [--dff DFF] [--dropout DROPOUT] [--norm-first] \
-[--label-smoothing LABEL_SMOOTHING] [--no-shared-embeddings] [--position \
+[--label-smoothing LABEL_SMOOTHING] [--share-embeddings] [--position \
 {{sinusoidal,learned,integer,none,rope,alibi,rope-ntk,rope-yarn,rope-llama3}}] [--table \
 {{full,interpolated,factorized}}] [--steps STEPS] [--batch-size BATCH_SIZE] [--warmup-steps WARMUP_STEPS] \
 [--lr-scale LR_SCALE] [--seed SEED] [--checkpoint-every CHECKPOINT_EVERY] [--keep-checkpoints \
@@ -133,9 +133,8 @@ model:
   --norm-first          pre-LN blocks (default: off)
   --label-smoothing LABEL_SMOOTHING
                         --task translate: label smoothing of the training loss (default: 0.1)
-  --no-shared-embeddings
-                        --task translate: separate source and target embeddings and an untied softmax \
-(default: off)
+  --share-embeddings    --task translate: one embedding for source and target and the softmax tied to it \
+(Vaswani et al., section 3.4) (default: off)
   --position {{sinusoidal,learned,integer,none,rope,alibi,rope-ntk,rope-yarn,rope-llama3}}
                         position encoding (default: sinusoidal)
   --table {{full,interpolated,factorized}}

@@ -68,8 +68,8 @@ def test_decoder_layer_errors():
 # Seq2SeqTransformer ------------------------------------------------------------------------------
 VARIANTS = {
     "sinusoidal-post-ln": {},
-    "learned-pre-ln-untied": {"position": "learned", "norm_first": True, "share_embeddings": False,
-                              "tie_output": False},
+    "learned-pre-ln-untied": {"position": "learned", "norm_first": True},
+    "shared-and-tied": {"share_embeddings": True, "tie_output": True},
     "rope": {"position": "rope"},
     "alibi-pre-ln": {"position": "alibi", "norm_first": True},
     "factorized-no-language-scale": {"position_config": {"table": "factorized"}, "language_scale": False},
@@ -158,22 +158,35 @@ def test_tied_output_uses_the_target_embedding_and_shared_embeddings_are_one_tab
         shapes = [tuple(w.shape) for w in model.trainable_weights]
         return shapes.count((40, 16)), shapes.count((16, 40))
 
-    model = _model()
+    model = _model(share_embeddings=True, tie_output=True)
     assert model.target_embedding is model.encoder.embedding
     assert tables(model) == (1, 0)
     hidden = normal([1, 3, 16])
     table = to_numpy(model.encoder.embedding.token_embedding.embeddings).astype(np.float64)
     expected = hidden.astype(np.float64) @ table.T
     np.testing.assert_allclose(to_numpy(model._logits(hidden)), expected, atol=1e-5)
-    assert tables(_model(share_embeddings=False, tie_output=False)) == (2, 1)
-    assert tables(_model(share_embeddings=False)) == (2, 0)
+    assert tables(_model()) == (2, 1)  # the default: separate tables and a softmax of its own
+    assert tables(_model(tie_output=True)) == (2, 0)  # tied to the target embedding (Press & Wolf)
 
 
 def test_language_scale_gives_source_and_target_their_own_scale():
-    model = _model()
-    scales = [w for w in model.trainable_weights if tuple(w.shape) == (2,)]
+    shared = _model(share_embeddings=True)
+    scales = [w for w in shared.trainable_weights if tuple(w.shape) == (2,)]
     assert len(scales) == 1
     np.testing.assert_array_equal(to_numpy(scales[0]), [1.0, 1.0])
+    # Separate embeddings: each has the scales, the source reads language 0 and the target 1.
+    separate = _model()
+    source_scale = separate.encoder.embedding.position_embedding.language_scale
+    target_scale = separate.target_embedding.position_embedding.language_scale
+    features = {"source_ids": SOURCES, "target_ids": TARGETS}
+    unscaled = to_numpy(separate(features))
+    source_scale.assign([2.0, 1.0])
+    target_scale.assign([1.0, 3.0])
+    scaled = to_numpy(separate(features))
+    assert np.abs(scaled - unscaled).min() > 0
+    source_scale.assign([2.0, 5.0])  # the unread entries change nothing
+    target_scale.assign([7.0, 3.0])
+    np.testing.assert_array_equal(to_numpy(separate(features)), scaled)
     assert not [w for w in _model(position="rope").trainable_weights if tuple(w.shape) == (2,)]
 
 

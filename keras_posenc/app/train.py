@@ -137,7 +137,7 @@ class TrainConfig:
         dev_sentences: int, translate: how many dev pairs are scored.
         label_smoothing: float in [0, 1), translate: on the training loss.
         share_embeddings: bool, translate: one embedding for both sides and
-            the softmax tied to it.
+            the softmax tied to it (default: separate tables and softmax).
         out: str, output folder.
         corpus_format: `"text"` or `"tsv"` (pairs, trained with
             `num_languages=2`; needs `corpus`: the embedded one is text).
@@ -204,8 +204,8 @@ class TrainConfig:
     dropout: float = _option(0.1, "model", "dropout rate")
     norm_first: bool = _option(False, "model", "pre-LN blocks")
     label_smoothing: float = _option(0.1, "model", "--task translate: label smoothing of the training loss")
-    share_embeddings: bool = _option(True, "model", "--task translate: separate source and target "
-                                     "embeddings and an untied softmax", flag="--no-shared-embeddings")
+    share_embeddings: bool = _option(False, "model", "--task translate: one embedding for source and target "
+                                     "and the softmax tied to it (Vaswani et al., section 3.4)")
     position: str = _option("sinusoidal", "model", "position encoding", choices=NAMED_POSITIONS)
     table: str = _option("full", "model", "sinusoidal table storage (only for --position sinusoidal)",
                          choices=TABLE_KINDS)

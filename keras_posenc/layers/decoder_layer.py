@@ -166,14 +166,18 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
         scores = []
 
         def self_attend(h):
-            h, weights = self.self_attention(h, h, attention_mask=merged, training=training,
-                                             return_attention_scores=True, **arguments)
-            scores.append(weights)
+            if return_attention_scores:
+                h, weights = self.self_attention(h, h, attention_mask=merged, training=training,
+                                                 return_attention_scores=True, **arguments)
+                scores.append(weights)
+            else:
+                h = self.self_attention(h, h, attention_mask=merged, training=training, **arguments)
             return self.self_attention_dropout(h, training=training)
 
         x = residual_block(x, self_attend, self.self_attention_norm, self.norm_first)
         keys, values = self.cross_key_value(encoder_outputs)
-        x = self._cross_attention_block(x, keys, values, encoder_mask, training, scores)
+        x = self._cross_attention_block(x, keys, values, encoder_mask, training,
+                                        scores if return_attention_scores else None)
         x = self._feed_forward_block(x, training)
         if return_attention_scores:
             return x, scores[0], scores[1]
