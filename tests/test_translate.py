@@ -6,6 +6,9 @@ checked against sacrebleu run independently on the files the command wrote.
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -220,3 +223,42 @@ def test_export_refuses_a_translator_in_one_line(translate_run, tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and "holds an encoder-decoder translator (Seq2SeqTransformer)" in err
     assert err.count("\n") == 1 and not out.exists()
+
+
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from keras_posenc.app.train import TrainConfig, train
+    config = json.loads(sys.argv[1])
+    report = train(TrainConfig(strategy="mirrored", **config))
+    print(json.dumps([report["losses"], report["num_replicas"], report["dev_history"]]))
+""")
+
+
+@once_on_keras2("the mirrored step is `--task lm`'s, run on both stacks by tests/test_train.py; this checks "
+                "the translator's model and dev scoring under it")
+def test_a_mirrored_translate_run_equals_one_device(tmp_path):
+    """Two replicas (two logical CPUs) train the translator as one device does, dev scoring included."""
+    from keras_posenc.app.train import TrainConfig, train
+
+    config = {"task": "translate", "corpus_format": "tsv", "corpus": TRAIN, "dev_corpus": DEV,
+              "dev_sentences": 20, "steps": 6, "checkpoint_every": 3, "batch_size": 8, "num_layers": 1,
+              "d_model": 16, "num_heads": 2, "dff": 32, "max_length": 16, "vocab_size": 300, "dropout": 0.0,
+              "lr_scale": 4.0, "verbose": 0}
+    single = train(TrainConfig(out=str(tmp_path / "one"), **config))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT,
+                             json.dumps({**config, "out": str(tmp_path / "mirrored")})],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses, replicas, history = json.loads(result.stdout.strip().splitlines()[-1])
+    assert replicas == 2
+    # Float summation order is the only difference (see tests/test_train.py's mirrored test).
+    np.testing.assert_allclose(losses, single["losses"], rtol=1e-4)
+    assert single["losses"][0] != single["losses"][-1]
+    steps = [entry["step"] for entry in single["dev_history"]]
+    assert [entry["step"] for entry in history] == steps == [3, 6]
