@@ -183,7 +183,7 @@ options:
   --beam-size BEAM_SIZE
                         beams; 1 is greedy (default: 4)
   --length-penalty ALPHA
-                        alpha of GNMT's length penalty ((5 + length) / 6) ** alpha (default: 0.6)
+                        alpha of GNMT's length penalty ((5 + length) / 6) ** alpha (default: 1.0)
   --batch-size BATCH_SIZE
                         sentences per batch, sorted by length (default: 32)
   --max-new-tokens MAX_NEW_TOKENS

@@ -246,8 +246,8 @@ def _add_translate_parser(subparsers):
     parser.add_argument("--output", default="-", help="translations, one per line, written atomically; "
                                                       "- is stdout (default: -)")
     parser.add_argument("--beam-size", type=_positive_int, default=4, help="beams; 1 is greedy (default: 4)")
-    parser.add_argument("--length-penalty", type=_nonnegative_float, default=0.6, dest="alpha",
-                        help="alpha of GNMT's length penalty ((5 + length) / 6) ** alpha (default: 0.6)")
+    parser.add_argument("--length-penalty", type=_nonnegative_float, default=1.0, dest="alpha",
+                        help="alpha of GNMT's length penalty ((5 + length) / 6) ** alpha (default: 1.0)")
     parser.add_argument("--batch-size", type=_positive_int, default=32,
                         help="sentences per batch, sorted by length (default: 32)")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=None,

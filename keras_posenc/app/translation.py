@@ -86,7 +86,7 @@ def load_translator(path, spm_path=None):
                      f"translate` (or a decoder-only LM with --format tsv), got a {kind}.")
 
 
-def translate_sentences(run, sentences, *, beam_size=4, alpha=0.6, batch_size=32, max_new_tokens=None,
+def translate_sentences(run, sentences, *, beam_size=4, alpha=1.0, batch_size=32, max_new_tokens=None,
                         progress=None):
     """Translates `sentences`, in batches of similar length; returns the translations in input order.
 
@@ -260,7 +260,7 @@ def _read_lines(path, what):
 
 
 def translate_file(run_path, input_path, output_path, *, reference_path=None, spm_path=None, beam_size=4,
-                   alpha=0.6, batch_size=32, max_new_tokens=None):
+                   alpha=1.0, batch_size=32, max_new_tokens=None):
     """What `keras-posenc translate` does: reads, checks, translates, writes, scores.
 
     Every input is checked before anything is written: the run, the input,
