@@ -22,7 +22,7 @@ import tensorflow as tf
 from keras_posenc.backend import inference_function, keras, ops
 from keras_posenc.beam_search import beam_search
 from keras_posenc.layers.decoder_layer import DecoderLayer
-from keras_posenc.layers.encoder import ATTENTION_POSITIONS, ENCODER_POSITIONS, Encoder
+from keras_posenc.layers.encoder import ATTENTION_POSITIONS, ENCODER_POSITIONS, Encoder, split_position
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_posenc.models import TokenLossTraining
 from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -153,20 +153,11 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
                   "norm_first": self.norm_first, "activation": self.activation, "epsilon": self.epsilon}
         self.encoder = Encoder(num_layers, vocab_size=vocab_size, max_length=max_length, pad_id=pad_id,
                                position=position, position_config=embedding_config, name="encoder", **common)
-        layer_position, layer_config = None, None
-        if self.in_attention:
-            layer_config = dict(self.position_config)
-            overflow = layer_config.pop("overflow", "error")
-            layer_position = position
-            if position == "rope":
-                layer_config.setdefault("max_length", None if overflow == "extend" else max_length)
+        (target_position, target_config), (layer_position, layer_config) = split_position(
+            position, embedding_config, max_length)
         if self.share_embeddings:
             self.target_embedding = self.encoder.embedding
         else:
-            target_position, target_config = position, embedding_config
-            if self.in_attention:
-                overflow = self.position_config.get("overflow", "error")
-                target_position, target_config = "none", {"overflow": overflow}
             self.target_embedding = TokenAndPositionEmbedding(
                 vocab_size, d_model, max_length, pad_id=pad_id, position=target_position,
                 dropout=self.dropout, name="target_embedding", **target_config)

@@ -8,10 +8,9 @@ from keras_posenc.backend import (
 )
 from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.layers.attention_masks import merge_attention_masks, static_or_dynamic_length
-from keras_posenc.layers.encoder_layer import residual_block
+from keras_posenc.layers.encoder_layer import block_config, check_block_arguments, residual_block
 from keras_posenc.layers.positional_attention import PositionalAttention
 from keras_posenc.positions import position_ids as derive_position_ids
-from keras_posenc.validation import check_epsilon, check_positive_int, check_rate
 
 __all__ = ["DecoderLayer"]
 
@@ -91,14 +90,7 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
     def __init__(self, d_model, num_heads, dff, *, dropout=0.1, norm_first=False, activation="relu",
                  epsilon=1e-6, position=None, position_config=None, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("d_model", d_model)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("dff", dff)
-        if d_model % num_heads:
-            raise ValueError(f"`d_model` must be divisible by `num_heads`, got d_model={d_model} and "
-                             f"num_heads={num_heads}.")
-        check_rate("dropout", dropout)
-        check_epsilon(epsilon)
+        check_block_arguments(d_model, num_heads, dff, dropout, epsilon)
         self.d_model = d_model
         self.num_heads = num_heads
         self.dff = dff
@@ -246,15 +238,5 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "d_model": self.d_model,
-            "num_heads": self.num_heads,
-            "dff": self.dff,
-            "dropout": self.dropout,
-            "norm_first": self.norm_first,
-            "activation": keras.activations.serialize(self.activation),
-            "epsilon": self.epsilon,
-            "position": self.position,
-            "position_config": dict(self.position_config),
-        })
+        config.update(block_config(self))
         return config

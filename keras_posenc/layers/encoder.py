@@ -12,7 +12,8 @@ from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS, To
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check_choice, check_epsilon, check_positive_int, check_rate
 
-__all__ = ["ENCODER_POSITIONS", "NAMED_POSITIONS", "Encoder", "EncoderLayer", "named_position"]
+__all__ = ["ENCODER_POSITIONS", "NAMED_POSITIONS", "Encoder", "EncoderLayer", "named_position",
+           "split_position"]
 
 # Every `position` an Encoder takes: the additive embedding layers, then the ones inside attention.
 ENCODER_POSITIONS = tuple(POSITION_LAYERS) + ATTENTION_POSITIONS
@@ -50,6 +51,30 @@ def named_position(name, max_length, *, scaling_factor=4.0):
         return "rope", {"scaling": name[len("rope-"):], "scaling_factor": float(scaling_factor),
                         "original_length": max_length}
     return name, {}
+
+
+def split_position(position, position_config, max_length):
+    """Where a stack's position acts: `((embedding position, its config), (attention position, its config))`.
+
+    An additive position lives in the token embedding and the attention has
+    none; "rope" and "alibi" live in the attention and the embedding adds no
+    position (it keeps `overflow`). RoPE gets a `max_length`-row table unless
+    `overflow="extend"`.
+
+    Example:
+
+    >>> split_position("rope", {"overflow": "extend"}, 64)
+    (('none', {'overflow': 'extend'}), ('rope', {'max_length': None}))
+    >>> split_position("learned", {"num_languages": 2}, 64)
+    (('learned', {'num_languages': 2}), (None, None))
+    """
+    if position not in ATTENTION_POSITIONS:
+        return (position, position_config), (None, None)
+    layer_config = dict(position_config)
+    overflow = layer_config.pop("overflow", "error")
+    if position == "rope":
+        layer_config.setdefault("max_length", None if overflow == "extend" else max_length)
+    return ("none", {"overflow": overflow}), (position, layer_config)
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
@@ -160,14 +185,8 @@ class Encoder(keras.layers.Layer):
         self.position_config = position_config
         self.supports_masking = True
         policy = self.dtype_policy
-        embedding_position, embedding_config = position, position_config
-        layer_position, layer_config = None, None
-        if position in ATTENTION_POSITIONS:
-            layer_config = dict(position_config)
-            overflow = layer_config.pop("overflow", "error")
-            embedding_position, embedding_config, layer_position = "none", {"overflow": overflow}, position
-            if position == "rope":
-                layer_config.setdefault("max_length", None if overflow == "extend" else max_length)
+        (embedding_position, embedding_config), (layer_position, layer_config) = split_position(
+            position, position_config, max_length)
         self.embedding = TokenAndPositionEmbedding(
             vocab_size, d_model, max_length, pad_id=pad_id, position=embedding_position, dropout=self.dropout,
             dtype=policy, name="embedding", **embedding_config)

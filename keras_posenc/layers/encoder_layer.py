@@ -13,8 +13,8 @@ from keras_posenc.layers.positional_attention import ATTENTION_POSITIONS, Positi
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check_epsilon, check_positive_int, check_rate
 
-__all__ = ["ATTENTION_POSITIONS", "EncoderLayer", "merge_attention_masks", "residual_block",
-           "static_or_dynamic_length"]
+__all__ = ["ATTENTION_POSITIONS", "EncoderLayer", "block_config", "check_block_arguments",
+           "merge_attention_masks", "residual_block", "static_or_dynamic_length"]
 
 
 def residual_block(x, sublayer, norm, norm_first):
@@ -36,6 +36,33 @@ def residual_block(x, sublayer, norm, norm_first):
     if norm_first:
         return x + sublayer(norm(x))
     return norm(x + sublayer(x))
+
+
+def check_block_arguments(d_model, num_heads, dff, dropout, epsilon):
+    """Checks the arguments of a Transformer block (`EncoderLayer`, `DecoderLayer`), naming a bad one."""
+    check_positive_int("d_model", d_model)
+    check_positive_int("num_heads", num_heads)
+    check_positive_int("dff", dff)
+    if d_model % num_heads:
+        raise ValueError(f"`d_model` must be divisible by `num_heads`, got d_model={d_model} and "
+                         f"num_heads={num_heads}.")
+    check_rate("dropout", dropout)
+    check_epsilon(epsilon)
+
+
+def block_config(layer):
+    """The constructor arguments of a Transformer block (`EncoderLayer`, `DecoderLayer`), for `get_config`."""
+    return {
+        "d_model": layer.d_model,
+        "num_heads": layer.num_heads,
+        "dff": layer.dff,
+        "dropout": layer.dropout,
+        "norm_first": layer.norm_first,
+        "activation": keras.activations.serialize(layer.activation),
+        "epsilon": layer.epsilon,
+        "position": layer.position,
+        "position_config": dict(layer.position_config),
+    }
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
@@ -134,14 +161,7 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
     def __init__(self, d_model, num_heads, dff, *, dropout=0.1, norm_first=False, activation="relu",
                  epsilon=1e-6, position=None, position_config=None, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("d_model", d_model)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("dff", dff)
-        if d_model % num_heads:
-            raise ValueError(f"`d_model` must be divisible by `num_heads`, got d_model={d_model} and "
-                             f"num_heads={num_heads}.")
-        check_rate("dropout", dropout)
-        check_epsilon(epsilon)
+        check_block_arguments(d_model, num_heads, dff, dropout, epsilon)
         self.d_model = d_model
         self.num_heads = num_heads
         self.dff = dff
@@ -280,15 +300,5 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "d_model": self.d_model,
-            "num_heads": self.num_heads,
-            "dff": self.dff,
-            "dropout": self.dropout,
-            "norm_first": self.norm_first,
-            "activation": keras.activations.serialize(self.activation),
-            "epsilon": self.epsilon,
-            "position": self.position,
-            "position_config": dict(self.position_config),
-        })
+        config.update(block_config(self))
         return config
