@@ -11,7 +11,7 @@ side), over several seeds:
    defaults (label smoothing 0.1, separate source and target embeddings,
    sinusoidal positions with a per-language scale, dev BLEU on the first 300
    dev pairs every 1000 steps, best weights kept), translated with beam 4
-   (alpha 0.6) and greedily (RESULTS.md adds beam 4 at `translate`'s default
+   (alpha 0.6, `--alpha`) and greedily (RESULTS.md adds beam 4 at `translate`'s default
    alpha 1.0);
 2. `lm`: this package's decoder-only LM (`task="lm"`, `corpus_format="tsv"`:
    `<s> source <sep> target </s>`) with the layer count whose parameter count
@@ -86,7 +86,7 @@ from keras_posenc.special_ids import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID  #
 
 SIZE = {"d_model": 128, "num_heads": 4, "dff": 512, "dropout": 0.1, "vocab_size": 4000, "batch_size": 64}
 NUM_LAYERS, MAX_LENGTH = 2, 64
-BEAM, ALPHA, DECODE_BATCH = 4, 0.6, 32
+BEAM, DECODE_BATCH = 4, 32
 
 
 # Configs and runs -------------------------------------------------------------------------------------
@@ -390,11 +390,11 @@ def _score(name, hypotheses, references, seconds, out_dir):
     return scores
 
 
-def _score_package_run(run_dir, sources, references):
+def _score_package_run(run_dir, sources, references, alpha):
     run = load_translator(run_dir)
     results = {}
     for label, beam in (("beam4", BEAM), ("greedy", 1)):
-        hypotheses, stats = translate_sentences(run, sources, beam_size=beam, alpha=ALPHA,
+        hypotheses, stats = translate_sentences(run, sources, beam_size=beam, alpha=alpha,
                                                 batch_size=DECODE_BATCH)
         results[label] = _score(label, hypotheses, references, stats["seconds"], run_dir)
     return results
@@ -494,6 +494,9 @@ def main():
                         "parameter count to ours)")
     parser.add_argument("--test-sentences", type=int, default=None,
                         help="the first N test pairs (default: all)")
+    parser.add_argument("--alpha", type=float, default=0.6,
+                        help="beam search's length penalty (GNMT's alpha; "
+                        "Vaswani et al.'s 0.6, this benchmark's; `translate` defaults to 1.0)")
     parser.add_argument("--dev-sentences", type=int, default=300)
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--timing-rounds", type=int, default=3)
@@ -543,7 +546,7 @@ def main():
             timing_inputs = (cfg, sp_model, train_examples, ours_report["warmup_steps"],
                              ours_report["jit_compile"])
         print("  ours (Seq2SeqTransformer)", flush=True)
-        ours_scores = _score_package_run(cfg.out, sources, references)
+        ours_scores = _score_package_run(cfg.out, sources, references, args.alpha)
         print("  keras-hub seq2seq", flush=True)
         hypotheses, seconds = translator.translate(sources)
         hub_scores = {"greedy": _score("greedy", hypotheses, references, seconds,
@@ -566,7 +569,7 @@ def main():
         with open(os.path.join(cfg.out, "spm.model"), "rb") as f, \
                 open(os.path.join(lm_cfg.out, "spm.model"), "rb") as g:
             per_seed[seed]["same_tokenizer_for_lm"] = f.read() == g.read()
-        per_seed[seed]["lm"] = {"test": _score_package_run(lm_cfg.out, sources, references),
+        per_seed[seed]["lm"] = {"test": _score_package_run(lm_cfg.out, sources, references, args.alpha),
                                 "resumed_at_step": lm_report["start_step"],
                                 **{k: lm_report[k] for k in ("tokens_per_second", "final_train_loss",
                                                              "eval_loss", "train_seconds")}}
@@ -637,7 +640,7 @@ def main():
                       for k, v in vars(args).items()},
         "git": {"at_start": git_at_start, "at_end": _git()}, "versions": _versions(),
         "setup": {**SIZE, "num_layers": NUM_LAYERS, "max_length": MAX_LENGTH, "lm_max_length": 2 * MAX_LENGTH,
-                  "lm_layers": lm_layers, "beam": BEAM, "alpha": ALPHA, "decode_batch": DECODE_BATCH},
+                  "lm_layers": lm_layers, "beam": BEAM, "alpha": args.alpha, "decode_batch": DECODE_BATCH},
         "parameters": {"ours": ours_params, "lm": lm_counts[lm_layers], "lm_by_layers": lm_counts,
                        "keras-hub": hub_params},
         "table": rows, "per_seed": per_seed, "timing": timing, "target": target,
