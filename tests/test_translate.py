@@ -196,7 +196,7 @@ def test_a_text_lm_is_refused_by_name(tmp_path, capsys):
 
 
 def test_dev_scoring_keeps_the_best_weights_across_a_resume(translate_run, tmp_path):
-    """A resumed run that never beats the earlier best keeps the earlier model.keras's weights."""
+    """A resumed run that never beats the earlier best keeps the earlier best's weights (checkpoints/)."""
     import shutil
 
     out = str(tmp_path / "resumed")
@@ -206,6 +206,7 @@ def test_dev_scoring_keeps_the_best_weights_across_a_resume(translate_run, tmp_p
     stored["best"] = {"step": 30, "bleu": 1e9, "chrf": 1e9}  # unbeatable: the kept weights must stay
     json.dump(stored, open(scores_path, "w"))
     before = keras.models.load_model(os.path.join(out, "model.keras"), compile=False).get_weights()
+    os.remove(os.path.join(out, "model.keras"))  # as a run stopped before its end: checkpoints/ must serve
     longer = [flag if flag != "90" else "120" for flag in TINY]  # --steps 120
     assert cli.main(TRANSLATE + ["--out", out, "--resume"] + longer) == 0
     report = json.load(open(os.path.join(out, "report.json")))
@@ -262,3 +263,21 @@ def test_a_mirrored_translate_run_equals_one_device(tmp_path):
     assert single["losses"][0] != single["losses"][-1]
     steps = [entry["step"] for entry in single["dev_history"]]
     assert [entry["step"] for entry in history] == steps == [3, 6]
+
+
+
+@once_on_keras2("file checks of the dev scoring, the same on both stacks")
+def test_a_resume_whose_best_weights_are_gone_says_so(translate_run, tmp_path, capsys):
+    import shutil
+
+    out = str(tmp_path / "resumed")
+    shutil.copytree(translate_run, out)
+    scores_path = os.path.join(out, "checkpoints", DEV_SCORES_FILE)
+    stored = json.load(open(scores_path))
+    stored["best"] = {"step": 30, "bleu": 1e9, "chrf": 1e9}
+    json.dump(stored, open(scores_path, "w"))
+    os.remove(os.path.join(out, "checkpoints", "dev_best_weights.npz"))
+    longer = [flag if flag != "90" else "120" for flag in TINY]
+    assert cli.main(TRANSLATE + ["--out", out, "--resume"] + longer) == 2
+    err = capsys.readouterr().err
+    assert "the best dev score (step 30) has no saved weights" in err and err.count("\n") == 1

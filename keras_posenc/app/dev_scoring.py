@@ -4,21 +4,27 @@
 checkpoint step and at the end, scores them with sacrebleu, and keeps the
 weights of the best BLEU (chrF breaks ties): those are the weights of
 `model.keras`. The scores of every step are kept in
-`checkpoints/dev_scores.json`, so a resumed run knows the best so far; if it
-never beats it, the run's earlier `model.keras` stays the kept model.
+`checkpoints/dev_scores.json` and the best weights in
+`checkpoints/dev_best_weights.npz` (written first), so a resumed run knows
+the best so far and keeps its weights if it never beats it, also when the
+earlier run was stopped before it wrote `model.keras`.
 """
 
 import json
 import os
 import time
 
+import numpy as np
+
 from keras_posenc.app.translation import TranslationRun, corpus_scores, translate_sentences
 from keras_posenc.backend import keras
-from keras_posenc.files import write_json
+from keras_posenc.files import save_npz, write_json
 
-__all__ = ["DEV_SCORES_FILE", "DevScoring"]
+__all__ = ["DEV_BEST_WEIGHTS_FILE", "DEV_SCORES_FILE", "DevScoring"]
 
 DEV_SCORES_FILE = "dev_scores.json"
+# Beside DEV_SCORES_FILE: the weights of its "best" entry, in `model.get_weights()` order.
+DEV_BEST_WEIGHTS_FILE = "dev_best_weights.npz"
 
 
 class DevScoring(keras.callbacks.Callback):
@@ -68,6 +74,8 @@ class DevScoring(keras.callbacks.Callback):
         self.history.append(entry)
         if self.best is None or (entry["bleu"], entry["chrf"]) > (self.best["bleu"], self.best["chrf"]):
             self.best, self.best_weights = entry, self.run.model.get_weights()
+            if self.scores_path:  # before the scores name it: a stop between the two keeps a true pair
+                save_npz(self._weights_path(), {f"w{i}": w for i, w in enumerate(self.best_weights)})
         if self.scores_path:
             write_json(self.scores_path, {"history": self.history, "best": self.best}, indent=1)
         self.seconds += time.perf_counter() - start
@@ -77,20 +85,29 @@ class DevScoring(keras.callbacks.Callback):
         if int(self.optimizer.iterations.numpy()) % self.every == 0:
             self.score()
 
-    def keep_best(self, kept_model_path):
+    def _weights_path(self):
+        return os.path.join(os.path.dirname(self.scores_path), DEV_BEST_WEIGHTS_FILE)
+
+    def keep_best(self):
         """Scores the final step, then puts the best weights in the model.
 
         When the best was reached before a resume (its weights are not in
-        memory), they are read from `kept_model_path`, the model the earlier
-        run kept.
+        memory), they are read from `DEV_BEST_WEIGHTS_FILE` beside the scores.
 
         Returns:
             The best entry.
+
+        Raises:
+            ValueError: the best entry's weights are neither in memory nor on disk.
         """
         self.score()
-        if self.best_weights is not None:
-            self.run.model.set_weights(self.best_weights)
-        elif os.path.isfile(kept_model_path):
-            earlier = keras.models.load_model(kept_model_path, compile=False)
-            self.run.model.set_weights(earlier.get_weights())
+        weights = self.best_weights
+        if weights is None:
+            path = self._weights_path() if self.scores_path else None
+            if path is None or not os.path.isfile(path):
+                raise ValueError(f"the best dev score (step {self.best['step']}) has no saved weights "
+                                 f"({path or 'a worker without files'}): resume from a run that wrote them.")
+            with np.load(path) as stored:
+                weights = [stored[f"w{i}"] for i in range(len(stored.files))]
+        self.run.model.set_weights(weights)
         return self.best

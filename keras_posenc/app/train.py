@@ -805,7 +805,7 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
 
     model_path = os.path.join(cfg.out, "model.keras")
     if dev is not None:  # the kept weights: the best dev BLEU's
-        dev.keep_best(model_path)
+        dev.keep_best()
     # Short last batches are filled with padding rows: every eval batch has one of the bucket shapes.
     eval_ds = cfg.dataset(eval_examples, sp_model, batch_size=cfg.batch_size, shuffle=False,
                           fill_batches=True)
