@@ -8,9 +8,14 @@ from keras_posenc.backend import (
 )
 from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.layers.attention_masks import merge_attention_masks, static_or_dynamic_length
-from keras_posenc.layers.encoder_layer import block_config, check_block_arguments, residual_block
+from keras_posenc.layers.encoder_layer import (
+    block_config,
+    check_block_arguments,
+    feed_forward_block,
+    residual_block,
+    self_attention_block,
+)
 from keras_posenc.layers.positional_attention import PositionalAttention
-from keras_posenc.positions import position_ids as derive_position_ids
 
 __all__ = ["DecoderLayer"]
 
@@ -150,27 +155,13 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
         self._check_shape("encoder_outputs", tuple(encoder_outputs.shape))
         merged = merge_attention_masks(static_or_dynamic_length(x), mask=mask, use_causal_mask=True)
         x = without_keras_mask(x)
-        arguments = {}
-        if self.position is not None:
-            if position_ids is None and mask is not None:
-                position_ids = derive_position_ids(mask)
-            arguments["position_ids"] = position_ids
-        scores = []
-
-        def self_attend(h):
-            if return_attention_scores:
-                h, weights = self.self_attention(h, h, attention_mask=merged, training=training,
-                                                 return_attention_scores=True, **arguments)
-                scores.append(weights)
-            else:
-                h = self.self_attention(h, h, attention_mask=merged, training=training, **arguments)
-            return self.self_attention_dropout(h, training=training)
-
-        x = residual_block(x, self_attend, self.self_attention_norm, self.norm_first)
+        scores = [] if return_attention_scores else None
+        x = self_attention_block(x, self.self_attention, self.self_attention_dropout,
+                                 self.self_attention_norm, self.norm_first, attention_mask=merged, mask=mask,
+                                 position_ids=position_ids, training=training, scores=scores)
         keys, values = self.cross_key_value(encoder_outputs)
-        x = self._cross_attention_block(x, keys, values, encoder_mask, training,
-                                        scores if return_attention_scores else None)
-        x = self._feed_forward_block(x, training)
+        x = self._cross_attention_block(x, keys, values, encoder_mask, training, scores)
+        x = feed_forward_block(self, x, training)
         if return_attention_scores:
             return x, scores[0], scores[1]
         return x
@@ -193,12 +184,6 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
             return self.cross_attention_dropout(h, training=training)
 
         return residual_block(x, cross_attend, self.cross_attention_norm, self.norm_first)
-
-    def _feed_forward_block(self, x, training):
-        def feed_forward(h):
-            return self.ffn_dropout(self.ffn_output(self.ffn_hidden(h)), training=training)
-
-        return residual_block(x, feed_forward, self.ffn_norm, self.norm_first)
 
     def cached_step(self, x, key_cache, value_cache, cache_index, position_ids, cross_keys, cross_values,
                     encoder_mask=None):
@@ -233,7 +218,7 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
 
         x = residual_block(x, self_attend, self.self_attention_norm, self.norm_first)
         x = self._cross_attention_block(x, cross_keys, cross_values, encoder_mask, training=False)
-        x = self._feed_forward_block(x, training=False)
+        x = feed_forward_block(self, x, training=False)
         return (x, *caches)
 
     def get_config(self):

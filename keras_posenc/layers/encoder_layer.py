@@ -14,7 +14,8 @@ from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check_epsilon, check_positive_int, check_rate
 
 __all__ = ["ATTENTION_POSITIONS", "EncoderLayer", "block_config", "check_block_arguments",
-           "merge_attention_masks", "residual_block", "static_or_dynamic_length"]
+           "feed_forward_block", "merge_attention_masks", "residual_block", "self_attention_block",
+           "static_or_dynamic_length"]
 
 
 def residual_block(x, sublayer, norm, norm_first):
@@ -63,6 +64,40 @@ def block_config(layer):
         "position": layer.position,
         "position_config": dict(layer.position_config),
     }
+
+
+def self_attention_block(x, attention, dropout, norm, norm_first, *, attention_mask, mask, position_ids,
+                         training, scores=None):
+    """A block's self-attention sublayer: `residual_block` around `attention` and its dropout.
+
+    A `PositionalAttention` with RoPE or ALiBi gets `position_ids`, else ids
+    numbered over the real tokens of the Keras `mask`. With a list `scores`,
+    the attention probabilities are appended to it.
+    """
+    arguments = {}
+    if attention.position is not None:
+        if position_ids is None and mask is not None:
+            position_ids = derive_position_ids(mask)
+        arguments["position_ids"] = position_ids
+
+    def attend(h):
+        if scores is not None:
+            h, weights = attention(h, h, attention_mask=attention_mask, training=training,
+                                   return_attention_scores=True, **arguments)
+            scores.append(weights)
+        else:
+            h = attention(h, h, attention_mask=attention_mask, training=training, **arguments)
+        return dropout(h, training=training)
+
+    return residual_block(x, attend, norm, norm_first)
+
+
+def feed_forward_block(block, x, training):
+    """A block's feed-forward sublayer: `ffn_hidden`, `ffn_output`, `ffn_dropout` of `block`, residual."""
+    def feed_forward(h):
+        return block.ffn_dropout(block.ffn_output(block.ffn_hidden(h)), training=training)
+
+    return residual_block(x, feed_forward, block.ffn_norm, block.norm_first)
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
@@ -233,33 +268,14 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
                                        use_causal_mask=use_causal_mask)
         # A fresh tensor without `_keras_mask`, so the attention sees only `merged`.
         x = without_keras_mask(x)
-        arguments = {}
-        if self.position is not None:
-            if position_ids is None and mask is not None:
-                position_ids = derive_position_ids(mask)
-            arguments["position_ids"] = position_ids
-        scores = []
-
-        def attend(h):
-            if return_attention_scores:
-                h, weights = self.attention(h, h, attention_mask=merged, training=training,
-                                            return_attention_scores=True, **arguments)
-                scores.append(weights)
-            else:
-                h = self.attention(h, h, attention_mask=merged, training=training, **arguments)
-            return self.attention_dropout(h, training=training)
-
-        x = residual_block(x, attend, self.attention_norm, self.norm_first)
-        x = self._feed_forward_block(x, training)
+        scores = [] if return_attention_scores else None
+        x = self_attention_block(x, self.attention, self.attention_dropout, self.attention_norm,
+                                 self.norm_first, attention_mask=merged, mask=mask, position_ids=position_ids,
+                                 training=training, scores=scores)
+        x = feed_forward_block(self, x, training)
         if return_attention_scores:
             return x, scores[0]
         return x
-
-    def _feed_forward_block(self, x, training):
-        def feed_forward(h):
-            return self.ffn_dropout(self.ffn_output(self.ffn_hidden(h)), training=training)
-
-        return residual_block(x, feed_forward, self.ffn_norm, self.norm_first)
 
     def cached_step(self, x, key_cache, value_cache, cache_index, position_ids):
         """One incremental step: writes this chunk's keys and values into the caches, attends over them.
@@ -295,7 +311,7 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
             return h
 
         x = residual_block(x, attend, self.attention_norm, self.norm_first)
-        x = self._feed_forward_block(x, training=False)
+        x = feed_forward_block(self, x, training=False)
         return (x, *caches)
 
     def get_config(self):
