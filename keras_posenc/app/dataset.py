@@ -45,8 +45,9 @@ from keras_posenc.validation import check_choice, check_positive_ints
 
 __all__ = [
     "BOS_ID", "EOS_ID", "FORMATS", "NUM_RESERVED_IDS", "PAD_ID", "SEP_ID", "SEP_PIECE", "UNK_ID",
-    "CorpusError", "corpus_texts", "decode", "default_bucket_lengths", "default_corpus_path",
-    "lm_dataset", "load_corpus", "parallel_corpus_path", "read_text_corpus", "read_tsv_corpus",
+    "CorpusError", "check_bucket_lengths", "corpus_texts", "decode", "default_bucket_lengths",
+    "default_corpus_path",
+    "lm_dataset", "load_corpus", "pad_batches", "parallel_corpus_path", "read_text_corpus", "read_tsv_corpus",
     "sentencepiece_vocab_size", "split_corpus", "train_sentencepiece", "unigram_cross_entropy",
 ]
 
@@ -447,6 +448,40 @@ def check_bucket_lengths(bucket_lengths, max_length):
     return lengths
 
 
+def pad_batches(ds, length, padded_shapes, *, batch_size, bucket_lengths, fill_batches, drop_remainder):
+    """Batches of `(features, labels)` elements padded with `PAD_ID`: bucketed by `length`, or plain.
+
+    With `bucket_lengths` (checked ones), an element goes to the shortest
+    bucket it fits and is padded to that length, so batches come in a few
+    fixed shapes; without, each batch is padded to its longest element. With
+    `fill_batches` (and not `drop_remainder`), a short last batch gets
+    all-padding rows up to `batch_size`.
+
+    Args:
+        ds: a dataset of `(features dict, labels)` of rank-1 int tensors.
+        length: function of `(features, labels)`, the element's length.
+        padded_shapes: `padded_batch`'s shapes of the elements.
+        batch_size, bucket_lengths, fill_batches, drop_remainder: as `lm_dataset`'s.
+    """
+    padding_values = ({k: PAD_ID for k in padded_shapes[0]}, PAD_ID)
+    if bucket_lengths:
+        # Bucket i holds the rows shorter than boundaries[i] and pads them to boundaries[i] - 1; every
+        # row is at most max_length <= bucket_lengths[-1] long, so the last, open bucket stays empty.
+        ds = ds.bucket_by_sequence_length(
+            length, [n + 1 for n in bucket_lengths], [batch_size] * (len(bucket_lengths) + 1),
+            padded_shapes=padded_shapes, padding_values=padding_values, pad_to_bucket_boundary=True,
+            drop_remainder=drop_remainder)
+    else:
+        ds = ds.padded_batch(batch_size, padded_shapes, padding_values, drop_remainder=drop_remainder)
+
+    def fill(features, labels):
+        missing = batch_size - tf.shape(labels)[0]
+        return tf.nest.map_structure(
+            lambda t: tf.pad(t, [[0, missing], [0, 0]], constant_values=PAD_ID), (features, labels))
+
+    return ds.map(fill) if fill_batches and not drop_remainder else ds
+
+
 def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_eos=True,
                bucket_lengths="auto", fill_batches=False, shuffle=True, seed=0, repeat=False,
                drop_remainder=False):
@@ -551,24 +586,8 @@ def lm_dataset(examples, sp_model, *, max_length, batch_size, add_bos=True, add_
     ds = ds.filter(lambda features, labels: tf.size(labels) > 0)
     feature_names = ["token_ids", "language_ids"] if paired else ["token_ids"]
     padded_shapes = ({k: [None] for k in feature_names}, [None])
-    padding_values = ({k: PAD_ID for k in padded_shapes[0]}, PAD_ID)
-    if bucket_lengths:
-        # Bucket i holds the rows shorter than boundaries[i] and pads them to boundaries[i] - 1; every
-        # row is at most max_length <= bucket_lengths[-1] long, so the last, open bucket stays empty.
-        ds = ds.bucket_by_sequence_length(
-            lambda features, labels: tf.size(labels), [n + 1 for n in bucket_lengths],
-            [batch_size] * (len(bucket_lengths) + 1), padded_shapes=padded_shapes,
-            padding_values=padding_values, pad_to_bucket_boundary=True, drop_remainder=drop_remainder)
-    else:
-        ds = ds.padded_batch(batch_size, padded_shapes, padding_values, drop_remainder=drop_remainder)
-
-    def fill(features, labels):
-        missing = batch_size - tf.shape(labels)[0]
-        return tf.nest.map_structure(
-            lambda t: tf.pad(t, [[0, missing], [0, 0]], constant_values=PAD_ID), (features, labels))
-
-    if fill_batches and not drop_remainder:
-        ds = ds.map(fill)
+    ds = pad_batches(ds, lambda features, labels: tf.size(labels), padded_shapes, batch_size=batch_size,
+                     bucket_lengths=bucket_lengths, fill_batches=fill_batches, drop_remainder=drop_remainder)
 
     def add_positions(features, labels):
         features = dict(features)

@@ -22,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_posenc.app.dataset import CorpusError, check_bucket_lengths
-from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID
+from keras_posenc.app.dataset import CorpusError, check_bucket_lengths, pad_batches
+from keras_posenc.special_ids import BOS_ID, EOS_ID
 from keras_posenc.validation import check_positive_ints
 
 __all__ = ["source_ids", "translation_dataset"]
@@ -84,25 +84,12 @@ def translation_dataset(pairs, sp_model, *, max_length, batch_size, bucket_lengt
         ds = ds.repeat()
     ds = ds.map(frame, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     padded_shapes = ({"source_ids": [None], "target_ids": [None]}, [None])
-    padding_values = ({"source_ids": PAD_ID, "target_ids": PAD_ID}, PAD_ID)
 
     def longer_side(features, labels):
         return tf.maximum(tf.size(features["source_ids"]), tf.size(labels))
 
-    if lengths:
-        ds = ds.bucket_by_sequence_length(
-            longer_side, [n + 1 for n in lengths], [batch_size] * (len(lengths) + 1),
-            padded_shapes=padded_shapes,
-            padding_values=padding_values, pad_to_bucket_boundary=True, drop_remainder=drop_remainder)
-    else:
-        ds = ds.padded_batch(batch_size, padded_shapes, padding_values, drop_remainder=drop_remainder)
-    if fill_batches and not drop_remainder:
-        def fill(features, labels):
-            missing = batch_size - tf.shape(labels)[0]
-            return tf.nest.map_structure(
-                lambda t: tf.pad(t, [[0, missing], [0, 0]], constant_values=PAD_ID), (features, labels))
-
-        ds = ds.map(fill)
+    ds = pad_batches(ds, longer_side, padded_shapes, batch_size=batch_size, bucket_lengths=lengths,
+                     fill_batches=fill_batches, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
