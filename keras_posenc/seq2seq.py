@@ -322,9 +322,11 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
             return ops.convert_to_numpy(log_probs), {**state, "cache": cache, "index": state["index"] + 1}
 
         def reorder(state, rows):
+            # The beams of a sentence share its source: only the first call, which repeats every
+            # sentence beam_size times, changes which source a row reads.
+            keys = ("cache",) if len(rows) == ops.shape(state["cache"])[0] else ("cross", "mask", "cache")
             rows = ops.convert_to_tensor(np.asarray(rows, np.int32))
-            return {**state, **{key: ops.take(state[key], rows, axis=0)
-                                for key in ("cross", "mask", "cache")}}
+            return {**state, **{key: ops.take(state[key], rows, axis=0) for key in keys}}
 
         first, state = run(np.full([batch], self.bos_id), state)
         return beam_search(first, state, run, reorder, beam_size=beam_size,
@@ -379,15 +381,14 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
 
 
 def _without_padding_columns(source, pad_id):
-    """`source` with the columns that are padding in every row removed (a batch padded wider than needed)."""
-    keep = (source != pad_id).any(axis=0)
-    return source[:, keep] if keep.all() else _compact(source, pad_id)
+    """A batch padded wider than needed, narrowed: each row's tokens right-padded to the longest row.
 
-
-def _compact(source, pad_id):
+    A batch none of whose columns is all padding is returned as it is.
+    """
+    if (source != pad_id).any(axis=0).all():
+        return source
     rows = [row[row != pad_id] for row in source]
-    width = max(len(row) for row in rows)
-    out = np.full([len(rows), width], pad_id, source.dtype)
+    out = np.full([len(rows), max(len(row) for row in rows)], pad_id, source.dtype)
     for i, row in enumerate(rows):
         out[i, :len(row)] = row
     return out

@@ -193,6 +193,13 @@ def _print_generation(run, prompt, spm=None, as_json=False, **generation):
 
 
 # generate -----------------------------------------------------------------------------------
+def _add_run_argument(parser):
+    """The positional RUN_DIR_OR_MODEL of the commands that read a trained run (generate, translate)."""
+    parser.add_argument("run", metavar="RUN_DIR_OR_MODEL",
+                        help="a run folder (model.keras + spm.model), or a .keras file with spm.model "
+                             "beside it")
+
+
 def _add_generate_parser(subparsers):
     from keras_posenc.generation import SAMPLERS
 
@@ -201,9 +208,7 @@ def _add_generate_parser(subparsers):
         description="Continues a prompt with a model trained by `keras-posenc train`, using the run's "
                     "SentencePiece tokenizer: one prefill, then one cached decode step per token. Prints "
                     "the text, then the time to first token and the decode tokens/s.")
-    parser.add_argument("run", metavar="RUN_DIR_OR_MODEL",
-                        help="a run folder (model.keras + spm.model), or a .keras file with spm.model "
-                             "beside it")
+    _add_run_argument(parser)
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=32,
                         help="tokens to generate (default: %(default)s)")
@@ -239,9 +244,7 @@ def _add_translate_parser(subparsers):
                     "batched beam search over a key/value cache, GNMT's length penalty; beam 1 is greedy. "
                     "With --reference, prints sacrebleu's BLEU and chrF and their signatures. Translations "
                     "go to --output; with --output - (stdout) the score and timing lines go to stderr.")
-    parser.add_argument("run", metavar="RUN_DIR_OR_MODEL",
-                        help="a run folder (model.keras + spm.model), or a .keras file with spm.model "
-                             "beside it")
+    _add_run_argument(parser)
     parser.add_argument("--input", required=True, help="source sentences, one per line; - reads stdin")
     parser.add_argument("--output", default="-", help="translations, one per line, written atomically; "
                                                       "- is stdout (default: -)")
