@@ -29,6 +29,7 @@ RuntimeError: interrupted
 
 import contextlib
 import errno
+import io
 import json
 import os
 import shutil
@@ -146,8 +147,11 @@ def save_npy(path, array):
 
     if not str(path).endswith(".npy"):
         raise ValueError(f"save_npy writes .npy files: path must end with '.npy', got {path!r}")
-    with atomic_path(path) as temp:
-        np.save(temp, array)
+    # Made in memory first: np.save into a file writes through C stdio, and numpy drops the error of
+    # its last flush (a full disk), so a cut-short file would be renamed into place as if whole.
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    write_bytes(path, buffer.getvalue())
 
 
 def save_npz(path, arrays):
