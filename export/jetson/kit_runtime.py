@@ -74,6 +74,8 @@ def check_classic(export, delegate):
     if recipe.get("runtime") != "litert" or delegate:
         return
     name, version = classic_version()
+    if name is None:
+        return  # no classic runtime at all: `interpreter` says what to install
     if name == "tflite_runtime" or (version or (0, 0)) < LITERT_RUNTIME_TENSORFLOW:
         shown = ".".join(str(part) for part in version or ())
         fail(f"{export.model} holds {recipe.get('precision')} weights ({recipe.get('weights')}) that "
