@@ -988,3 +988,294 @@ def test_run_tflite_main_names_a_failed_gpu_compile(tmp_path, monkeypatch):
     assert exited(lambda: run_tflite.main([model, "--accelerator", "gpu"])) == (
         "GPU compilation failed: Some ops are not accelerated"
     )
+
+
+# --- the runners' sessions, on stand-in runtimes ----------------------------------------------------
+
+
+class StandInBuffer:
+    def __init__(self, log, data=None):
+        self.log, self.data = log, data
+
+    def write(self, array):
+        self.log.append(("write", array.copy(), array.flags["C_CONTIGUOUS"]))
+
+    def read(self, size, dtype):
+        self.log.append(("read", size, dtype))
+        return np.arange(size, dtype=dtype)
+
+
+class StandInCompiled:
+    """ai-edge-litert's CompiledModel as the runners use it: signatures, tensor details, buffers."""
+
+    def __init__(self, signatures, accelerated=True):
+        self.signatures = signatures  # {key: (inputs {name: detail}, outputs {name: detail})}
+        self.accelerated = accelerated
+        self.log = []
+
+    def get_signature_list(self):
+        return {key: {} for key in self.signatures}
+
+    def get_input_tensor_details(self, key):
+        return self.signatures[key][0]
+
+    def get_output_tensor_details(self, key):
+        return self.signatures[key][1]
+
+    def create_input_buffers(self, index):
+        return [StandInBuffer(self.log) for _ in list(self.signatures.values())[index][0]]
+
+    def create_output_buffers(self, index):
+        return [StandInBuffer(self.log) for _ in list(self.signatures.values())[index][1]]
+
+    def run_by_index(self, index, inputs, outputs):
+        self.log.append(("run", index, len(inputs), len(outputs)))
+
+    def is_fully_accelerated(self):
+        return self.accelerated
+
+
+def test_the_litert_runner_feeds_buffers_and_reads_the_first_output(monkeypatch):
+    model = StandInCompiled(
+        {
+            "serving_default": (
+                {
+                    "token_ids": {"dtype": "int32", "shape": [1, 3]},
+                    "language_ids": {"dtype": "int32", "shape": [1]},
+                },
+                {"logits": {"shape": [1, 3, 2]}, "other": {"shape": [5]}},
+            )
+        },
+        accelerated=False,
+    )
+    opened = []
+    monkeypatch.setattr(run_tflite, "compiled_model", lambda *args: opened.append(args) or model)
+    runner = run_tflite.LiteRtRunner("m.tflite", "gpu", 2, "fp16")
+    assert opened == [("m.tflite", "gpu", 2, "fp16")]
+    assert runner.name == "ai_edge_litert.CompiledModel" and runner.fully_accelerated is False
+    assert [d["dtype"] for d in runner.inputs] == [np.dtype(np.int32)] * 2 and runner.output_shape == [
+        1,
+        3,
+        2,
+    ]
+    runner.set_inputs([np.arange(6, dtype=np.int32).reshape(3, 2)[:, 0][None], np.zeros([1], np.int32)])
+    runner.invoke()
+    output = runner.output()
+    assert (
+        output.shape == (1, 3, 2) and output.dtype == np.float32 and output.ravel().tolist() == list(range(6))
+    )
+    writes = [entry for entry in model.log if entry[0] == "write"]
+    assert [w[1].tolist() for w in writes] == [[[0, 2, 4]], [0]] and all(w[2] for w in writes)
+    assert ("run", 0, 2, 2) in model.log and ("read", 6, np.float32) in model.log
+
+
+class StandInInterpreter:
+    def __init__(self, details):
+        self.details, self.tensors, self.log = details, {}, []
+
+    def allocate_tensors(self):
+        self.log.append("allocate")
+
+    def get_input_details(self):
+        return self.details
+
+    def set_tensor(self, index, array):
+        self.tensors[index] = array
+
+    def invoke(self):
+        self.log.append("invoke")
+        self.tensors[9] = sum(float(np.sum(t)) for t in self.tensors.values())
+
+    def get_output_details(self):
+        return [{"index": 9}, {"index": 10}]
+
+    def get_tensor(self, index):
+        return self.tensors[index]
+
+
+def test_the_interpreter_runner_sets_tensors_by_index(monkeypatch):
+    details = [
+        {"index": 3, "name": "token_ids", "shape": np.array([1, 2]), "dtype": np.int32},
+        {"index": 5, "name": "language_ids", "shape": np.array([1]), "dtype": np.int32},
+    ]
+    made = StandInInterpreter(details)
+    opened = []
+    monkeypatch.setattr(run_tflite, "interpreter", lambda *args: opened.append(args) or (made, "tensorflow"))
+    runner = run_tflite.InterpreterRunner("m.tflite", "d.so", 3)
+    assert opened == [("m.tflite", "d.so", 3)] and made.log == ["allocate"]
+    assert runner.name == "tensorflow" and runner.fully_accelerated is None
+    assert runner.inputs[0]["shape"] == [1, 2] and runner.inputs[1]["dtype"] == np.dtype(np.int32)
+    runner.set_inputs([np.array([[2, 3]]), np.array([4])])
+    assert made.tensors[3].tolist() == [[2, 3]] and made.tensors[5].tolist() == [4]
+    runner.invoke()
+    assert runner.output() == 9.0
+
+
+def test_run_tflite_make_runner_passes_the_export_on(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(run_tflite, "open_runtime", lambda *args: seen.append(args) or "runtime")
+    args, export = object(), object()
+    assert run_tflite.make_runner(args, export) == "runtime"
+    assert seen == [(args, run_tflite.LiteRtRunner, run_tflite.InterpreterRunner, export)]
+
+
+def prefill_decode_signatures():
+    return {
+        "prefill": (
+            {"token_ids": {"dtype": "int32"}},
+            {"logits": {"shape": [1, 4, 3]}, "present_k": {"shape": [2]}},
+        ),
+        "decode": (
+            {
+                "token_id": {"dtype": "int32"},
+                "position": {"dtype": "float32"},
+                "past_k": {"dtype": "float32"},
+            },
+            {"logits": {"shape": [1, 3]}, "present_k": {"shape": [2]}},
+        ),
+    }
+
+
+def test_the_litert_session_runs_each_signature_by_its_index(tmp_path, monkeypatch):
+    meta = generation_export(tmp_path)
+    monkeypatch.setattr(run_generate, "EXPORT", meta)
+    model = StandInCompiled(prefill_decode_signatures())
+    opened = []
+    monkeypatch.setattr(run_generate, "compiled_model", lambda *args: opened.append(args) or model)
+    session = run_generate.LiteRtSession(meta.model, "cpu", 4, "fp32")
+    assert opened == [(meta.model, "cpu", 4, "fp32")]  # one file: one compiled model for both signatures
+    assert session.index == {"prefill": 0, "decode": 1} and session.fully_accelerated is True
+    assert session.dtypes["decode"] == {
+        "token_id": np.dtype("int32"),
+        "position": np.dtype("float32"),
+        "past_k": np.dtype("float32"),
+    }
+    results = session.run(
+        "decode", {"token_id": np.array([[5]]), "position": np.array([3]), "past_k": [1, 2]}
+    )
+    assert ("run", 1, 3, 2) in model.log
+    writes = [entry[1] for entry in model.log if entry[0] == "write"]
+    assert [w.dtype for w in writes] == [np.int32, np.float32, np.float32]
+    assert sorted(results) == ["logits", "present_k"] and results["logits"].shape == (1, 3)
+    assert results["logits"].tolist() == [[0.0, 1.0, 2.0]]
+    prefill = session.run("prefill", {"token_ids": np.zeros([1, 4])})
+    assert prefill["logits"].shape == (1, 4, 3) and ("run", 0, 1, 2) in model.log
+
+
+def test_a_gl_pair_opens_each_file_once_with_its_own_runtime(tmp_path, monkeypatch):
+    meta = generation_export(
+        tmp_path, signature_files={"prefill": "s.prefill.tflite", "decode": "s.decode.tflite"}
+    )
+    monkeypatch.setattr(run_generate, "EXPORT", meta)
+    opened = []
+
+    def compiled(path, *args):
+        opened.append(path)
+        return StandInCompiled(prefill_decode_signatures(), accelerated=path.endswith("decode.tflite"))
+
+    monkeypatch.setattr(run_generate, "compiled_model", compiled)
+    session = run_generate.LiteRtSession(meta.model, "gpu", None, "fp16")
+    assert sorted(opened) == sorted(meta.signature_files().values())
+    assert session.fully_accelerated is False  # all files must be fully accelerated
+
+
+class StandInSignatureRunner:
+    def __init__(self, key, log):
+        self.key, self.log = key, log
+
+    def get_input_details(self):
+        return {"token_ids": {"dtype": np.int32}, "position": {"dtype": np.float32}}
+
+    def __call__(self, **feeds):
+        self.log.append((self.key, feeds))
+        return {"logits": np.zeros([1, 3])}
+
+
+def test_the_interpreter_session_opens_one_interpreter_per_file(tmp_path, monkeypatch):
+    log, opened = [], []
+
+    def open_interpreter(path, delegate, threads):
+        opened.append((path, delegate, threads))
+        made = types.SimpleNamespace(get_signature_runner=lambda key: StandInSignatureRunner(key, log))
+        return made, "tflite_runtime"
+
+    monkeypatch.setattr(run_generate, "open_interpreter", open_interpreter)
+    one = generation_export(tmp_path)
+    monkeypatch.setattr(run_generate, "EXPORT", one)
+    session = run_generate.InterpreterSession(one.model, "d.so", 2)
+    assert opened == [(one.model, "d.so", 2)] and session.name == "tflite_runtime"
+    assert session.fully_accelerated is None and session.table is None
+    assert session.run("decode", {"token_ids": [[1]], "position": [3]}) == {
+        "logits": pytest.approx(np.zeros([1, 3]))
+    }
+    key, feeds = log[0]
+    assert key == "decode" and feeds["token_ids"].dtype == np.int32 and feeds["position"].dtype == np.float32
+    pair = generation_export(tmp_path, signature_files={"prefill": "p.tflite", "decode": "d.tflite"})
+    monkeypatch.setattr(run_generate, "EXPORT", pair)
+    opened.clear()
+    run_generate.InterpreterSession(pair.model, "d.so", None)
+    assert sorted(path for path, _, _ in opened) == sorted(pair.signature_files().values())
+
+
+def test_signature_files_of_another_model_reads_its_own_export(tmp_path, monkeypatch):
+    meta = generation_export(tmp_path)
+    other = write_export(
+        str(tmp_path),
+        {"signature_files": {"prefill": "o.p.tflite", "decode": "o.d.tflite"}},
+        name="other.tflite",
+    )
+    monkeypatch.setattr(run_generate, "EXPORT", meta)
+    assert run_generate.signature_files(meta.model) == {"prefill": meta.model, "decode": meta.model}
+    assert run_generate.signature_files(other)["decode"] == os.path.join(str(tmp_path), "o.d.tflite")
+    monkeypatch.setattr(run_generate, "EXPORT", None)
+    assert run_generate.signature_files(meta.model)["prefill"] == meta.model
+
+
+def test_the_onnx_session_prefers_tensorrt_then_cuda(tmp_path, monkeypatch):
+    made = []
+
+    class Session:
+        def __init__(self, file, providers):
+            made.append((file, providers))
+
+        def get_outputs(self):
+            return [types.SimpleNamespace(name="logits"), types.SimpleNamespace(name="present_k")]
+
+        def run(self, names, feeds):
+            assert names is None
+            return [np.ones([1, 3]), np.zeros([2])]
+
+    available = ["CPUExecutionProvider", "CUDAExecutionProvider", "OtherProvider"]
+    monkeypatch.setitem(
+        sys.modules,
+        "onnxruntime",
+        module("onnxruntime", get_available_providers=lambda: available, InferenceSession=Session),
+    )
+    meta = generation_export(
+        tmp_path, signature_files={"prefill": "s.prefill.onnx", "decode": "s.decode.onnx"}
+    )
+    monkeypatch.setattr(run_generate, "EXPORT", meta)
+    session = run_generate.OnnxSession(meta.model)
+    assert session.name == "onnxruntime (CUDAExecutionProvider)" and session.fully_accelerated is None
+    assert sorted(made) == sorted(
+        (path, ["CUDAExecutionProvider", "CPUExecutionProvider"]) for path in meta.signature_files().values()
+    )
+    results = session.run("decode", {"token_id": np.array([[1]])})
+    assert sorted(results) == ["logits", "present_k"] and results["logits"].tolist() == [[1.0, 1.0, 1.0]]
+    available.insert(0, "TensorrtExecutionProvider")
+    assert run_generate.OnnxSession(meta.model).name == "onnxruntime (TensorrtExecutionProvider)"
+
+
+def test_run_generate_make_session_of_a_tflite_file(monkeypatch):
+    seen = []
+    monkeypatch.setattr(run_generate, "open_runtime", lambda *args: seen.append(args) or "session")
+    monkeypatch.setattr(run_generate, "EXPORT", "export")
+    args = types.SimpleNamespace(model="m.tflite")
+    assert run_generate.make_session(args) == "session"
+    assert seen == [(args, run_generate.LiteRtSession, run_generate.InterpreterSession, "export")]
+
+
+def test_embedding_table_only_for_a_host_export(tmp_path):
+    assert run_generate.embedding_table(generation_export(tmp_path)) is None
+    host = host_export(str(tmp_path), np.ones([3, 4], np.float32))
+    assert isinstance(run_generate.embedding_table(host), kit_embeddings.HostTable)

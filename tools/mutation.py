@@ -60,6 +60,9 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+# The device kit: its modules import each other by bare name (`from kit_contract import fail`), as
+# on the device, so their mutants are named by bare module name too (`kit_contract.x_fail__mutmut_1`).
+KIT = "export/jetson"
 CONFIG = ROOT / "tools" / "mutation.toml"
 WORK = ROOT / ".cache" / "mutation"
 MUTMUT_SITE = ROOT / ".cache" / "mutmut-site"
@@ -106,7 +109,7 @@ def prepare(module, entry, commits=()):
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(ROOT / "setup.cfg")
     cfg["mutmut"] = {
-        "source_paths": "keras_posenc",
+        "source_paths": "keras_posenc" + ("\n" + KIT if module.startswith(KIT + "/") else ""),
         "only_mutate": module,
         "also_copy": "\ntests\nexport\ntools\nsetup.cfg",
         "pytest_add_cli_args_test_selection": "\n" + "\n".join(_checked_tests(module, entry["tests"])),
@@ -135,9 +138,11 @@ def refresh_tests(module, entry):
         return start_from_saved(module, entry)
     if copy.read_bytes() != (ROOT / module).read_bytes():
         print(f"{module} changed since its last run: the mutants of the functions that changed run again")
-    for folder in ("keras_posenc", "tests"):
-        shutil.rmtree(work / folder)
-        shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("keras_posenc", "tests", KIT):
+        shutil.rmtree(work / folder, ignore_errors=True)
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, work / folder, ignore=ignore)
     # mutmut makes a module's mutants again only if the module is newer than them; it then keeps
     # the results of each function whose hash is unchanged.
     copy.touch()
@@ -168,6 +173,20 @@ def with_signature(*args, **kwargs):
         return wrapper
     return decorator
 trampoline.wrap_in_trampoline = with_signature
+# The device kit's modules are imported by bare name (their folder is on sys.path, as on the device):
+# their mutants are named so, or the trampolines, which compare __module__, would never switch them.
+import os
+from pathlib import Path
+from mutmut.utils import format_utils
+path_named = format_utils.get_mutant_name
+def get_mutant_name(relative_source_path, mutant_method_name):
+    path = Path(relative_source_path)
+    if path.parent.as_posix() == KIT:
+        path = Path(path.name)
+    return path_named(path, mutant_method_name)
+format_utils.get_mutant_name = get_mutant_name
+import mutmut.__main__, mutmut.mutation.file_mutation
+mutmut.__main__.get_mutant_name = mutmut.mutation.file_mutation.get_mutant_name = get_mutant_name
 from mutmut.__main__ import cli
 sys.argv[0] = "mutmut"
 cli()
@@ -184,7 +203,8 @@ def _mutant_env(**settings):
 def run_mutmut(work, names=(), children=1):
     env = _mutant_env()
     env.setdefault("EDGE_CACHE", str(ROOT / ".edge-cache"))  # tests/edge/ files configured for a module
-    return subprocess.call([sys.executable, "-c", LAUNCHER, "run", "--max-children", str(children), *names],
+    launcher = f"KIT = {KIT!r}\n" + LAUNCHER
+    return subprocess.call([sys.executable, "-c", launcher, "run", "--max-children", str(children), *names],
                            cwd=work, env=env)
 
 
