@@ -953,17 +953,20 @@ class StandInRunner:
 
     def invoke(self):
         self.invoked += 1
+        os.write(1, b"INFO: a native runtime's line\n")  # as LiteRT prints on file descriptor 1
 
     def output(self):
         return np.full([1, 2, 3], 0.5, np.float32)
 
 
-def test_run_tflite_main_reports_the_runs(tmp_path, monkeypatch, capsys):
+def test_run_tflite_main_reports_the_runs(tmp_path, monkeypatch, capfd):
     model = write_export(str(tmp_path), {"vocab_size": 9})
     runner = StandInRunner()
     monkeypatch.setattr(run_tflite, "make_runner", lambda args, export=None: runner)
     assert run_tflite.main([model, "--iterations", "3", "--warmup", "2", "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
+    out, err = capfd.readouterr()
+    shown = json.loads(out)  # the runtime's lines went to stderr
+    assert err.count("INFO: a native runtime's line") == 5
     assert runner.invoked == 5 and shown["iterations"] == 3 and shown["checksum"] == 3.0
     assert (
         shown["runtime"] == "stand-in"
@@ -973,9 +976,8 @@ def test_run_tflite_main_reports_the_runs(tmp_path, monkeypatch, capsys):
     assert shown["delegate"] is None and shown["output_shape"] == [1, 2, 3]
     assert runner.arrays[0].dtype == np.int32 and runner.arrays[0].shape == (1, 2)
     run_tflite.main([model, "--iterations", "1"])
-    assert capsys.readouterr().out.splitlines()[0] == (
-        "runtime: stand-in  on: CPU (XNNPACK)  fully accelerated: True"
-    )
+    lines = [line for line in capfd.readouterr().out.splitlines() if not line.startswith("INFO")]
+    assert lines[0] == ("runtime: stand-in  on: CPU (XNNPACK)  fully accelerated: True")
 
 
 def test_run_tflite_main_names_a_failed_gpu_compile(tmp_path, monkeypatch):
@@ -994,15 +996,15 @@ def test_run_tflite_main_names_a_failed_gpu_compile(tmp_path, monkeypatch):
 
 
 class StandInBuffer:
-    def __init__(self, log, data=None):
-        self.log, self.data = log, data
+    def __init__(self, log, number=0):
+        self.log, self.number = log, number
 
     def write(self, array):
         self.log.append(("write", array.copy(), array.flags["C_CONTIGUOUS"]))
 
     def read(self, size, dtype):
         self.log.append(("read", size, dtype))
-        return np.arange(size, dtype=dtype)
+        return np.arange(size, dtype=dtype) + 100 * self.number
 
 
 class StandInCompiled:
@@ -1026,7 +1028,7 @@ class StandInCompiled:
         return [StandInBuffer(self.log) for _ in list(self.signatures.values())[index][0]]
 
     def create_output_buffers(self, index):
-        return [StandInBuffer(self.log) for _ in list(self.signatures.values())[index][1]]
+        return [StandInBuffer(self.log, n) for n, _ in enumerate(list(self.signatures.values())[index][1])]
 
     def run_by_index(self, index, inputs, outputs):
         self.log.append(("run", index, len(inputs), len(outputs)))
@@ -1040,8 +1042,8 @@ def test_the_litert_runner_feeds_buffers_and_reads_the_first_output(monkeypatch)
         {
             "serving_default": (
                 {
-                    "token_ids": {"dtype": "int32", "shape": [1, 3]},
-                    "language_ids": {"dtype": "int32", "shape": [1]},
+                    "token_ids": {"name": "token_ids", "dtype": "int32", "shape": [1, 3]},
+                    "language_ids": {"name": "language_ids", "dtype": "int32", "shape": [1]},
                 },
                 {"logits": {"shape": [1, 3, 2]}, "other": {"shape": [5]}},
             )
@@ -1051,6 +1053,7 @@ def test_the_litert_runner_feeds_buffers_and_reads_the_first_output(monkeypatch)
     opened = []
     monkeypatch.setattr(run_tflite, "compiled_model", lambda *args: opened.append(args) or model)
     runner = run_tflite.LiteRtRunner("m.tflite", "gpu", 2, "fp16")
+    assert [(d["name"], d["shape"]) for d in runner.inputs] == [("token_ids", [1, 3]), ("language_ids", [1])]
     assert opened == [("m.tflite", "gpu", 2, "fp16")]
     assert runner.name == "ai_edge_litert.CompiledModel" and runner.fully_accelerated is False
     assert [d["dtype"] for d in runner.inputs] == [np.dtype(np.int32)] * 2 and runner.output_shape == [
@@ -1279,3 +1282,60 @@ def test_embedding_table_only_for_a_host_export(tmp_path):
     assert run_generate.embedding_table(generation_export(tmp_path)) is None
     host = host_export(str(tmp_path), np.ones([3, 4], np.float32))
     assert isinstance(run_generate.embedding_table(host), kit_embeddings.HostTable)
+
+
+def test_make_inputs_finds_the_token_input_in_any_order(tmp_path):
+    table = np.arange(20, dtype=np.float32).reshape(5, 4)
+    export = host_export(str(tmp_path), table)
+    export.metadata["vocab_size"] = 5
+    inputs = [
+        {"name": "language_ids", "shape": [2], "dtype": np.int32},
+        {"name": "embeddings", "shape": [2, 3, 4], "dtype": np.float32},
+        {"name": "token_ids", "shape": [2, 3], "dtype": np.int32},
+    ]
+    languages, rows, ids = run_tflite.make_inputs(inputs, tflite_args(), export)
+    assert languages.shape == (2,) and ids.shape == (2, 3) and rows.tolist() == table[ids].tolist()
+
+
+def test_run_tflite_main_on_the_gpu_with_the_runtime_asked_for(tmp_path, monkeypatch, capsys):
+    model = write_export(str(tmp_path), {"vocab_size": 9, "accelerators": ["cpu", "gpu"], "target": "gpu"})
+    seen = []
+
+    def runner(args, export=None):
+        seen.append((args.model, args.accelerator, args.delegate, export.model))
+        return StandInRunner()
+
+    monkeypatch.setattr(run_tflite, "make_runner", runner)
+    run_tflite.main([model, "--iterations", "1", "--accelerator", "gpu"])
+    assert seen == [(model, "gpu", None, model)]
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "runtime: stand-in  on: LiteRT GPU accelerator  fully accelerated: True"
+    )
+    run_tflite.main([model, "--iterations", "1", "--accelerator", "gpu", "--delegate", "d.so", "--json"])
+    assert json.loads(capsys.readouterr().out)["delegate"] == "d.so"
+    run_tflite.main([model, "--iterations", "1", "--accelerator", "gpu", "--delegate", "d.so"])
+    assert capsys.readouterr().out.splitlines()[0] == "runtime: stand-in  on: d.so  fully accelerated: True"
+
+
+def test_run_tflite_main_checks_the_file_before_a_runtime_opens_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_tflite, "make_runner", lambda args, export=None: StandInRunner())
+    cpu = write_export(str(tmp_path), {"vocab_size": 9, "accelerators": ["cpu"], "target": "cpu"})
+    assert "was exported with --target cpu" in exited(lambda: run_tflite.main([cpu, "--accelerator", "gpu"]))
+    foreign = write_export(str(tmp_path), {"vocab_size": 9}, model=b"\x00" * 40, name="foreign.tflite")
+    assert exited(lambda: run_tflite.main([foreign])) == (
+        f"{foreign}: not a TFLite file (no 'TFL3' identifier at byte 4)."
+    )
+
+
+@pytest.mark.parametrize("runner", [run_tflite, run_generate], ids=["run_tflite", "run_generate"])
+def test_the_runners_help_is_what_a_device_user_reads(runner, monkeypatch, capsys):
+    """`--help` word for word (tests/data/kit_help/; after a change to an option, regenerate it with
+    `COLUMNS=100 python3 export/jetson/RUNNER.py --help > tests/data/kit_help/RUNNER.txt`)."""
+    name = runner.__name__
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(sys, "argv", [f"{name}.py"])
+    with pytest.raises(SystemExit) as raised:
+        runner.parse_args(["--help"])
+    assert raised.value.code == 0
+    expected = open(os.path.join(os.path.dirname(__file__), "data", "kit_help", f"{name}.txt")).read()
+    assert capsys.readouterr().out == expected
