@@ -665,7 +665,7 @@ def generation_export(tmp_path, **metadata):
 def test_generate_feeds_positions_and_the_cache_and_stops_at_the_end_id(tmp_path):
     meta = generation_export(tmp_path)
     model = CountingModel(meta.tensors)
-    ticks = iter(range(100))
+    ticks = iter(range(10, 100))
     chosen = []
     ids, ttft, decode_seconds, steps = run_generate.generate(
         model, meta, [1, 2, 3], 6, None, clock=lambda: float(next(ticks)), chosen=chosen
@@ -686,7 +686,7 @@ def test_generate_feeds_positions_and_the_cache_and_stops_at_the_end_id(tmp_path
         ([3], [-3]),
     ]  # each step gets the cache the last call returned
     assert set(decodes[0][1]) == {"token_id", "position", "past_key_0", "past_value_0"}
-    assert len(chosen) == 4 and chosen[0].dtype == np.float32
+    assert len(chosen) == 4 and all(c.dtype == np.float32 for c in chosen)
     np.testing.assert_array_equal(chosen[0], model.logits(3))
 
 
@@ -850,10 +850,12 @@ def test_run_generate_main_refuses_prompt_ids_outside_the_vocabulary(tmp_path, m
 
 
 def test_run_generate_main_refuses_another_kind_a_foreign_file_and_another_accelerator(tmp_path, monkeypatch):
-    assert "is not a prefill/decode file" in exited(
+    assert exited(
         lambda: run_generate_main(tmp_path, monkeypatch, ["--prompt-ids", "1"], kind="window")
+    ).endswith(
+        "model.tflite is not a prefill/decode file: export it with `keras-posenc export MODEL --generate`."
     )
-    assert "was exported with --target cpu" in exited(
+    assert "for --accelerator gpu export it with" in exited(
         lambda: run_generate_main(
             tmp_path,
             monkeypatch,
@@ -1004,7 +1006,7 @@ class StandInBuffer:
 
     def read(self, size, dtype):
         self.log.append(("read", size, dtype))
-        return np.arange(size, dtype=dtype) + 100 * self.number
+        return (np.arange(size) + 100 * self.number).astype(dtype)
 
 
 class StandInCompiled:
@@ -1160,7 +1162,7 @@ def test_the_litert_session_runs_each_signature_by_its_index(tmp_path, monkeypat
     writes = [entry[1] for entry in model.log if entry[0] == "write"]
     assert [w.dtype for w in writes] == [np.int32, np.float32, np.float32]
     assert sorted(results) == ["logits", "present_k"] and results["logits"].shape == (1, 3)
-    assert results["logits"].tolist() == [[0.0, 1.0, 2.0]]
+    assert results["logits"].tolist() == [[0.0, 1.0, 2.0]] and results["logits"].dtype == np.float32
     prefill = session.run("prefill", {"token_ids": np.zeros([1, 4])})
     assert prefill["logits"].shape == (1, 4, 3) and ("run", 0, 1, 2) in model.log
 
@@ -1339,3 +1341,263 @@ def test_the_runners_help_is_what_a_device_user_reads(runner, monkeypatch, capsy
     assert raised.value.code == 0
     expected = open(os.path.join(os.path.dirname(__file__), "data", "kit_help", f"{name}.txt")).read()
     assert capsys.readouterr().out == expected
+
+
+class StandInPieces:
+    """sentencepiece's processor as run_generate uses it: a word is its id in `WORDS`."""
+
+    WORDS = ["<pad>", "<s>", "<unk>", "a", "b", "c", "d", "</s>"]
+
+    def Load(self, path):  # noqa: N802  (sentencepiece's names)
+        self.path = path
+
+    def EncodeAsIds(self, text):  # noqa: N802
+        return [self.WORDS.index(word) for word in text.split()]
+
+    def DecodeIds(self, ids):  # noqa: N802
+        return " ".join(self.WORDS[i] for i in ids)
+
+
+def test_run_generate_main_with_a_text_prompt(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(
+        sys.modules, "sentencepiece", module("sentencepiece", SentencePieceProcessor=StandInPieces)
+    )
+    prompts = []
+    real_generate = run_generate.generate
+
+    def recording(session, meta, prompt_ids, *args, **kwargs):
+        prompts.append(list(prompt_ids))
+        return real_generate(session, meta, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(run_generate, "generate", recording)
+    argv = ["--prompt", "a b", "--spm", __file__, "--max-new-tokens", "4"]
+    run_generate_main(tmp_path, monkeypatch, argv)
+    assert prompts == [[1, 3, 4]]  # <s> first
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "a b c d"  # the prompt, then the new text without </s> (special ids left out)
+    run_generate_main(tmp_path, monkeypatch, [*argv, "--json"])
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["ids"] == [5, 6, 7] and shown["text"] == "c d"
+    assert shown["decode_tokens_per_s"] > 0
+    run_generate_main(
+        tmp_path,
+        monkeypatch,
+        ["--prompt", "c", "--spm", __file__, "--max-new-tokens", "3"],
+        special_ids=[0, 1, 2, 7, 6],
+    )
+    assert capsys.readouterr().out.splitlines()[1] == "c "  # 6 is special too; unk would be kept
+
+
+def test_run_generate_main_passes_the_sampling_options_on(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def recording(session, meta, prompt_ids, max_new_tokens, rng, chosen=None, **sampling):
+        calls.append((max_new_tokens, rng.integers(1 << 30), sampling, session.table))
+        return [3], 0.5, 0.0, 0
+
+    monkeypatch.setattr(run_generate, "generate", recording)
+    argv = [
+        "--prompt-ids",
+        "1",
+        "--max-new-tokens",
+        "5",
+        "--sampler",
+        "top_p",
+        "--top-p",
+        "0.5",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "11",
+    ]
+    run_generate_main(tmp_path, monkeypatch, argv)
+    run_generate_main(tmp_path, monkeypatch, argv)
+    assert calls[0][0] == 5 and calls[0][2] == {"sampler": "top_p", "temperature": 0.7, "k": None, "p": 0.5}
+    assert calls[0][1] == calls[1][1] == np.random.default_rng(11).integers(1 << 30)
+    assert calls[0][3] is None
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "time to first token 500.0 ms, decode n/a (one token) (1 tokens), checksum 4"
+
+
+def test_generate_samples_with_the_seeded_generator_and_the_options_given(tmp_path):
+    meta = generation_export(tmp_path, eos_id=None)
+
+    def run(seed, **sampling):
+        rng = np.random.default_rng(seed)
+        return run_generate.generate(CountingModel(meta.tensors), meta, [3], 6, rng, **sampling)[0]
+
+    hot = {"sampler": "top_k", "k": 2, "temperature": 5.0}
+    runs = [run(seed, **hot) for seed in range(6)]
+    assert run(0, **hot) == runs[0]
+    assert len({tuple(r) for r in runs}) > 1  # not greedy: the second-best id is drawn at times
+    assert all(r[0] in (4, 5) for r in runs)  # the first id sampled too (not only the decode steps)
+    assert {r[0] for r in runs} == {4, 5}
+    assert run(0) == [4, 5, 6, 7, 1, 2]  # greedy by default
+
+
+def test_the_kit_sampler_takes_large_logits_and_breaks_ties_by_id():
+    rng = np.random.default_rng(0)
+    large = np.array([1000.0, 999.0, 0.0, -5.0])
+    draws = {run_generate.sample(large, rng, "top_k", 1.0, 2, None) for _ in range(200)}
+    assert draws == {0, 1}
+    assert run_generate.sample([0.0, 800.0, 1.0], rng, "top_p", 1.0, None, 0.9) == 1
+    ties = np.zeros(5000)
+    ties[[1234, 4000]] = 3.0
+    assert {run_generate.sample(ties, rng, "top_k", 1.0, 1, None) for _ in range(20)} == {1234}
+
+
+def test_the_kit_sampler_s_temperature_default_is_1():
+    """Top-2 of (0.6, 0.3, 0.1) at temperature 1 draws the first id 2/3 of the time (at 2: 0.59)."""
+    rng = np.random.default_rng(0)
+    draws = [run_generate.sample(np.log([0.6, 0.3, 0.1]), rng, "top_k", k=2) for _ in range(2000)]
+    assert 0.63 < draws.count(0) / 2000 < 0.70
+
+
+def test_run_generate_main_s_json_and_rates(tmp_path, monkeypatch, capfd):
+    def fixed(session, meta, prompt_ids, max_new_tokens, rng, chosen=None, **sampling):
+        os.write(1, b"INFO: a native runtime's line\n")
+        return [3, 4, 5], 0.5, 0.25, 2
+
+    monkeypatch.setattr(run_generate, "generate", fixed)
+    status, _ = run_generate_main(tmp_path, monkeypatch, ["--prompt-ids", "1", "--json"])
+    out, err = capfd.readouterr()
+    assert status == 0 and "INFO" in err
+    assert json.loads(out) == {"ids": [3, 4, 5], "text": None, "ttft_ms": 500.0, "decode_tokens_per_s": 8.0}
+    monkeypatch.setattr(run_generate, "generate", lambda *a, **k: ([3, 4], 0.5, 0.0, 1))
+    run_generate_main(tmp_path, monkeypatch, ["--prompt-ids", "1", "--json"])
+    assert json.loads(capfd.readouterr().out)["decode_tokens_per_s"] is None  # no time measured: no rate
+
+
+def test_run_generate_parse_args_defaults_and_types():
+    args = run_generate.parse_args(["m.tflite", "--prompt-ids", "1", "--threads", "4", "--seed", "7"])
+    assert (args.precision, args.runtime, args.temperature, args.accelerator) == ("fp32", "auto", 1.0, "cpu")
+    assert args.threads == 4 and args.seed == 7 and args.k is None and args.p is None and not args.json
+    assert args.delegate is None and args.logits is None and args.spm is None and args.prompt is None
+
+
+def test_run_generate_parse_args_text_prompt_message(capsys):
+    with pytest.raises(SystemExit):
+        run_generate.parse_args(["m.tflite", "--prompt", "hi"])
+    assert capsys.readouterr().err.endswith("error: --prompt needs --spm SPM_MODEL (or give --prompt-ids)\n")
+
+
+def test_run_generate_main_feeds_a_host_table_and_checks_an_onnx_pair_as_onnx(tmp_path, monkeypatch):
+    tables = []
+
+    def recording(session, meta, prompt_ids, *args, **kwargs):
+        tables.append(session.table)
+        return [3], 0.1, 0.0, 0
+
+    monkeypatch.setattr(run_generate, "generate", recording)
+    table_path = str(tmp_path / "model.tflite.embeddings.npy")
+    np.save(table_path, np.ones([VOCAB, 4], np.float32))
+    data = open(table_path, "rb").read()
+    meta = {
+        "kind": "prefill_decode",
+        "prompt_length": 4,
+        "cache_length": 8,
+        "pad_id": PAD,
+        "eos_id": EOS,
+        "bos_id": 1,
+        "unk_id": 2,
+        "special_ids": [0, 1, 2, 7],
+        "vocab_size": VOCAB,
+        "embedding_table": "model.tflite.embeddings.npy",
+    }
+    model = write_export(str(tmp_path), meta, others={"model.tflite.embeddings.npy": data})
+    monkeypatch.setattr(
+        run_generate,
+        "make_session",
+        lambda args: types.SimpleNamespace(name="s", fully_accelerated=None, table="unset"),
+    )
+    run_generate.main([model, "--prompt-ids", "1"])
+    assert isinstance(tables[0], kit_embeddings.HostTable)
+    onnx = write_export(str(tmp_path), dict(meta, embedding_table=None), model=b"onnx bytes", name="m.onnx")
+    run_generate.main([onnx, "--prompt-ids", "1"])  # an ONNX file has no TFLite identifier to check
+    assert tables[1] is None
+
+
+def test_make_session_of_an_onnx_pair(tmp_path, monkeypatch):
+    made = []
+
+    class Session:
+        def __init__(self, file, providers):
+            made.append(file)
+
+    monkeypatch.setitem(
+        sys.modules,
+        "onnxruntime",
+        module(
+            "onnxruntime", get_available_providers=lambda: ["CPUExecutionProvider"], InferenceSession=Session
+        ),
+    )
+    onnx = write_export(
+        str(tmp_path),
+        {"signature_files": {"prefill": "m.prefill.onnx", "decode": "m.decode.onnx"}},
+        name="m.onnx",
+    )
+    monkeypatch.setattr(run_generate, "EXPORT", None)
+    session = run_generate.make_session(types.SimpleNamespace(model=onnx))
+    assert (
+        isinstance(session, run_generate.OnnxSession) and session.name == "onnxruntime (CPUExecutionProvider)"
+    )
+    assert sorted(made) == [str(tmp_path / "m.decode.onnx"), str(tmp_path / "m.prefill.onnx")]
+
+
+def test_every_session_feeds_the_host_table_it_was_given(tmp_path, monkeypatch):
+    meta = generation_export(tmp_path)
+    monkeypatch.setattr(run_generate, "EXPORT", meta)
+    tables = []
+
+    def typed(feeds, dtypes, table, tensors=None):
+        tables.append(table)
+        return {name: np.asarray(feeds[name]) for name in dtypes}
+
+    monkeypatch.setattr(run_generate, "typed", typed)
+    monkeypatch.setattr(
+        run_generate, "compiled_model", lambda *args: StandInCompiled(prefill_decode_signatures())
+    )
+    litert = run_generate.LiteRtSession(meta.model, "cpu", None, "fp32")
+    litert.table = "the table"
+    litert.run("prefill", {"token_ids": np.zeros([1, 4])})
+    log = []
+    monkeypatch.setattr(
+        run_generate,
+        "open_interpreter",
+        lambda *args: (
+            types.SimpleNamespace(get_signature_runner=lambda key: StandInSignatureRunner(key, log)),
+            "tensorflow",
+        ),
+    )
+    classic = run_generate.InterpreterSession(meta.model, None, None)
+    classic.table = "another table"
+    classic.run("decode", {"token_ids": [[1]], "position": [2]})
+    assert tables == ["the table", "another table"]
+
+
+def test_the_onnx_session_runs_the_feeds_it_is_given(tmp_path, monkeypatch):
+    fed = []
+
+    class Session:
+        def __init__(self, file, providers):
+            pass
+
+        def get_outputs(self):
+            return [types.SimpleNamespace(name="logits")]
+
+        def run(self, names, feeds):
+            fed.append(feeds)
+            return [np.ones([1, 3])]
+
+    monkeypatch.setitem(
+        sys.modules,
+        "onnxruntime",
+        module(
+            "onnxruntime", get_available_providers=lambda: ["CPUExecutionProvider"], InferenceSession=Session
+        ),
+    )
+    meta = generation_export(tmp_path)
+    monkeypatch.setattr(run_generate, "EXPORT", meta)
+    feeds = {"token_id": np.array([[1]])}
+    run_generate.OnnxSession(meta.model).run("decode", feeds)
+    assert fed == [feeds]

@@ -95,6 +95,12 @@ def assert_sampler_properties(draws, logits=SAMPLER_LOGITS, count=300):
             f"top-p {p}: drew {sorted(seen)}, the nucleus is {sorted(order[:size])}"
         )
     assert set(draws(logits, "top_p", 2, 50, p=1e-6)) == {top}
+    # p exactly the mass before the third id (computed as the samplers do): it stays out; just above, in
+    ranked = np.exp(logits[order] - logits[order[0]])
+    ranked /= ranked.sum()
+    before = float((np.cumsum(ranked) - ranked)[2])
+    assert set(draws(logits, "top_p", 3, count, p=before)) == set(order[:2])
+    assert set(draws(logits, "top_p", 3, count, p=float(np.nextafter(before, 1.0)))) == set(order[:3])
     hot = set(draws(logits, "top_k", 3, count, k=3, temperature=50.0))
     assert hot == set(order[:3]), f"top-k 3 at temperature 50 drew {sorted(hot)}"
     first = draws(logits, "top_k", 7, 30, k=len(logits))
