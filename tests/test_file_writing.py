@@ -246,3 +246,64 @@ def test_an_export_s_files_are_readable_as_the_umask_says(tmp_path, mask):
     assert len(paths) == 5
     for path in paths:
         assert_readable_per_umask(path, mask)
+
+
+def test_json_keeps_the_key_order_by_default(tmp_path):
+    path = str(tmp_path / "r.json")
+    files.write_json(path, {"b": 1, "a": 2})
+    assert open(path).read() == '{\n "b": 1,\n "a": 2\n}'
+
+
+@pytest.mark.parametrize(
+    "name, ending", [("model.keras", ".keras"), ("a.b.npz", ".npz"), ("plain", ""), (".hidden", "")]
+)
+def test_the_temporary_name_ends_with_the_last_suffix_only(tmp_path, name, ending):
+    temp = os.path.basename(files._temp_name(str(tmp_path / name)))
+    random_part = temp[len(".tmp-" + name + ".") : len(temp) - len(ending)]
+    assert temp == ".tmp-" + name + "." + random_part + ending and "." not in random_part and random_part
+
+
+def test_a_long_name_s_temporary_name_keeps_its_first_40_characters(tmp_path):
+    name = "".join(chr(ord("a") + i % 26) for i in range(60)) + ".json"
+    temp = os.path.basename(files._temp_name(str(tmp_path / name)))
+    assert temp.startswith(".tmp-" + name[:40] + ".") and temp.endswith(".json")
+
+
+def test_a_writer_that_removed_its_own_file_gets_its_own_error_back(tmp_path):
+    with pytest.raises(RuntimeError, match="the writer's"):
+        with files.atomic_path(str(tmp_path / "x.bin")) as temp:
+            os.remove(temp)
+            raise RuntimeError("the writer's")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "error, reason",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+        (OSError("2000 requested and 109 written"), "2000 requested and 109 written"),  # numpy's, no errno
+        (RuntimeError("a converter's error"), "a converter's error"),
+    ],
+)
+def test_describe_write_error_names_the_reason_and_the_folder_s_free_space(
+    tmp_path, monkeypatch, error, reason
+):
+    asked = []
+    monkeypatch.setattr(files, "free_space", lambda folder: asked.append(folder) or 5 * 2**20)
+    path = str(tmp_path / "sub" / "f.json")
+    assert files.describe_write_error(path, error) == (
+        f"cannot write {path}: {reason} (5.0 MB free in {tmp_path / 'sub'})"
+    )
+    assert asked == [str(tmp_path / "sub")]
+    monkeypatch.setattr(files, "free_space", lambda folder: None)
+    assert files.describe_write_error(path, error) == f"cannot write {path}: {reason}"
+
+
+def test_free_space_asks_the_nearest_existing_folder(tmp_path, monkeypatch):
+    asked = []
+    real = files.shutil.disk_usage
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda folder: asked.append(folder) or real(folder))
+    files.free_space(str(tmp_path / "a" / "b"))
+    files.free_space(str(tmp_path))
+    files.free_space("")
+    assert asked == [str(tmp_path), str(tmp_path), os.getcwd()]

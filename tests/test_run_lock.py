@@ -5,10 +5,12 @@ Two real processes racing for a folder: tests/test_run_safety.py."""
 import errno
 import fcntl
 import os
+import stat
 import subprocess
 import sys
 
 import pytest
+from user_checks import umask
 
 from keras_posenc.app import run_lock as lock_module
 from keras_posenc.app.run_lock import LOCK_FILE, RunLockedError, run_lock
@@ -20,6 +22,15 @@ def dead_pid():
     child = subprocess.Popen([sys.executable, "-c", ""])
     child.wait()
     return child.pid
+
+
+@pytest.fixture
+def live():
+    """A running process of ours (never pid 1 or this one: a mutant's signal hits only it)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield child
+    child.kill()
+    child.wait()
 
 
 def held_by(folder, pid):
@@ -92,10 +103,11 @@ def test_a_killed_run_s_lock_is_taken_over_and_said(tmp_path):
             assert open(lock.path).read() == str(os.getpid())  # no trace of the longer old pid is left
     took_over = [w for w in warned if "took over" in str(w.message)]
     assert len(took_over) == 1
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampolines add frames between
+        assert took_over[0].filename == __file__  # the warning points at the caller of run_lock
     assert str(took_over[0].message) == (
         f"took over the lock of {folder} from pid {gone}, which is no longer running (a run that was killed)."
     )
-    assert took_over[0].filename == __file__  # the warning points at the caller of run_lock
 
 
 def test_our_own_pid_in_the_file_takes_the_lock_without_a_warning(tmp_path, recwarn):
@@ -143,7 +155,7 @@ def test_a_failed_run_releases_the_lock(tmp_path):
 
 
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL])
-def test_without_flock_the_pid_in_the_file_decides(tmp_path, monkeypatch, code):
+def test_without_flock_the_pid_in_the_file_decides(live, tmp_path, monkeypatch, code):
     def no_flock(fd, operation):
         raise OSError(code, "no locks here")
 
@@ -152,8 +164,8 @@ def test_without_flock_the_pid_in_the_file_decides(tmp_path, monkeypatch, code):
     folder.mkdir()
     with run_lock(str(folder)):  # no pid in the file: free
         pass
-    (folder / LOCK_FILE).write_text("1")  # pid 1 runs
-    with pytest.raises(RunLockedError, match=r"\(pid 1, "):
+    (folder / LOCK_FILE).write_text(str(live.pid))  # a running process
+    with pytest.raises(RunLockedError, match=rf"\(pid {live.pid}, "):
         with run_lock(str(folder)):
             pass
     (folder / LOCK_FILE).write_text(str(dead_pid()))
@@ -176,8 +188,10 @@ def test_another_flock_error_is_not_taken_for_a_missing_flock(tmp_path, monkeypa
         pass
 
 
-def test_is_running(monkeypatch):
-    assert lock_module._is_running(os.getpid()) and not lock_module._is_running(dead_pid())
+def test_is_running(live, monkeypatch):
+    assert lock_module._is_running(live.pid) and not lock_module._is_running(dead_pid())
+    with pytest.raises(subprocess.TimeoutExpired):
+        live.wait(timeout=0.5)  # asking sent it no signal that ends it
 
     def other_user(pid, signal):
         raise PermissionError
@@ -265,9 +279,10 @@ def test_a_pid_that_cannot_be_written_releases_the_lock(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(lock_module.os, "pwrite", full)
-    with pytest.raises(FileWriteError, match="No space left on device"):
+    with pytest.raises(FileWriteError, match="No space left on device") as raised:
         with run_lock(folder):
             pass
+    assert raised.value.errno == errno.ENOSPC
     monkeypatch.undo()
     assert not os.path.exists(os.path.join(folder, LOCK_FILE))
     assert os.path.realpath(folder) not in lock_module._held
@@ -287,3 +302,24 @@ def test_a_concurrent_mkdir_is_not_an_error(tmp_path, monkeypatch):
     with run_lock(folder) as lock:
         assert not lock.created_folder
     assert os.path.isdir(folder)  # made by the other run: not removed
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_the_lock_file_is_readable_as_the_umask_says(tmp_path, mask):
+    with umask(mask):
+        with run_lock(str(tmp_path / "run")) as lock:
+            assert stat.S_IMODE(os.stat(lock.path).st_mode) == 0o644 & ~mask
+
+
+def test_a_lock_file_of_other_bytes_is_no_pid(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_FILE).write_bytes(b"\xff\xfe 12")
+    with run_lock(str(folder)) as lock:
+        assert open(lock.path).read() == str(os.getpid())
+
+
+def test_a_lock_file_removed_during_the_run_is_no_error(tmp_path):
+    with run_lock(str(tmp_path / "run")) as lock:
+        os.remove(lock.path)
+    assert not os.path.exists(tmp_path / "run")
