@@ -144,7 +144,10 @@ def main(argv=None):
         if not vocab:
             fail("Pass --vocab-size or --token-ids.")
         ids = rng.integers(1, vocab, size=tuple(engine.get_tensor_shape(token_name)))
-    host, pointers, output = {}, {}, None
+    outputs = [name for name in names if name not in inputs]
+    # The contract's `logits`; a file exported before outputs were named has one output (`Identity:0`).
+    output = export.tensors.logits if export.tensors.logits in outputs else outputs[0]
+    host, pointers = {}, {}
     for name in names:
         shape = tuple(engine.get_tensor_shape(name))
         dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
@@ -158,7 +161,6 @@ def main(argv=None):
             host[name] = np.ascontiguousarray(values.astype(dtype))
         else:
             host[name] = np.empty(shape, dtype)
-            output = output or name
         pointers[name] = device.alloc(host[name].nbytes)
         context.set_tensor_address(name, int(pointers[name]))
         if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:

@@ -6,7 +6,8 @@ Read in this order:
 - `pipeline`: `export_and_check` (a fixed window) and `export_generation` (prefill + decode), the
   same steps, one `ExportResult` (`result`: `failures()`, `save()`);
 - `contract`: tensor names, FILE.json keys and file names, written beside each export for the kit;
-- `conversion`: `ModelSpec`, the float32 rebuild, `to_tflite` / `to_onnx`; `generator`: the
+- `conversion`: `ModelSpec`, the float32 rebuild, `to_tflite` / `to_onnx` (`onnx_graph`: every
+  ONNX file's constants folded, outputs named by the contract, static shapes); `generator`: the
   prefill/decode signatures; `litertlm` (LiteRT-LM's contract) and `litertlm_bundle`
   (`export_litertlm`: the `.litertlm` bundle, checked on LiteRT-LM's engine);
 - `formulations`: the table `{(target, layer class): function}`, applied by `formulation`; the

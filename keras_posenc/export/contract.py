@@ -25,7 +25,7 @@ TENSORS = {
     "embeddings": "embeddings",  # the looked-up rows table[ids] of an `embedding="host"` file
     "token_id": "token_id",  # [1, 1] decode input
     "position": "position",  # [1] decode input: the token's slot and position
-    "logits": "logits",
+    "logits": "logits",  # the output: [batch, T, V] of a window ONNX file, [1, P, V] prefill, [1, V] decode
     "past_prefix": "past_",  # past_key_<i>, past_value_<i>: the cache going in
     "present_prefix": "present_",  # present_key_<i>, present_value_<i>: the cache coming out
     # the prefill/decode model of a `.litertlm` bundle (LiteRT-LM's executor contract)

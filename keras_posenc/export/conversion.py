@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from keras_posenc import models as _models  # noqa: F401  (registers Encoder and CausalLM for load_model)
 from keras_posenc.backend import is_functional, keras, model_input_names
-from keras_posenc.export import contract
+from keras_posenc.export import contract, onnx_graph
 from keras_posenc.export.formulation import ExportContext, formulate
 from keras_posenc.export.formulations import FORMULATIONS
 from keras_posenc.export.quantization import QUANTIZE_MODES, quantize_onnx, quantize_tflite, recipe_for
@@ -213,10 +213,11 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
             set the QDQ scales (`export_and_check` passes its parity rows).
 
     Returns:
-        The serialized ONNX `ModelProto` as bytes.
+        The serialized ONNX `ModelProto` as bytes: constants folded (no shape arithmetic left),
+        the output named `logits` (`contract.TENSORS`) with its static shape (`onnx_graph.finish`).
 
     Raises:
-        ImportError: tf2onnx is not installed (the message says how).
+        ImportError: tf2onnx (or onnxruntime) is not installed (the message says how).
         ValueError: as in `to_tflite`, or `opset` < 17.
     """
     spec = ModelSpec.of(model, sequence_length, batch_size)
@@ -231,6 +232,7 @@ def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph", recipe=None, cali
     if embedding == "host":
         host_embedding_table(spec.model)  # ValueError without a token table
     try:
+        import onnxruntime  # noqa: F401  (folds the constants, checks the file)
         import tf2onnx
     except ImportError as error:
         raise ImportError("to_onnx needs tf2onnx: pip install tf2onnx==1.16.1 onnx onnxruntime on TF 2.12 "
@@ -245,10 +247,13 @@ def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph", recipe=None, cali
         signature = signature + [_host_embeddings_spec(clone, spec)]
     function = tf.function(call, input_signature=signature)
     proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=opset)
+    # tf2onnx names the output after its TensorFlow tensor (`Identity:0`): the contract's name.
+    names = [contract.TENSORS["logits"]] if len(proto.graph.output) == 1 else None
+    folded = onnx_graph.finish(proto.SerializeToString(), names)
     # Only int8's activation scales are calibrated; float16 rounds the weights.
     calibrated = recipe is not None and recipe.precision == "int8"
     feeds = _calibration_feeds(spec, calibration, embedding) if calibrated else ()
-    return quantize_onnx(proto.SerializeToString(), recipe, feeds)
+    return quantize_onnx(folded, recipe, feeds)
 
 
 def _calibration_feeds(spec, token_ids, embedding):

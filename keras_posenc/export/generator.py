@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import special_ids
-from keras_posenc.export import contract, conversion, gl_generate
+from keras_posenc.export import contract, conversion, gl_generate, onnx_graph
 from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, frozen_function, rebuild
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.export.formulation import ExportContext
@@ -304,7 +304,8 @@ def _embedding(model, target, embedding):
 def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET, recipe=None):
     """The prefill and decode graphs as two ONNX models (`target="tensorrt"`), static shapes.
 
-    Same inputs, outputs and names as the `.tflite` signatures. Needs tf2onnx (see `to_onnx`).
+    Same inputs, outputs and names as the `.tflite` signatures, constants folded and every output's
+    shape static (`onnx_graph.finish`). Needs tf2onnx (see `to_onnx`).
     `recipe`: an ONNX `quantization.Recipe` (int8: its activations calibrated on the feeds of the
     float32 models' greedy runs over `calibration_prompts`).
 
@@ -324,7 +325,8 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET, r
                               input_signature=function.input_signature)
         proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature,
                                                  opset=opset)
-        protos.append(proto.SerializeToString())
+        # The outputs keep their contract names (the dict's keys); the shape arithmetic goes.
+        protos.append(onnx_graph.finish(proto.SerializeToString()))
     if recipe is None:
         return tuple(protos)
     calibration = {}

@@ -485,16 +485,19 @@ def run_onnx(onnx_bytes, feeds, roles=None):
             `embeddings` of an `embedding="host"` file).
 
     Returns:
-        The first output for all rows, concatenated.
+        The output `logits` (`contract.TENSORS`; the first output of a file without it) for all
+        rows, concatenated.
     """
     import onnxruntime
 
     session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
     inputs = _in_role_order(session.get_inputs(), lambda detail: detail.name, roles)
+    outputs = [detail.name for detail in session.get_outputs()]
+    output = contract.TENSORS["logits"] if contract.TENSORS["logits"] in outputs else outputs[0]
 
     def run(chunk):
         feeds_by_name = {detail.name: np.asarray(feed, FLOAT_TYPES.get(detail.type, np.int32))
                          for detail, feed in zip(inputs, chunk)}
-        return session.run(None, feeds_by_name)[0]
+        return session.run([output], feeds_by_name)[0]
 
     return _run_in_chunks("ONNX", [(detail.name, tuple(detail.shape)) for detail in inputs], feeds, run)

@@ -37,7 +37,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export import host_table
+from keras_posenc.export import host_table, onnx_graph
 from keras_posenc.export.litert_python import INSTALL_HINT, RemoteRuntime, run_script, runtime_python
 
 __all__ = ["ALIASES", "KINDS", "LITERT_QUANTIZER", "ONNXRUNTIME", "PRECISIONS", "QUANTIZE_MODES",
@@ -296,7 +296,8 @@ def quantize_onnx(model_bytes, recipe, calibration=()):
                         op_types_to_quantize=["MatMul", "Gemm", "Gather"],
                         extra_options={"ActivationSymmetric": True})
         quantized = onnx.load(out)
-    return _short_names(quantized).SerializeToString()
+    # quant_pre_process's onnxruntime pass declares onnxruntime's own domains, which no node uses.
+    return onnx_graph.drop_unused_domains(_short_names(quantized)).SerializeToString()
 
 
 def _short_names(model):
