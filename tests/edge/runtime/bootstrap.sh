@@ -14,7 +14,9 @@
 #   $CACHE/onnx-site/       tf2onnx + onnx + onnxruntime (its quantization tools make the tensorrt
 #                           float16 and int8 exports; 1.23.2: 1.19's static quantizer fails on
 #                           Softmax outputs it does not quantize) (+ onnxconverter-common, for the
-#                           float16 copy of the tensorrt export), put on the path of .venv (TF 2.12)
+#                           float16 copy of the tensorrt export; + polygraphy and onnx-graphsurgeon,
+#                           whose constant folding must find nothing left to fold in an export),
+#                           put on the path of .venv (TF 2.12)
 #   $CACHE/onnx-site-py312/ the same for .venv-keras3 (TF 2.21, Python 3.12; tf2onnx 1.17.0), when
 #                           that venv exists (or KERAS3_PY names a Python 3.12 with TF 2.21)
 #
@@ -32,9 +34,9 @@ KERAS3_PY=${KERAS3_PY:-.venv-keras3/bin/python}
 LITERT_PINS="ai-edge-litert==2.3.0 backports.strenum==1.2.8 flatbuffers==25.12.19 ml_dtypes==0.5.4 numpy==1.26.4 protobuf==7.36.2 tqdm==4.70.1 typing_extensions==4.16.0"
 MEDIAPIPE_PINS="mediapipe==0.10.21 absl-py==2.5.1 attrs==26.1.0 flatbuffers==25.12.19 numpy==1.26.4 protobuf==4.25.9"
 LITERTLM_PINS="litert-lm-api==0.18.1 litert-lm-builder==0.18.1 litert-lm==0.18.1 litert-quantizer==0.11.0 ai-edge-litert==2.3.0 absl-py==2.5.1 backports.strenum==1.2.8 click==8.5.1 flatbuffers==25.12.19 immutabledict==4.3.1 ml_dtypes==0.7.0 numpy==2.4.6 prompt_toolkit==3.0.53 protobuf==7.36.2 questionary==2.1.1 scipy==1.17.1 tomli==2.5.0 tqdm==4.70.1 typing_extensions==4.16.0 wcwidth==0.9.4"
-ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
+ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0 polygraphy==0.53.6 onnx-graphsurgeon==0.6.1"
 # tf2onnx 1.17.0 converts TF 2.21 graphs and takes any protobuf >= 3.20 (the Keras 3 lock has 7.x).
-ONNX_KERAS3_PINS="tf2onnx==1.17.0 onnx==1.19.1 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0"
+ONNX_KERAS3_PINS="tf2onnx==1.17.0 onnx==1.19.1 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0 polygraphy==0.53.6 onnx-graphsurgeon==0.6.1"
 MESA_PACKAGES="mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports libdrm-amdgpu1/bookworm-backports libvulkan1/bookworm"
 GL_PACKAGES="libegl1 libgles2 libegl-mesa0 libgl1-mesa-dri"
 mkdir -p "$CACHE"
