@@ -1348,8 +1348,10 @@ class StandInPieces:
 
     WORDS = ["<pad>", "<s>", "<unk>", "a", "b", "c", "d", "</s>"]
 
+    loaded = []
+
     def Load(self, path):  # noqa: N802  (sentencepiece's names)
-        self.path = path
+        self.loaded.append(path)
 
     def EncodeAsIds(self, text):  # noqa: N802
         return [self.WORDS.index(word) for word in text.split()]
@@ -1373,6 +1375,7 @@ def test_run_generate_main_with_a_text_prompt(tmp_path, monkeypatch, capsys):
     argv = ["--prompt", "a b", "--spm", __file__, "--max-new-tokens", "4"]
     run_generate_main(tmp_path, monkeypatch, argv)
     assert prompts == [[1, 3, 4]]  # <s> first
+    assert StandInPieces.loaded[-1] == __file__
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "a b c d"  # the prompt, then the new text without </s> (special ids left out)
     run_generate_main(tmp_path, monkeypatch, [*argv, "--json"])
@@ -1432,6 +1435,8 @@ def test_generate_samples_with_the_seeded_generator_and_the_options_given(tmp_pa
     assert len({tuple(r) for r in runs}) > 1  # not greedy: the second-best id is drawn at times
     assert all(r[0] in (4, 5) for r in runs)  # the first id sampled too (not only the decode steps)
     assert {r[0] for r in runs} == {4, 5}
+    # the decode steps sample too: somewhere an id is not the one after its predecessor (greedy's pick)
+    assert any(b != (a + 1) % VOCAB for r in runs for a, b in zip(r, r[1:]) if (a + 1) % VOCAB != PAD)
     assert run(0) == [4, 5, 6, 7, 1, 2]  # greedy by default
 
 
@@ -1601,3 +1606,53 @@ def test_the_onnx_session_runs_the_feeds_it_is_given(tmp_path, monkeypatch):
     feeds = {"token_id": np.array([[1]])}
     run_generate.OnnxSession(meta.model).run("decode", feeds)
     assert fed == [feeds]
+
+
+def test_run_tflite_parse_args_defaults_types_and_messages(tmp_path, capsys):
+    model = write_export(str(tmp_path))
+    args = run_tflite.parse_args([model])
+    assert (args.iterations, args.warmup, args.seed, args.precision, args.runtime) == (
+        100,
+        5,
+        0,
+        "fp32",
+        "auto",
+    )
+    assert (args.accelerator, args.threads, args.vocab_size, args.delegate, args.json) == (
+        "cpu",
+        None,
+        None,
+        None,
+        False,
+    )
+    args = run_tflite.parse_args([model, "--threads", "3", "--vocab-size", "50", "--seed", "9"])
+    assert (args.threads, args.vocab_size, args.seed) == (3, 50, 9)
+    with pytest.raises(SystemExit):
+        run_tflite.parse_args([model, "--iterations", "0", "--warmup", "-1"])
+    assert capsys.readouterr().err.endswith(
+        "error: --iterations must be >= 1 and --warmup >= 0, got 0 and -1\n"
+    )
+    with pytest.raises(SystemExit):
+        run_tflite.parse_args([str(tmp_path / "none.tflite")])
+    assert capsys.readouterr().err.endswith(f"error: model file not found: {tmp_path / 'none.tflite'}\n")
+
+
+def test_run_generate_main_makes_the_session_of_its_model_with_the_top_k_given(tmp_path, monkeypatch):
+    options = []
+
+    def recording(session, meta, prompt_ids, max_new_tokens, rng, chosen=None, **sampling):
+        options.append(sampling)
+        return [3], 0.1, 0.0, 0
+
+    monkeypatch.setattr(run_generate, "generate", recording)
+    _, made = run_generate_main(
+        tmp_path, monkeypatch, ["--prompt-ids", "1", "--sampler", "top_k", "--top-k", "3"]
+    )
+    assert made[0].model.endswith("model.tflite") and made[0].sampler == "top_k"
+    assert options == [{"sampler": "top_k", "temperature": 1.0, "k": 3, "p": None}]
+
+
+def test_run_generate_names_a_missing_sentencepiece_model(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_generate.parse_args(["m.tflite", "--prompt", "x", "--spm", str(tmp_path / "spm.model")])
+    assert capsys.readouterr().err.endswith(f"error: file not found: {tmp_path / 'spm.model'}\n")

@@ -66,20 +66,22 @@ def test_a_folder_the_lock_created_and_nothing_filled_is_removed(tmp_path):
 
 def test_a_second_run_is_refused_naming_the_folder_and_the_holder(tmp_path):
     folder = str(tmp_path / "run")
-    fd = held_by(folder, 4242)
+    holder = dead_pid()  # the holder's pid, gone by the time it releases
+    fd = held_by(folder, holder)
     try:
         with pytest.raises(RunLockedError) as raised:
             with run_lock(folder):
                 pass
         assert str(raised.value) == (
-            f"{folder} is in use by another keras-posenc run (pid 4242, lock file "
+            f"{folder} is in use by another keras-posenc run (pid {holder}, lock file "
             f"{os.path.join(folder, LOCK_FILE)}): wait for it to end or pick another --out."
         )
-        assert open(os.path.join(folder, LOCK_FILE)).read() == "4242"  # the holder's file is untouched
+        assert open(os.path.join(folder, LOCK_FILE)).read() == str(holder)  # the holder's file is untouched
     finally:
         os.close(fd)
-    with run_lock(folder) as lock:  # free again: taken
-        assert open(lock.path).read() == str(os.getpid())
+    with pytest.warns(UserWarning, match=f"from pid {holder}, which is no longer running"):
+        with run_lock(folder) as lock:  # free again: taken
+            assert open(lock.path).read() == str(os.getpid())
 
 
 def test_a_holder_whose_pid_is_unreadable_is_named_unknown(tmp_path):
