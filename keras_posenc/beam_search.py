@@ -75,10 +75,14 @@ def _forbid(log_probs, forbidden_ids):
 def _top(scores, count):
     """The indices of each row's `count` largest scores, largest first (ties: the lower index first)."""
     count = min(count, scores.shape[1])
-    chosen = np.argpartition(-scores, count - 1, axis=-1)[:, :count]
-    values = np.take_along_axis(scores, chosen, axis=-1)
-    order = np.lexsort((chosen, -values), axis=-1)
-    return np.take_along_axis(chosen, order, axis=-1)
+    # The count-th largest score of each row; argpartition alone would pick among scores tied with
+    # it at random, so every id reaching it is ranked, and the lower ids win the tie.
+    bounds = -np.partition(-scores, count - 1, axis=-1)[:, count - 1]
+    top = np.empty([scores.shape[0], count], np.int64)
+    for row, (values, bound) in enumerate(zip(scores, bounds)):
+        chosen = np.flatnonzero(values >= bound)
+        top[row] = chosen[np.lexsort((chosen, -values[chosen]))[:count]]
+    return top
 
 
 def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_ids=()):

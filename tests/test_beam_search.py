@@ -346,6 +346,11 @@ def test_the_candidates_are_the_best_in_order_ties_by_index():
         ]
         assert _top(scores, count).tolist() == expected
     assert _top(np.array([[1.0, 2.0]]), 5).tolist() == [[1, 0]]  # more asked than there are
+    # A tie across the boundary: the lower ids take the last places, whatever the partition picks.
+    tied = np.array([[0.0, 5.0, 3.0, 5.0, 3.0, 3.0, 3.0, 1.0, 3.0, 3.0]])
+    assert _top(tied, 4).tolist() == [[1, 3, 2, 4]]
+    assert _top(tied[:, ::-1].copy(), 4).tolist() == [[6, 8, 0, 1]]
+    assert _top(np.full([2, 6], -np.inf), 3).tolist() == [[0, 1, 2]] * 2
 
 
 def test_the_default_length_penalty_is_0_6():
