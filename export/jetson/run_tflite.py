@@ -25,6 +25,7 @@ also takes `embeddings`, the rows `table[token_ids]`, which this runner looks up
 Usage:
     python3 run_tflite.py model.tflite [--accelerator cpu|gpu] [--delegate libtensorflowlite_gpu_delegate.so]
                                        [--iterations 200] [--warmup 10] [--threads 4] [--json]
+                                       [--token-ids ids.npy] [--output logits.npy]
 """
 
 import argparse
@@ -106,6 +107,8 @@ def parse_args(argv):
     parser.add_argument("--runtime", choices=("auto", "litert", "interpreter"), default="auto",
                         help="auto: ai-edge-litert's CompiledModel when installed, else the Interpreter")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    parser.add_argument("--output", help="write the output of the last run to this .npy (float32, for "
+                                         "parity checks)")
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
         parser.error(f"--iterations must be >= 1 and --warmup >= 0, got {args.iterations} and {args.warmup}")
@@ -167,6 +170,8 @@ def main(argv=None):
         runner.set_inputs(make_inputs(runner.inputs, args, export))
         times = time_runs(runner.invoke, args.iterations, args.warmup)
         output = runner.output()
+    if args.output:
+        np.save(args.output, np.asarray(output, np.float32))
     summary = summarize(times, output, runtime=runner.name, accelerator=args.accelerator,
                         delegate=args.delegate, fully_accelerated=runner.fully_accelerated)
     where = args.delegate or ("LiteRT GPU accelerator" if args.accelerator == "gpu" else "CPU (XNNPACK)")
