@@ -13,7 +13,7 @@
 #                    pinned in requirements/mutation.txt; `make mutation` alone lists the modules
 #   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache),
 #                    and .litertlm bundles on LiteRT-LM's engine, exported on Keras 2 (.venv) and
-#                    on Keras 3 (.venv-keras3)
+#                    on Keras 3 (.venv-keras3); the Jetson kit on tflite-runtime (Python 3.8, 3.10)
 #   make lint        ruff check . and hadolint docker/Dockerfile
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
 #   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)

@@ -19,6 +19,14 @@
 #                           put on the path of .venv (TF 2.12)
 #   $CACHE/onnx-site-py312/ the same for .venv-keras3 (TF 2.21, Python 3.12; tf2onnx 1.17.0), when
 #                           that venv exists (or KERAS3_PY names a Python 3.12 with TF 2.21)
+#   $CACHE/venv-tflite-py38/  the Jetson kit's device side on JetPack 5: Python 3.8 with only
+#                           tflite-runtime 2.14, numpy and sentencepiece (no TensorFlow)
+#   $CACHE/venv-tflite-py310/ the same on JetPack 6's Python 3.10, numpy < 2 (tflite-runtime is built
+#                           against NumPy 1.x), and $CACHE/numpy2-py310/ numpy 2.2.6 to put in front
+#                           of it: the NumPy a plain `pip install numpy` brings there, which the kit
+#                           must name in one line
+#                           (Python 3.8 and 3.10: python3.8 / python3.10 on the PATH, else pyenv's,
+#                           else JETPACK5_PY / JETPACK6_PY)
 #
 # EGL/GLES for the GL delegate (llvmpipe) come from Debian: libegl1 libgles2 libegl-mesa0
 # libgl1-mesa-dri, installed with apt-get when missing. Every step is skipped when its stamp
@@ -29,6 +37,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 CACHE=${EDGE_CACHE:-.edge-cache}
 PY=${PY:-python3.11}
 KERAS3_PY=${KERAS3_PY:-.venv-keras3/bin/python}
+JETPACK5_PY=${JETPACK5_PY:-}
+JETPACK6_PY=${JETPACK6_PY:-}
 # Pinned to the versions the tests were run with; --no-deps for mediapipe (its GUI and audio deps
 # are not needed for inference).
 LITERT_PINS="ai-edge-litert==2.3.0 backports.strenum==1.2.8 flatbuffers==25.12.19 ml_dtypes==0.5.4 numpy==1.26.4 protobuf==7.36.2 tqdm==4.70.1 typing_extensions==4.16.0"
@@ -37,6 +47,11 @@ LITERTLM_PINS="litert-lm-api==0.18.1 litert-lm-builder==0.18.1 litert-lm==0.18.1
 ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0 polygraphy==0.53.6 onnx-graphsurgeon==0.6.1"
 # tf2onnx 1.17.0 converts TF 2.21 graphs and takes any protobuf >= 3.20 (the Keras 3 lock has 7.x).
 ONNX_KERAS3_PINS="tf2onnx==1.17.0 onnx==1.19.1 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0 polygraphy==0.53.6 onnx-graphsurgeon==0.6.1"
+# The kit on tflite-runtime, as export/jetson/README.md installs it on JetPack 5 (Python 3.8) and 6 (3.10);
+# tests/edge/edge_kit_tflite_runtime.py checks that these satisfy the README's install lines.
+KIT_PY38_PINS="tflite-runtime==2.14.0 numpy==1.24.4 sentencepiece==0.2.0"
+KIT_PY310_PINS="tflite-runtime==2.14.0 numpy==1.26.4 sentencepiece==0.2.0"
+NUMPY2_PINS="numpy==2.2.6"
 MESA_PACKAGES="mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports libdrm-amdgpu1/bookworm-backports libvulkan1/bookworm"
 GL_PACKAGES="libegl1 libgles2 libegl-mesa0 libgl1-mesa-dri"
 mkdir -p "$CACHE"
@@ -103,12 +118,12 @@ current() {  # current STAMP PINS: the part was installed with exactly PINS
   [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]
 }
 
-runtime_venv() {  # runtime_venv NAME PINS: a venv of exactly PINS (--no-deps) under $CACHE/NAME
-  local name=$1 pins=$2
+runtime_venv() {  # runtime_venv NAME PINS [PYTHON]: a venv of exactly PINS (--no-deps) under $CACHE/NAME
+  local name=$1 pins=$2 python=${3:-$PY}
   current "$CACHE/$name/.stamp" "$pins" && return 0
   echo "edge bootstrap: $pins -> $CACHE/$name"
   rm -rf "$CACHE/$name"
-  "$PY" -m venv "$CACHE/$name"
+  "$python" -m venv "$CACHE/$name"
   # shellcheck disable=SC2086
   pypi "$pins" "$CACHE/$name/bin/python" -m pip install --quiet --no-deps $pins
   echo "$pins" > "$CACHE/$name/.stamp"
@@ -138,5 +153,35 @@ if [ -x "$KERAS3_PY" ] && ! current "$CACHE/onnx-site-py312/.stamp" "$ONNX_KERAS
   pypi "$ONNX_KERAS3_PINS" "$KERAS3_PY" -m pip install --quiet --no-deps --target "$CACHE/onnx-site-py312" \
     $ONNX_KERAS3_PINS
   echo "$ONNX_KERAS3_PINS" > "$CACHE/onnx-site-py312/.stamp"
+fi
+# --- the Jetson kit on tflite-runtime 2.14: JetPack 5's Python 3.8 and JetPack 6's 3.10 ---------
+jetpack_python() {  # jetpack_python X.Y GIVEN: GIVEN, else pythonX.Y on the PATH, else a pyenv X.Y install
+  local version=$1 given=$2 candidate
+  for candidate in $given "python$version" "$(pyenv root 2>/dev/null)"/versions/"$version".*/bin/"python$version"; do
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, sys.argv[1].split("."))))' \
+        "$version" >/dev/null 2>&1; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+if ! current "$CACHE/venv-tflite-py38/.stamp" "$KIT_PY38_PINS" \
+   || ! current "$CACHE/venv-tflite-py310/.stamp" "$KIT_PY310_PINS" \
+   || ! current "$CACHE/numpy2-py310/.stamp" "$NUMPY2_PINS"; then
+  py38=$(jetpack_python 3.8 "$JETPACK5_PY") || fail "no Python 3.8 (JetPack 5's) for the kit's tflite-runtime venv: \
+install it (e.g. 'pyenv install 3.8') or set JETPACK5_PY=/path/to/python3.8."
+  py310=$(jetpack_python 3.10 "$JETPACK6_PY") || fail "no Python 3.10 (JetPack 6's) for the kit's tflite-runtime \
+venv: install it (e.g. 'pyenv install 3.10') or set JETPACK6_PY=/path/to/python3.10."
+  runtime_venv venv-tflite-py38 "$KIT_PY38_PINS" "$py38"
+  runtime_venv venv-tflite-py310 "$KIT_PY310_PINS" "$py310"
+  if ! current "$CACHE/numpy2-py310/.stamp" "$NUMPY2_PINS"; then
+    echo "edge bootstrap: $NUMPY2_PINS -> $CACHE/numpy2-py310"
+    rm -rf "$CACHE/numpy2-py310"
+    # shellcheck disable=SC2086
+    pypi "$NUMPY2_PINS" "$CACHE/venv-tflite-py310/bin/python" -m pip install --quiet --no-deps \
+      --target "$CACHE/numpy2-py310" $NUMPY2_PINS
+    echo "$NUMPY2_PINS" > "$CACHE/numpy2-py310/.stamp"
+  fi
 fi
 echo "edge bootstrap: ready in $CACHE"

@@ -26,8 +26,12 @@ CACHE = os.environ.get("EDGE_CACHE", os.path.join(ROOT, ".edge-cache"))
 # .venv (TF 2.12, Python 3.11), tf2onnx 1.17.0 beside .venv-keras3 (TF 2.21, Python 3.12).
 ONNX_SITES = {(3, 11): "onnx-site", (3, 12): "onnx-site-py312"}
 ONNX_SITE = ONNX_SITES.get(sys.version_info[:2], "onnx-site")
+# The Jetson kit's device side: tflite-runtime 2.14 + numpy + sentencepiece, no TensorFlow, on JetPack 5's
+# Python 3.8 and JetPack 6's 3.10; numpy 2.2.6 to put in front of the 3.10 venv's numpy 1.26.
+KIT_VENVS = {"3.8": "venv-tflite-py38", "3.10": "venv-tflite-py310"}
+NUMPY2_SITE = "numpy2-py310"
 PARTS = ("mesa/.stamp", "venv-litert/.stamp", "venv-mediapipe/.stamp", "venv-litertlm/.stamp",
-         f"{ONNX_SITE}/.stamp")
+         f"{ONNX_SITE}/.stamp", *(f"{venv}/.stamp" for venv in KIT_VENVS.values()), f"{NUMPY2_SITE}/.stamp")
 
 Run = collections.namedtuple("Run", ["returncode", "info", "log", "output"])
 
@@ -50,6 +54,16 @@ def onnx_site():
 def litertlm_python():
     """The Python of the edge cache's venv-litertlm (litert-lm-builder, litert-lm-api, litert-lm 0.18.1)."""
     return os.path.join(CACHE, "venv-litertlm", "bin", "python")
+
+
+def kit_python(version):
+    """The Python of the kit's tflite-runtime venv for Python `version` ("3.8" or "3.10")."""
+    return os.path.join(CACHE, KIT_VENVS[version], "bin", "python")
+
+
+def numpy2_site():
+    """A folder holding only numpy 2.2.6 (for Python 3.10): on PYTHONPATH it shadows the venv's numpy 1.26."""
+    return os.path.join(CACHE, NUMPY2_SITE)
 
 
 def lavapipe_environment(scratch):
