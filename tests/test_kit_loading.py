@@ -2,9 +2,11 @@
 `--delegate` library, NumPy 2 under a module built for NumPy 1.x) and pack.py, with stand-ins; the real
 runtimes run them in tests/edge/edge_kit_tflite_runtime.py (`make test-edge`)."""
 
+import gc
 import os
 import struct
 import sys
+import types
 
 import pytest
 
@@ -100,6 +102,143 @@ def test_numpy_abi_guard_names_numpy_and_the_fix_in_one_line(capfd):
     assert str(exited.value) == (
         "tflite-runtime was built against NumPy 1.x and cannot run with numpy "
         f'{numpy.__version__}, installed here: pip install "numpy<2" (see export/jetson/README.md).')
+    assert capfd.readouterr().err == ""
+
+
+def test_elf_machine_reads_the_code_unsigned(tmp_path):
+    # EM_ALPHA (0x9026): a code past 0x7fff is named by its number, not a negative one
+    assert kit_runtime.elf_machine(elf(tmp_path / "a.so", 0x9026)) == "ELF machine 36902"
+    assert kit_runtime.elf_machine(elf(tmp_path / "b.so", 0x9026, big_endian=True)) == "ELF machine 36902"
+
+
+@pytest.mark.parametrize("reported, named", [("x86_64", "x86_64"), ("AMD64", "x86_64"), ("arm64", "aarch64"),
+                                             ("aarch64", "aarch64"), ("AARCH64", "aarch64"), ("i686", "x86"),
+                                             ("i386", "x86"), ("armv7l", "armv7l")])
+def test_this_machine_is_named_as_an_elf_header_names_it(reported, named, monkeypatch):
+    monkeypatch.setattr(kit_runtime.platform, "machine", lambda: reported)
+    assert kit_runtime.this_machine() == named
+
+
+def test_a_delegate_for_another_machine_names_both(tmp_path, monkeypatch):
+    monkeypatch.setattr(kit_runtime.platform, "machine", lambda: "AMD64")
+    arm = elf(tmp_path / "arm.so", 0xB7)
+    assert kit_runtime.delegate_failure(arm, OSError("wrong ELF class")) == (
+        f"--delegate {arm}: built for aarch64, but this machine is x86_64: build the delegate for this "
+        "platform (export/jetson/README.md).")
+    here = elf(tmp_path / "here.so", 0x3E)  # built for this machine: the loader's own reason
+    assert kit_runtime.delegate_failure(here, OSError("undefined symbol: x")) == (
+        f"--delegate {here}: the loader refused it: undefined symbol: x")
+
+
+def test_a_delegate_failure_without_a_message_names_the_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(kit_runtime, "this_machine", lambda: "x86_64")
+    here = elf(tmp_path / "here.so", 0x3E)
+    assert kit_runtime.delegate_failure(here, OSError()) == (
+        f"--delegate {here}: the loader refused it: OSError")
+    assert kit_runtime.delegate_failure(here, RuntimeError(" ")) == (
+        f"--delegate {here}: the delegate did not start: RuntimeError")
+    assert kit_runtime.delegate_failure(here, AttributeError("undefined symbol")) == (
+        f"--delegate {here}: not a TFLite delegate (it has no tflite_plugin_create_delegate); build "
+        "libtensorflowlite_gpu_delegate.so as export/jetson/README.md shows.")
+
+
+def test_load_gpu_delegate_names_what_loading_raised(tmp_path, monkeypatch):
+    monkeypatch.setattr(kit_runtime, "this_machine", lambda: "x86_64")
+    monkeypatch.chdir(tmp_path)
+    elf(tmp_path / "gpu.so", 0x3E)
+
+    def raising(error):
+        def load(library):
+            raise error
+        return load
+
+    with pytest.raises(SystemExit) as exited:
+        kit_runtime.load_gpu_delegate(raising(AttributeError("no tflite_plugin_create_delegate")), "gpu.so")
+    local = os.path.join(os.curdir, "gpu.so")  # the file here, as it was loaded
+    assert str(exited.value).startswith(f"--delegate {local}: not a TFLite delegate")
+    with pytest.raises(SystemExit) as exited:
+        kit_runtime.load_gpu_delegate(raising(ValueError("Failed to load delegate")), "gpu.so")
+    assert str(exited.value).endswith(": the delegate did not start: Failed to load delegate")
+
+
+def test_a_half_made_delegate_is_quiet_and_the_caller_s_unraisable_hook_is_kept(monkeypatch, capfd):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    deleted = []
+
+    class HalfMade:
+        def __init__(self, library):
+            raise OSError(f"{library}: cannot open shared object file")
+
+        def __del__(self):
+            deleted.append(True)
+            raise AttributeError("'HalfMade' object has no attribute '_library'")
+
+    assert kit_runtime.load_gpu_delegate(lambda so: "delegate", "gpu.so") == "delegate"
+    assert sys.unraisablehook == seen.append
+    with pytest.raises(SystemExit):
+        kit_runtime.load_gpu_delegate(HalfMade, "./missing.so")
+    assert deleted == [True] and seen == []  # its __del__ ran, and nobody was told
+    assert sys.unraisablehook == seen.append
+    assert capfd.readouterr().err == ""
+
+    class Later:
+        def __del__(self):
+            raise ValueError("after the load")
+
+    Later()
+    gc.collect()
+    assert [type(unraisable.exc_value) for unraisable in seen] == [ValueError]  # the caller's hook again
+
+
+def numpy_1_refusal(*args, **kwargs):
+    """What NumPy 2 does when a module built against NumPy 1.x uses its C API: a banner on fd 2, an error."""
+    os.write(2, b"\nA module that was compiled using NumPy 1.x cannot be run in\n"
+                b"NumPy 2.2.6 as it may crash.\n")
+    raise ImportError("numpy.core.multiarray failed to import")
+
+
+def refusing_module(name):
+    """A module that NumPy 2 refuses on its first use (`from name import anything`)."""
+    made = types.ModuleType(name)
+    made.__path__ = []
+    made.__getattr__ = lambda attribute: numpy_1_refusal()
+    return made
+
+
+def numpy_1_message(runtime):
+    import numpy
+
+    return (f"{runtime} was built against NumPy 1.x and cannot run with numpy {numpy.__version__}, installed "
+            'here: pip install "numpy<2" (see export/jetson/README.md).')
+
+
+def test_each_runtime_refused_by_numpy_2_is_named(monkeypatch, capfd):
+    for name in ("ai_edge_litert", "ai_edge_litert.compiled_model", "ai_edge_litert.cpu_options",
+                 "ai_edge_litert.gpu_options", "ai_edge_litert.hardware_accelerator",
+                 "ai_edge_litert.options"):
+        monkeypatch.setitem(sys.modules, name, refusing_module(name))
+    with pytest.raises(SystemExit) as exited:
+        kit_runtime.compiled_model("m.tflite", "cpu", None, "fp32")
+    assert str(exited.value) == numpy_1_message("ai-edge-litert")
+
+    interpreter = types.ModuleType("tflite_runtime.interpreter")
+    interpreter.Interpreter, interpreter.load_delegate = numpy_1_refusal, lambda so: so
+    monkeypatch.setitem(sys.modules, "tflite_runtime", types.ModuleType("tflite_runtime"))
+    monkeypatch.setitem(sys.modules, "tflite_runtime.interpreter", interpreter)
+    with pytest.raises(SystemExit) as exited:
+        kit_runtime.interpreter("m.tflite", None, None)
+    assert str(exited.value) == numpy_1_message("tflite-runtime")
+
+    monkeypatch.setitem(sys.modules, "tflite_runtime", None)
+    monkeypatch.setitem(sys.modules, "tflite_runtime.interpreter", None)
+    tensorflow = types.ModuleType("tensorflow")
+    tensorflow.lite = types.SimpleNamespace(Interpreter=numpy_1_refusal,
+                                            experimental=types.SimpleNamespace(load_delegate=lambda so: so))
+    monkeypatch.setitem(sys.modules, "tensorflow", tensorflow)
+    with pytest.raises(SystemExit) as exited:
+        kit_runtime.interpreter("m.tflite", None, None)
+    assert str(exited.value) == numpy_1_message("tensorflow")
     assert capfd.readouterr().err == ""
 
 
