@@ -275,3 +275,86 @@ def test_pack_writes_the_kit_and_every_recorded_file(tmp_path, capsys):
     (tmp_path / "other" / "spm.model").write_bytes(b"t")
     with pytest.raises(SystemExit, match="two files named spm.model"):
         pack.pack(str(dest), [str(tmp_path / "spm.model"), str(tmp_path / "other" / "spm.model")])
+
+
+def test_pack_checks_each_recorded_file_against_its_record(tmp_path):
+    tflite = b"\0\0\0\0TFL3" + bytes(8)
+    write_export(tmp_path, "model.tflite", {"model.tflite.data.tflite": tflite,
+                                            "model.tflite.embeddings.npy": b"rows"})
+    model, dest = str(tmp_path / "model.tflite"), str(tmp_path / "out")
+    data, rows = tmp_path / "model.tflite.data.tflite", tmp_path / "model.tflite.embeddings.npy"
+
+    def refused():
+        with pytest.raises(SystemExit) as exited:
+            pack.pack(dest, [model])
+        assert not os.path.exists(dest)  # nothing written
+        return str(exited.value)
+
+    data.write_bytes(tflite[:-1])
+    assert refused() == f"{data}: 15 bytes, but the export wrote 16 (truncated or replaced): copy it again."
+    data.write_bytes(bytes(16))  # its size, not a TFLite file
+    assert refused() == f"{data}: not a TFLite file (no 'TFL3' identifier at byte 4)."
+    data.write_bytes(b"\0\0\0\0TFL3" + b"x" * 8)
+    assert refused().startswith(f"{data}: sha256 ")
+    data.write_bytes(tflite)
+    rows.write_bytes(b"ROWS")  # not a .tflite: its size and sha256 only
+    assert refused().startswith(f"{rows}: sha256 ")
+    rows.write_bytes(b"rows")
+    assert "model.tflite.data.tflite" in pack.pack(dest, [model])
+
+
+def test_kit_files_are_the_folder_s_files_without_bytecode(tmp_path, monkeypatch):
+    for name in ("run_tflite.py", "README.md", "stale.pyc", "stale.pyo"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "__pycache__").mkdir()
+    monkeypatch.setattr(pack, "KIT", str(tmp_path))
+    assert pack.kit_files() == [str(tmp_path / "README.md"), str(tmp_path / "run_tflite.py")]
+
+
+def test_pack_again_into_its_folder_replaces_the_files_and_refuses_a_file_as_the_folder(tmp_path):
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"old")
+    dest = tmp_path / "out"
+    pack.pack(str(dest), [str(spm)])
+    spm.write_bytes(b"new")
+    assert "spm.model" in pack.pack(str(dest), [str(spm)])
+    assert (dest / "spm.model").read_bytes() == b"new"
+    with pytest.raises(SystemExit) as exited:
+        pack.pack(str(spm), [])
+    assert str(exited.value) == f"{spm}: exists and is not a folder."
+    assert spm.read_bytes() == b"new"
+
+
+def test_pack_main_prints_the_folder_and_its_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["pack.py"])  # main(argv) reads its own arguments
+    kit = sorted(name for name in os.listdir(pack.KIT) if os.path.isfile(os.path.join(pack.KIT, name))
+                 and not name.endswith((".pyc", ".pyo")))
+    dest = str(tmp_path / "out")
+    assert pack.main([dest]) == 0
+    assert capsys.readouterr().out == f"{dest}: {len(kit)} files ({', '.join(kit)})\n"
+    (tmp_path / "spm.model").write_bytes(b"s")
+    (tmp_path / "zz.bin").write_bytes(b"z")
+    assert pack.main([dest, str(tmp_path / "spm.model"), str(tmp_path / "zz.bin")]) == 0
+    names = sorted(kit + ["spm.model", "zz.bin"])
+    assert capsys.readouterr().out == f"{dest}: {len(names)} files ({', '.join(names)})\n"
+    assert sorted(os.listdir(dest)) == names
+
+
+def test_pack_help_is_what_a_user_reads(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(sys, "argv", ["pack.py"])
+    with pytest.raises(SystemExit) as raised:
+        pack.main(["--help"])
+    assert raised.value.code == 0
+    assert capsys.readouterr().out == (
+        "usage: pack.py [-h] dest [files ...]\n"
+        "\n"
+        "Writes the Jetson kit and exported files into one folder, ready to copy to the device as it is.\n"
+        "\n"
+        "positional arguments:\n"
+        "  dest        the folder to write (created when missing)\n"
+        "  files       exported models (MODEL, as given to `keras-posenc export --out`) and other files to\n"
+        "              take along (spm.model)\n"
+        "\n"
+        "options:\n"
+        "  -h, --help  show this help message and exit\n")
