@@ -646,20 +646,22 @@ class CountingModel:
         }
 
 
+# The FILE.json of a small prefill/decode export.
+GENERATION_META = {
+    "kind": "prefill_decode",
+    "prompt_length": 4,
+    "cache_length": 8,
+    "pad_id": PAD,
+    "eos_id": EOS,
+    "bos_id": 1,
+    "unk_id": 2,
+    "special_ids": [0, 1, 2, 7],
+    "vocab_size": VOCAB,
+}
+
+
 def generation_export(tmp_path, **metadata):
-    meta = {
-        "kind": "prefill_decode",
-        "prompt_length": 4,
-        "cache_length": 8,
-        "pad_id": PAD,
-        "eos_id": EOS,
-        "bos_id": 1,
-        "unk_id": 2,
-        "special_ids": [0, 1, 2, 7],
-        "vocab_size": VOCAB,
-        **metadata,
-    }
-    return kit_contract.open_export(write_export(str(tmp_path), meta))
+    return kit_contract.open_export(write_export(str(tmp_path), {**GENERATION_META, **metadata}))
 
 
 def test_generate_feeds_positions_and_the_cache_and_stops_at_the_end_id(tmp_path):
@@ -1497,18 +1499,7 @@ def test_run_generate_main_feeds_a_host_table_and_checks_an_onnx_pair_as_onnx(tm
     table_path = str(tmp_path / "model.tflite.embeddings.npy")
     np.save(table_path, np.ones([VOCAB, 4], np.float32))
     data = open(table_path, "rb").read()
-    meta = {
-        "kind": "prefill_decode",
-        "prompt_length": 4,
-        "cache_length": 8,
-        "pad_id": PAD,
-        "eos_id": EOS,
-        "bos_id": 1,
-        "unk_id": 2,
-        "special_ids": [0, 1, 2, 7],
-        "vocab_size": VOCAB,
-        "embedding_table": "model.tflite.embeddings.npy",
-    }
+    meta = dict(GENERATION_META, embedding_table="model.tflite.embeddings.npy")
     model = write_export(str(tmp_path), meta, others={"model.tflite.embeddings.npy": data})
     monkeypatch.setattr(
         run_generate,
