@@ -84,6 +84,15 @@ def _random_modes_restored():
     yield from _restoring_random_modes()
 
 
+@pytest.fixture(autouse=True)
+def _no_tool_environments(monkeypatch, tmp_path_factory):
+    """No test creates a tool environment (`keras_posenc.export.tool_env`), nor finds one of the user's:
+    their cache is an empty folder of the session, and creating one is switched off (tests/test_tool_env.py
+    turns it back on with a stand-in Python)."""
+    monkeypatch.setenv("KERAS_POSENC_HOME", str(tmp_path_factory.getbasetemp() / "keras-posenc-home"))
+    monkeypatch.setenv("KERAS_POSENC_NO_TOOL_INSTALL", "1")  # not imported: keras_posenc.export loads TF
+
+
 @pytest.fixture
 def no_litert_python_variables(monkeypatch):
     """Neither LiteRT Python variable is set during the test: only a Python the test names runs."""

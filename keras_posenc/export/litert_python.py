@@ -1,9 +1,12 @@
 """The LiteRT Python: a second interpreter with LiteRT's own tools, and how the exporter talks to it.
 
 LiteRT-LM's builder and engine (`litert-lm-builder`, `litert-lm-api`), LiteRT Quantizer
-(`litert-quantizer`) and ai-edge-litert 2.3 need protobuf >= 6.31, which the TF 2.12 stack
-(protobuf 4.25) cannot load, so they live in a Python of their own (`INSTALL_HINT`;
-tests/edge/runtime/bootstrap.sh builds one). The exporter runs scripts there
+(`litert-quantizer`) and ai-edge-litert 2.3 need protobuf >= 6.31. The Keras 3 lock
+(requirements/tf221.txt) installs them, so its venv is its own LiteRT Python; the TF 2.12 stack
+(protobuf 4.25) cannot load them, so there they live in a Python of their own, which
+`runtime_python` creates on first use from the pins of `litert_python.txt` and keeps in
+keras-posenc's cache (`keras_posenc.export.tool_env`; `$KERAS_POSENC_LITERT_PYTHON` names another
+one). The exporter runs scripts there
 (`litertlm_runtime.py`: pack and run bundles; `litert_runtime.py`: quantize, and an interpreter
 server) with a JSON spec, and `RemoteInterpreter` runs a `.tflite` in ai-edge-litert's interpreter
 through that server, with the part of `tf.lite.Interpreter`'s interface the checks use.
@@ -17,24 +20,40 @@ import tempfile
 
 import numpy as np
 
-__all__ = ["INSTALL_HINT", "LEGACY_PYTHON_ENV", "PYTHON_ENV", "RemoteInterpreter", "RemoteRuntime",
-           "run_script", "runtime_python"]
+from keras_posenc.export import tool_env
+
+__all__ = ["ENVIRONMENT", "INSTALL_HINT", "LEGACY_PYTHON_ENV", "PYTHON_ENV", "RemoteInterpreter",
+           "RemoteRuntime", "run_script", "runtime_python"]
 
 # The Python with LiteRT's tools: this variable, or the older name LiteRT-LM bundles used.
 PYTHON_ENV = "KERAS_POSENC_LITERT_PYTHON"
 LEGACY_PYTHON_ENV = "KERAS_POSENC_LITERTLM_PYTHON"
 PACKAGES = "litert-lm-api==0.18.1 litert-lm-builder==0.18.1 litert-quantizer==0.11.0"
-INSTALL_HINT = (f"python3 -m venv venv-litert-tools && venv-litert-tools/bin/pip install {PACKAGES}, "
+# What to do where none can be had: `$KERAS_POSENC_NO_TOOL_INSTALL` forbids creating one.
+INSTALL_HINT = (f"unset {tool_env.NO_INSTALL_ENV} to let keras-posenc create it on first use, or run "
+                f"python3 -m venv venv-litert-tools && venv-litert-tools/bin/pip install {PACKAGES}, "
                 f"then set {PYTHON_ENV}=venv-litert-tools/bin/python (or pass --litert-python)")
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# The LiteRT Python that keras-posenc creates where this Python cannot import LiteRT's tools.
+ENVIRONMENT = tool_env.ToolEnvironment(
+    name="litert-python", requirements=os.path.join(_HERE, "litert_python.txt"),
+    what="LiteRT's tools (litert-lm-builder 0.18.1, litert-quantizer 0.11.0)",
+    pythons=("3.11", "3.12", "3.13"),
+    override=f"set {PYTHON_ENV} to a Python that has them (or pass --litert-python)")
 
 
 def runtime_python(python=None, module="litert_lm_builder"):
     """The LiteRT Python: `python`, else `$KERAS_POSENC_LITERT_PYTHON` (or `$KERAS_POSENC_LITERTLM_PYTHON`),
-    else this one when it imports `module`; None when there is none.
+    else this one when it imports `module`, else keras-posenc's own (`ENVIRONMENT`), created on
+    first use (`tool_env.ensure`: one line on stderr says so).
+
+    Returns:
+        str, the path of that Python; None only when keras-posenc's own does not exist yet and
+        `$KERAS_POSENC_NO_TOOL_INSTALL` forbids creating it.
 
     Raises:
         ValueError: `python` (or the variable) names no executable file.
+        tool_env.ToolEnvironmentError: keras-posenc's own could not be created (one line: why).
     """
     python = python or os.environ.get(PYTHON_ENV) or os.environ.get(LEGACY_PYTHON_ENV)
     if python:
@@ -44,7 +63,7 @@ def runtime_python(python=None, module="litert_lm_builder"):
     try:
         __import__(module)
     except ImportError:
-        return None
+        return tool_env.ensure(ENVIRONMENT)
     return sys.executable
 
 
