@@ -17,6 +17,7 @@ from keras_posenc.backend import is_keras3, keras, save_model
 from keras_posenc.export import conversion
 from keras_posenc.export.contract import TENSORS
 from keras_posenc.export.flatbuffer import op_counts
+from keras_posenc.export.tool_env import ToolEnvironmentError
 from keras_posenc.export.targets import TARGETS
 from keras_posenc.layers import (
     RotaryEmbedding,
@@ -458,18 +459,18 @@ def test_the_onnx_lookup_is_checked_before_tf2onnx_is_imported(no_tf2onnx):
     with pytest.raises(ValueError) as error:
         conversion.convert_onnx(spec, embedding="host")
     assert _message(error).startswith("`embedding='host'` needs a token embedding, and model 'sinusoidal'")
-    with pytest.raises(ImportError):  # the graph lookup needs no token table
+    with pytest.raises(ToolEnvironmentError):  # the graph lookup needs no token table
         conversion.convert_onnx(spec, embedding="graph")
 
 
 def test_without_tf2onnx_the_error_says_how_to_get_it(no_tf2onnx):
     spec = conversion.ModelSpec.of(_embedding_model(), LENGTH, 1)
-    with pytest.raises(ImportError) as error:
+    with pytest.raises(ToolEnvironmentError) as error:  # an OSError: the command prints it as one line
         conversion.convert_onnx(spec)
-    assert _message(error) == ("to_onnx needs tf2onnx: pip install tf2onnx==1.16.1 onnx onnxruntime on TF "
-                               "2.12 (without its protobuf pin: --no-deps), tf2onnx==1.17.0 on TF 2.16+; or "
-                               "run `make test-edge`, which installs it under .edge-cache/onnx-site "
-                               "(onnx-site-py312 for .venv-keras3).")
+    assert _message(error) == ("--target tensorrt needs tf2onnx and onnxruntime (No module named 'tf2onnx'), "
+                               "which the locks install: pip install -r requirements/tf212.txt (TF 2.12) or "
+                               "requirements/tf221.txt (Keras 3), or pip install tf2onnx==1.17.0 onnx "
+                               "onnxruntime==1.23.2.")
     with pytest.raises(ValueError) as error:
         conversion.convert_onnx(spec, opset=16)
     assert _message(error) == "`opset` must be >= 17, got opset=16."

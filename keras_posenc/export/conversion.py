@@ -36,6 +36,7 @@ from keras_posenc.backend import is_functional, keras, model_input_names
 from keras_posenc.export import contract, onnx_graph
 from keras_posenc.export.formulation import ExportContext, formulate
 from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.onnx_tools import import_tf2onnx
 from keras_posenc.export.quantization import QUANTIZE_MODES, quantize_onnx, quantize_tflite, recipe_for
 from keras_posenc.export.targets import TARGETS, target_of
 from keras_posenc.layers.position_embedding_base import PositionEmbeddingBase
@@ -195,11 +196,9 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
             calibration=None):
     """Converts the model to ONNX for TensorRT (`target="tensorrt"`): static shapes, int32 ids.
 
-    Uses tf2onnx: 1.16.1 on TF 2.12 (the last release tested there; it pins
-    protobuf 3.20, so it is not part of the package's lock), 1.17.0 on TF
-    2.21 / Keras 3. `make test-edge` puts each beside its venv, see
-    tests/edge/runtime/bootstrap.sh. On Keras 3 the model's variables are read by the traced
-    function, and tf2onnx folds them into initializers.
+    Uses tf2onnx 1.17.0 and onnxruntime, which both locks install (TF 2.12's on Python 3.10+:
+    `onnx_tools`). On Keras 3 the model's variables are read by the traced function, and tf2onnx
+    folds them into initializers.
 
     Args:
         model, sequence_length, batch_size: as in `to_tflite`.
@@ -217,7 +216,8 @@ def to_onnx(model, *, sequence_length, batch_size=1, opset=ONNX_OPSET, embedding
         the output named `logits` (`contract.TENSORS`) with its static shape (`onnx_graph.finish`).
 
     Raises:
-        ImportError: tf2onnx (or onnxruntime) is not installed (the message says how).
+        tool_env.ToolEnvironmentError: tf2onnx (or onnxruntime) is not installed (one line:
+            `onnx_tools.missing_message`).
         ValueError: as in `to_tflite`, or `opset` < 17.
     """
     spec = ModelSpec.of(model, sequence_length, batch_size)
@@ -231,14 +231,7 @@ def convert_onnx(spec, *, opset=ONNX_OPSET, embedding="graph", recipe=None, cali
     check_choice("embedding", embedding, EMBEDDINGS)
     if embedding == "host":
         host_embedding_table(spec.model)  # ValueError without a token table
-    try:
-        import onnxruntime  # noqa: F401  (folds the constants, checks the file)
-        import tf2onnx
-    except ImportError as error:
-        raise ImportError("to_onnx needs tf2onnx: pip install tf2onnx==1.16.1 onnx onnxruntime on TF 2.12 "
-                          "(without its protobuf pin: --no-deps), tf2onnx==1.17.0 on TF 2.16+; or run "
-                          "`make test-edge`, which installs it under .edge-cache/onnx-site "
-                          "(onnx-site-py312 for .venv-keras3).") from error
+    tf2onnx = import_tf2onnx()  # with onnxruntime, which folds the constants and checks the file
     context = ExportContext(target_of("tensorrt"), FORMULATIONS)
     clone = rebuild(spec.model, spec, context)
     signature = spec.signature(context.target.input_dtype)

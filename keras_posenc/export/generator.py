@@ -314,7 +314,9 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET, r
     """
     check_positive_int("opset", opset, minimum=ONNX_OPSET)
     target = check_export(model, prompt_length, cache_length, "tensorrt")
-    import tf2onnx
+    from keras_posenc.export.onnx_tools import import_tf2onnx
+
+    tf2onnx = import_tf2onnx()
 
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     module = _Generator(clone, prompt_length, cache_length, target)
