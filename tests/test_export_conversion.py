@@ -17,8 +17,8 @@ from keras_posenc.backend import is_keras3, keras, save_model
 from keras_posenc.export import conversion
 from keras_posenc.export.contract import TENSORS
 from keras_posenc.export.flatbuffer import op_counts
-from keras_posenc.export.tool_env import ToolEnvironmentError
 from keras_posenc.export.targets import TARGETS
+from keras_posenc.export.tool_env import ToolEnvironmentError
 from keras_posenc.layers import (
     RotaryEmbedding,
     SinusoidalPositionEmbedding,
@@ -441,8 +441,8 @@ def no_tf2onnx(monkeypatch):
     real_import = builtins.__import__
 
     def without_tf2onnx(name, *args, **kwargs):
-        if name == "tf2onnx":
-            raise ImportError("No module named 'tf2onnx'")
+        if name in ("tf2onnx", "onnxruntime"):  # neither, whatever this venv has
+            raise ImportError(f"No module named '{name}'")
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", without_tf2onnx)
@@ -467,10 +467,10 @@ def test_without_tf2onnx_the_error_says_how_to_get_it(no_tf2onnx):
     spec = conversion.ModelSpec.of(_embedding_model(), LENGTH, 1)
     with pytest.raises(ToolEnvironmentError) as error:  # an OSError: the command prints it as one line
         conversion.convert_onnx(spec)
-    assert _message(error) == ("--target tensorrt needs tf2onnx and onnxruntime (No module named 'tf2onnx'), "
-                               "which the locks install: pip install -r requirements/tf212.txt (TF 2.12) or "
-                               "requirements/tf221.txt (Keras 3), or pip install tf2onnx==1.17.0 onnx "
-                               "onnxruntime==1.23.2.")
+    assert _message(error) == ("--target tensorrt needs tf2onnx and onnxruntime (No module named "
+                               "'onnxruntime'), which the locks install: pip install -r "
+                               "requirements/tf212.txt (TF 2.12) or requirements/tf221.txt (Keras 3), or pip "
+                               "install tf2onnx==1.17.0 onnx onnxruntime==1.23.2.")
     with pytest.raises(ValueError) as error:
         conversion.convert_onnx(spec, opset=16)
     assert _message(error) == "`opset` must be >= 17, got opset=16."

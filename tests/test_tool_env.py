@@ -94,6 +94,9 @@ def test_the_first_use_creates_it_in_one_line_and_the_next_reuses_it(stand_in, c
     assert first[3].endswith(" check")
     assert sorted(os.listdir(tmp_path / "home")) == sorted([os.path.basename(folder),
                                                             os.path.basename(folder) + ".lock"])
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
     assert tool_env.ensure(environment, python) == created
     assert calls(tmp_path)[len(first):] == ["-c " + tool_env._VERSION_CODE]  # only its version asked
     assert capfd.readouterr().err == ""

@@ -187,6 +187,9 @@ def _build(folder, environment, base_python):
         _run(environment, folder, pip + ["check"], "pip check")
         with open(os.path.join(building, STAMP), "w") as f:
             json.dump({"requirements": environment.pins(), "python": base_python}, f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(building, 0o777 & ~umask)  # as any folder of the user's (mkdtemp made it 0700)
         os.rename(building, folder)
     finally:
         if os.path.isdir(building):
