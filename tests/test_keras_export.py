@@ -8,7 +8,7 @@ model too: StableHLO v1.18 from jax, v1.13.7 in TF's deserializer), so it is ski
 LiteRT export is TensorFlow/PyTorch only. Keras 2: the equivalents, `tf.saved_model.save` and
 `tf.lite.TFLiteConverter.from_keras_model` with builtin ops only, run by `tf.lite.Interpreter`.
 Every LiteRT file is free of CUMSUM, IF, WHILE and Flex ops, read from the flatbuffer. The ONNX export
-(tf2onnx + onnxruntime, outside the locks) is tests/edge/edge_keras_export.py.
+(tf2onnx + onnxruntime, in the locks) is tests/edge/edge_keras_export.py.
 """
 
 import os

@@ -20,7 +20,8 @@ from litert_stand_in import executable
 from keras_posenc.export import litert_python
 from keras_posenc.export.litert_python import RemoteRuntime, run_script, runtime_python
 
-HINT = ("unset KERAS_POSENC_NO_TOOL_INSTALL to let keras-posenc create it on first use, or run "
+HINT = ("without --litert-python, $KERAS_POSENC_LITERT_PYTHON and $KERAS_POSENC_NO_TOOL_INSTALL, "
+        "keras-posenc creates one on first use; or run "
         "python3 -m venv venv-litert-tools && venv-litert-tools/bin/pip install litert-lm-api==0.18.1 "
         "litert-lm-builder==0.18.1 litert-quantizer==0.11.0, then set "
         "KERAS_POSENC_LITERT_PYTHON=venv-litert-tools/bin/python (or pass --litert-python)")

@@ -29,8 +29,9 @@ __all__ = ["ENVIRONMENT", "INSTALL_HINT", "LEGACY_PYTHON_ENV", "PYTHON_ENV", "Re
 PYTHON_ENV = "KERAS_POSENC_LITERT_PYTHON"
 LEGACY_PYTHON_ENV = "KERAS_POSENC_LITERTLM_PYTHON"
 PACKAGES = "litert-lm-api==0.18.1 litert-lm-builder==0.18.1 litert-quantizer==0.11.0"
-# What to do where none can be had: `$KERAS_POSENC_NO_TOOL_INSTALL` forbids creating one.
-INSTALL_HINT = (f"unset {tool_env.NO_INSTALL_ENV} to let keras-posenc create it on first use, or run "
+# What to do where none can be had (a Python named that is none, `$KERAS_POSENC_NO_TOOL_INSTALL`).
+INSTALL_HINT = (f"without --litert-python, ${PYTHON_ENV} and ${tool_env.NO_INSTALL_ENV}, keras-posenc "
+                "creates one on first use; or run "
                 f"python3 -m venv venv-litert-tools && venv-litert-tools/bin/pip install {PACKAGES}, "
                 f"then set {PYTHON_ENV}=venv-litert-tools/bin/python (or pass --litert-python)")
 _HERE = os.path.dirname(os.path.abspath(__file__))
