@@ -283,7 +283,7 @@ visible in the input: a copy task that needs positions) (default: off)
 {{gpu,gl,cpu,tensorrt}}] [--embedding {{host,graph}}] [--require-gpu] [--tolerance TOLERANCE] \
 [--token-ids TOKEN_IDS] [--eval-corpus EVAL_CORPUS] [--max-loss-increase MAX_LOSS_INCREASE] \
 [--litert-python LITERT_PYTHON] [--generate] [--cache-length CACHE_LENGTH] [--prompt-length \
-PROMPT_LENGTH] [--format {{tflite,litertlm}}] [--spm SPM] [--probe-prompt PROBE_PROMPTS] [--verbose] model
+PROMPT_LENGTH] [--format {{tflite,litertlm,genai}}] [--spm SPM] [--probe-prompt PROBE_PROMPTS] [--verbose] model
 
 Rebuilds the model with fixed input shapes under float32, freezes the position tables as constants, \
 converts with TFLite builtin ops only (never Flex) and prints the op histogram, the GPU-delegate verdict, \
@@ -344,14 +344,15 @@ tensorrt: STEM.prefill.onnx and STEM.decode.onnx)
 required with --generate)
   --prompt-length PROMPT_LENGTH
                         prefill length P, prompts are right-padded to it (default: cache-length // 2)
-  --format {{tflite,litertlm}}
+  --format {{tflite,litertlm,genai}}
                         tflite: the prefill/decode file of run_generate.py; litertlm: a bundle for \
 LiteRT-LM's Engine and `litert-lm` (model in its contract, spm.model, LlmMetadata; --target cpu or gpu), \
-checked on the engine (default: tflite)
-  --spm SPM             --format litertlm: the SentencePiece model to bundle (default: spm.model beside \
-the model)
+checked on the engine; genai: --out is a folder for onnxruntime-genai (one decoder ONNX, genai_config.json, \
+tokenizer.json from spm.model; no --target), checked fed as it feeds it (default: tflite)
+  --spm SPM             --format litertlm / genai: the SentencePiece model to bundle (default: spm.model \
+beside the model)
   --probe-prompt PROBE_PROMPTS
-                        --format litertlm: a prompt of the engine check, repeatable (default: texts of \
+                        --format litertlm / genai: a prompt of the check, repeatable (default: texts of \
 the vocabulary, one longer than the prefill, and a second turn)
 """,
 }
@@ -877,10 +878,10 @@ def test_export_passes_every_flag_and_a_failed_check_exits_1(exports, tmp_path, 
 
 
 @pytest.mark.parametrize("flags, line", [
-    (["--spm", "s.model"], "--spm is for --format litertlm."),
-    (["--probe-prompt", "hi"], "--probe-prompt is for --format litertlm."),
+    (["--spm", "s.model"], "--spm is for --format litertlm or genai."),
+    (["--probe-prompt", "hi"], "--probe-prompt is for --format litertlm or genai."),
     (["--spm", "s.model", "--probe-prompt", "hi", "--generate", "--cache-length", "8"],
-     "--spm, --probe-prompt is for --format litertlm."),
+     "--spm, --probe-prompt is for --format litertlm or genai."),
     (["--format", "litertlm"],
      "--format litertlm is a prefill/decode bundle: add --generate --cache-length C."),
     ([], "export needs --sequence-length (or --generate with --cache-length)."),

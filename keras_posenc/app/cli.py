@@ -432,7 +432,7 @@ def _add_export_parser(subparsers):
                              "by the quantizer measured best for the target (keras_posenc/export/"
                              "quantization.py; int4: LiteRT Quantizer, not on gl) and checked on held-out "
                              "text (default: none, float32)")
-    parser.add_argument("--target", choices=TARGETS, default="gpu",
+    parser.add_argument("--target", choices=TARGETS, default=None,
                         help="gpu: LiteRT GPU accelerator / OpenCL delegate; gl: OpenGL ES delegate (float "
                              "inputs); cpu: XNNPACK with GATHER; tensorrt: ONNX for trtexec (default: gpu)")
     parser.add_argument("--embedding", choices=("host", "graph"),
@@ -474,15 +474,17 @@ def _add_export_parser(subparsers):
     generation.add_argument("--prompt-length", type=_positive_int,
                             help="prefill length P, prompts are right-padded to it (default: "
                                  "cache-length // 2)")
-    generation.add_argument("--format", choices=("tflite", "litertlm"), default="tflite",
+    generation.add_argument("--format", choices=("tflite", "litertlm", "genai"), default="tflite",
                             help="tflite: the prefill/decode file of run_generate.py; litertlm: a bundle for "
                                  "LiteRT-LM's Engine and `litert-lm` (model in its contract, spm.model, "
-                                 "LlmMetadata; --target cpu or gpu), checked on the engine (default: "
-                                 "%(default)s)")
-    generation.add_argument("--spm", help="--format litertlm: the SentencePiece model to bundle (default: "
-                                          "spm.model beside the model)")
+                                 "LlmMetadata; --target cpu or gpu), checked on the engine; genai: --out is "
+                                 "a folder for onnxruntime-genai (one decoder ONNX, genai_config.json, "
+                                 "tokenizer.json from spm.model; no --target), checked fed as it feeds it "
+                                 "(default: %(default)s)")
+    generation.add_argument("--spm", help="--format litertlm / genai: the SentencePiece model to bundle "
+                                          "(default: spm.model beside the model)")
     generation.add_argument("--probe-prompt", action="append", dest="probe_prompts",
-                            help="--format litertlm: a prompt of the engine check, repeatable (default: "
+                            help="--format litertlm / genai: a prompt of the check, repeatable (default: "
                                  "texts of the vocabulary, one longer than the prefill, and a second turn)")
 
 
@@ -614,12 +616,22 @@ def _host_embedding_refusal(target, allows):
             "GATHERs its lookups in the file.")
 
 
+# The --generate formats beside tflite: what each writes.
+_FORMATS = {"litertlm": "a prefill/decode bundle", "genai": "an onnxruntime-genai decoder folder"}
+
+
 def _run_export(args):
     given = [flag for flag, value in (("--spm", args.spm), ("--probe-prompt", args.probe_prompts)) if value]
-    if args.format != "litertlm" and given:
-        raise _Error(f"{', '.join(given)} is for --format litertlm.")
-    if args.format == "litertlm" and not args.generate:
-        raise _Error("--format litertlm is a prefill/decode bundle: add --generate --cache-length C.")
+    if args.format not in _FORMATS and given:
+        raise _Error(f"{', '.join(given)} is for --format {' or '.join(_FORMATS)}.")
+    if args.format in _FORMATS and not args.generate:
+        raise _Error(f"--format {args.format} is {_FORMATS[args.format]}: add --generate --cache-length C.")
+    if args.format == "genai":
+        if args.target is not None:
+            raise _Error(f"--format genai runs on onnxruntime-genai's CPU provider and takes no --target, "
+                         f"got --target {args.target}.")
+    elif args.target is None:
+        args.target = "gpu"
     if args.generate:
         return _export_generator(args)
     if args.sequence_length is None:
@@ -647,6 +659,8 @@ def _export_generator(args):
     if args.eval_corpus is not None and args.quantize is None:
         raise _Error("--eval-corpus measures a quantized file: it needs --quantize.")
     prompt_length = args.prompt_length or max(1, args.cache_length // 2)
+    if args.format == "genai":
+        return _export_genai(args, prompt_length)
     kind = "litertlm" if args.format == "litertlm" else "prefill_decode"
     export.recipe_for(args.target, args.quantize, kind, litert_python=args.litert_python)
     model = export.load_model(args.model)
@@ -689,6 +703,37 @@ def _export_litertlm(args, model, prompt_length, eval_ids=None):
     except RuntimeError as error:  # the builder's process failed: its last lines are in the message
         raise _Error(str(error)) from error
     return _save_and_print(result, args.out, tolerance=args.tolerance)
+
+
+def _export_genai(args, prompt_length):
+    """`--generate --format genai`: `genai.export_genai` into the folder `--out`, printed; the exit status."""
+    from keras_posenc import export
+    from keras_posenc.app import dataset as data_lib
+    from keras_posenc.app import text_generation
+
+    refused = [flag for flag, value in (("--quantize", args.quantize), ("--embedding", args.embedding),
+                                        ("--tolerance", args.tolerance)) if value is not None]
+    if refused:
+        raise _Error(f"--format genai writes float32 weights with the lookup in the file, checked token for "
+                     f"token: it takes no {', '.join(refused)}.")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise _Error(f"--format genai writes a folder: --out {args.out} is a file.")
+    if not os.path.isfile(args.model):
+        raise _Error(f"--format genai needs a .keras file with its tokenizer, got {args.model!r}.")
+    _, spm_path = text_generation.resolve_run(args.model, args.spm)
+    with open(spm_path, "rb") as f:
+        sp_model = f.read()
+    from keras_posenc.export import genai
+
+    model = export.load_model(args.model)
+    probes = [[prompt] for prompt in args.probe_prompts] if args.probe_prompts else None
+    texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:EVAL_ROWS]
+    try:
+        result = genai.export_genai(model, sp_model, cache_length=args.cache_length,
+                                    prompt_length=prompt_length, check_texts=texts, probes=probes)
+    except ImportError as error:  # tf2onnx, onnxruntime or tokenizers: the message says how to install it
+        raise _Error(str(error)) from error
+    return _save_and_print(result, args.out)
 
 
 _SUBCOMMANDS = {

@@ -1,0 +1,130 @@
+"""`--format genai`'s parts that need no ONNX tool: tokenizer.json against SentencePiece on the embedded
+corpus, genai_config.json from the model, and the command's refusals. tests/edge/edge_genai.py exports
+folders and runs them on onnxruntime-genai 0.18."""
+
+import io
+import json
+
+import pytest
+import sentencepiece as spm
+from stacks import once_on_keras2
+from tokenizers import Tokenizer
+
+from keras_posenc import special_ids
+from keras_posenc.app import cli
+from keras_posenc.app import dataset as data
+from keras_posenc.export import genai
+from keras_posenc.models import CausalLM
+
+
+@pytest.fixture(scope="module")
+def corpus_lines():
+    return data.read_text_corpus(data.default_corpus_path())
+
+
+@pytest.fixture(scope="module")
+def sp_model(corpus_lines):
+    return data.train_sentencepiece(corpus_lines, vocab_size=400)
+
+
+def _processor(sp_model):
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(sp_model)
+    return processor
+
+
+def test_tokenizer_json_gives_sentencepieces_ids_on_the_embedded_corpus(sp_model, corpus_lines):
+    text, config = genai.tokenizer_files(sp_model, cache_length=64)
+    tokenizer, processor = Tokenizer.from_str(text), _processor(sp_model)
+    texts = corpus_lines + ["  two  spaces  ", "ｆｕｌｌｗｉｄｔｈ ＡＢＣ ①", "tab\there", "é", "",
+                            "a <sep> b", "Zürich ☃"]
+    got = [tokenizer.encode(line).ids for line in texts]
+    assert got == [[special_ids.BOS_ID] + processor.EncodeAsIds(line) for line in texts]
+    assert len(corpus_lines) > 6000 and any(special_ids.UNK_ID in ids for ids in got)  # real text, unknowns
+    assert special_ids.SEP_ID in got[-2]  # the user-defined <sep> piece, where SentencePiece puts it
+    # A later turn is encoded without BOS; decoding drops the control pieces, as SentencePiece does.
+    line = corpus_lines[10]
+    assert tokenizer.encode(line, add_special_tokens=False).ids == processor.EncodeAsIds(line)
+    ids = processor.EncodeAsIds(line)
+    assert tokenizer.decode([special_ids.BOS_ID] + ids + [special_ids.EOS_ID]) == processor.DecodeIds(ids)
+    assert config == {"tokenizer_class": genai.TOKENIZER_CLASS, "bos_token": "<s>", "eos_token": "</s>",
+                      "unk_token": "<unk>", "pad_token": "<pad>", "add_bos_token": True,
+                      "add_eos_token": False, "clean_up_tokenization_spaces": False, "model_max_length": 64}
+    assert "model_max_length" not in genai.tokenizer_files(sp_model)[1]
+
+
+def test_a_sentencepiece_model_that_is_not_unigram_is_refused(corpus_lines):
+    bpe = data.train_sentencepiece(corpus_lines[:300], vocab_size=200, model_type="bpe")
+    with pytest.raises(ValueError, match=r"^--format genai builds a Unigram tokenizer\.json; this "
+                                         r"SentencePiece model has model_type='bpe', byte_fallback=False\.$"):
+        genai.tokenizer_files(bpe)
+
+
+def test_byte_fallback_is_refused(corpus_lines):
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus_lines[:300]), model_writer=buffer,
+                                   vocab_size=400, byte_fallback=True, minloglevel=2)
+    with pytest.raises(ValueError, match=r"model_type='unigram', byte_fallback=True\.$"):
+        genai.tokenizer_files(buffer.getvalue())
+
+
+@once_on_keras2("a dict of the model's config; no graph")
+def test_genai_config_holds_the_models_ids_sizes_and_lengths():
+    model = CausalLM({"num_layers": 3, "d_model": 24, "num_heads": 4, "dff": 32, "vocab_size": 50,
+                      "max_length": 40, "pad_id": 0})
+    config = genai.genai_config(model, cache_length=32, prompt_length=6)
+    decoder = config["model"].pop("decoder")
+    assert config["model"] == {"type": "decoder", "bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0,
+                               "vocab_size": 50, "context_length": 32}
+    assert decoder == {
+        "filename": "model.onnx", "session_options": {"log_id": "keras-posenc", "provider_options": []},
+        "hidden_size": 24, "head_size": 6, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 3,
+        "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                   "position_ids": "position_ids", "past_key_names": "past_key_values.%d.key",
+                   "past_value_names": "past_key_values.%d.value"},
+        "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value"}}
+    search = config["search"]
+    assert (search["max_length"], search["chunk_size"], search["past_present_share_buffer"]) == (32, 6, True)
+    assert (search["do_sample"], search["num_beams"], search["top_k"]) == (False, 1, 1)
+    json.dumps(config)  # JSON as it is
+    assert (genai.past_name("key", 2), genai.present_name("value", 0)) == ("past_key_values.2.key",
+                                                                          "present.0.value")
+
+
+REFUSAL = ("--format genai writes float32 weights with the lookup in the file, checked token for token: it "
+           "takes no")
+
+
+@once_on_keras2("argument checks before any model is read")
+@pytest.mark.parametrize("flags, line", [
+    (["--generate", "--cache-length", "8", "--target", "cpu"],
+     "--format genai runs on onnxruntime-genai's CPU provider and takes no --target, got --target cpu."),
+    (["--generate", "--cache-length", "8", "--quantize", "int8"],
+     f"{REFUSAL} --quantize."),
+    (["--generate", "--cache-length", "8", "--embedding", "graph", "--tolerance", "0.1"],
+     f"{REFUSAL} --embedding, --tolerance."),
+    (["--sequence-length", "8"], "--format genai is an onnxruntime-genai decoder folder: add --generate "
+                                 "--cache-length C."),
+    (["--generate"], "--generate needs --cache-length C (prompt + generated tokens)."),
+    (["--generate", "--cache-length", "8"], "--format genai needs a .keras file with its tokenizer, got "
+                                            "'MODEL'."),
+])
+def test_the_command_refuses_in_one_line(flags, line, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["export", "MODEL", "--format", "genai", "--out", "folder"] + flags) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", f"keras-posenc: error: {line}\n")
+    assert not (tmp_path / "folder").exists()
+
+
+@once_on_keras2("argument checks before any model is read")
+def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "out").write_text("kept")
+    argv = ["export", "MODEL", "--generate", "--cache-length", "8", "--format", "genai", "--out",
+            str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == (f"keras-posenc: error: --format genai writes a folder: --out "
+                                       f"{tmp_path / 'out'} is a file.\n")
+    assert (tmp_path / "out").read_text() == "kept"
