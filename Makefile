@@ -220,7 +220,7 @@ mutation: venv $(MUTATION_SITE)/.stamp
 
 # --- edge GPU runtimes -------------------------------------------------------------------
 # tests/edge/runtime/bootstrap.sh fills .edge-cache/ (Mesa lavapipe, ai-edge-litert, mediapipe's GL delegate,
-# tf2onnx + onnxruntime) once; tests/edge/edge_*.py then run the exported files on them.
+# tf2onnx + onnxruntime, onnxruntime-genai) once; tests/edge/edge_*.py then run the exported files on them.
 EDGE_TESTS := $(sort $(wildcard tests/edge/edge_*.py))
 
 # Both stacks: the TF 2.12 converter (.venv) and TF 2.21's with Keras 3 (.venv-keras3).

@@ -19,6 +19,9 @@
 #                           put on the path of .venv (TF 2.12)
 #   $CACHE/onnx-site-py312/ the same for .venv-keras3 (TF 2.21, Python 3.12; tf2onnx 1.17.0), when
 #                           that venv exists (or KERAS3_PY names a Python 3.12 with TF 2.21)
+#   $CACHE/venv-genai/      onnxruntime-genai 0.18.0 (ONNX Runtime's generation loop, CPU) with the
+#                           onnxruntime 1.31.0 it loads and numpy: runs the `--format genai` folders
+#                           (tests/edge/runtime/probe_genai.py), no TensorFlow
 #   $CACHE/venv-tflite-py38/  the Jetson kit's device side on JetPack 5: Python 3.8 with only
 #                           tflite-runtime 2.14, numpy and sentencepiece (no TensorFlow)
 #   $CACHE/venv-tflite-py310/ the same on JetPack 6's Python 3.10, numpy < 2 (tflite-runtime is built
@@ -47,6 +50,8 @@ LITERTLM_PINS="litert-lm-api==0.18.1 litert-lm-builder==0.18.1 litert-lm==0.18.1
 ONNX_PINS="tf2onnx==1.16.1 onnx==1.16.2 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0 polygraphy==0.53.6 onnx-graphsurgeon==0.6.1"
 # tf2onnx 1.17.0 converts TF 2.21 graphs and takes any protobuf >= 3.20 (the Keras 3 lock has 7.x).
 ONNX_KERAS3_PINS="tf2onnx==1.17.0 onnx==1.19.1 onnxruntime==1.23.2 onnxconverter-common==1.16.0 coloredlogs==15.0.1 humanfriendly==10.0 sympy==1.13.3 mpmath==1.3.0 polygraphy==0.53.6 onnx-graphsurgeon==0.6.1"
+# onnxruntime-genai 0.18.0 needs onnxruntime >= 1.31 (Python >= 3.11), a venv of its own beside onnx-site's 1.23.2.
+GENAI_PINS="onnxruntime-genai==0.18.0 onnxruntime==1.31.0 numpy==1.26.4"
 # The kit on tflite-runtime, as export/jetson/README.md installs it on JetPack 5 (Python 3.8) and 6 (3.10);
 # tests/edge/edge_kit_tflite_runtime.py checks that these satisfy the README's install lines.
 KIT_PY38_PINS="tflite-runtime==2.14.0 numpy==1.24.4 sentencepiece==0.2.0"
@@ -137,6 +142,9 @@ runtime_venv venv-mediapipe "$MEDIAPIPE_PINS"
 
 # --- the LiteRT Python: LiteRT-LM 0.18.1 (builder, Engine, litert-lm command line), LiteRT Quantizer ----
 runtime_venv venv-litertlm "$LITERTLM_PINS"
+
+# --- onnxruntime-genai 0.18.0 (the `--format genai` folders) ---------------------------------
+runtime_venv venv-genai "$GENAI_PINS"
 
 # --- tf2onnx + onnxruntime beside .venv's TensorFlow (tf2onnx pins protobuf~=3.20: --no-deps) -
 if ! current "$CACHE/onnx-site/.stamp" "$ONNX_PINS"; then

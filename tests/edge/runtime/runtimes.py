@@ -3,10 +3,13 @@
 - `run_litert`: ai-edge-litert 2.3 `CompiledModel` (GPU = the WebGPU accelerator over Vulkan,
   here Mesa lavapipe), see tests/edge/runtime/probe_litert.py;
 - `run_gl`: the classic TFLite GPU delegate's OpenGL ES backend bundled in mediapipe 0.10.21,
-  on Mesa llvmpipe (EGL surfaceless), see tests/edge/runtime/probe_gl.py.
+  on Mesa llvmpipe (EGL surfaceless), see tests/edge/runtime/probe_gl.py;
+- `run_genai`: onnxruntime-genai 0.18's generator (CPU) on a `--format genai` folder, see
+  tests/edge/runtime/probe_genai.py.
 
-Each returns a `Run`: the exit status, the probe's JSON line, the runtime's own log (stderr) and
-the first output. `tests/edge/runtime/bootstrap.sh` (run by `make test-edge`) fills the cache.
+`run_litert` and `run_gl` return a `Run`: the exit status, the probe's JSON line, the runtime's own
+log (stderr) and the first output. `tests/edge/runtime/bootstrap.sh` (run by `make test-edge`) fills
+the cache.
 """
 
 import collections
@@ -31,7 +34,8 @@ ONNX_SITE = ONNX_SITES.get(sys.version_info[:2], "onnx-site")
 KIT_VENVS = {"3.8": "venv-tflite-py38", "3.10": "venv-tflite-py310"}
 NUMPY2_SITE = "numpy2-py310"
 PARTS = ("mesa/.stamp", "venv-litert/.stamp", "venv-mediapipe/.stamp", "venv-litertlm/.stamp",
-         f"{ONNX_SITE}/.stamp", *(f"{venv}/.stamp" for venv in KIT_VENVS.values()), f"{NUMPY2_SITE}/.stamp")
+         "venv-genai/.stamp", f"{ONNX_SITE}/.stamp", *(f"{venv}/.stamp" for venv in KIT_VENVS.values()),
+         f"{NUMPY2_SITE}/.stamp")
 
 Run = collections.namedtuple("Run", ["returncode", "info", "log", "output"])
 
@@ -54,6 +58,24 @@ def onnx_site():
 def litertlm_python():
     """The Python of the edge cache's venv-litertlm (litert-lm-builder, litert-lm-api, litert-lm 0.18.1)."""
     return os.path.join(CACHE, "venv-litertlm", "bin", "python")
+
+
+def run_genai(folder, sessions, max_new_tokens, timeout=600):
+    """onnxruntime-genai 0.18's greedy sessions of a `--format genai` folder (runtime/probe_genai.py).
+
+    `sessions`: lists of turns (str), one generator each. Returns the probe's JSON (`prompt_ids`,
+    `turns`, `texts`, `version`); raises AssertionError with the runtime's log when it fails.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        spec = os.path.join(scratch, "spec.json")
+        with open(spec, "w") as f:
+            json.dump({"folder": os.path.abspath(folder), "sessions": sessions,
+                       "max_new_tokens": max_new_tokens}, f)
+        command = [os.path.join(CACHE, "venv-genai", "bin", "python"), os.path.join(HERE, "probe_genai.py"),
+                   spec]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def kit_python(version):
