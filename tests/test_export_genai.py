@@ -4,6 +4,7 @@ folders and runs them on onnxruntime-genai 0.18."""
 
 import io
 import json
+import sys
 
 import pytest
 import sentencepiece as spm
@@ -14,6 +15,7 @@ from keras_posenc import special_ids
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
 from keras_posenc.export import genai
+from keras_posenc.export.tool_env import ToolEnvironmentError
 from keras_posenc.models import CausalLM
 
 
@@ -128,3 +130,23 @@ def test_an_out_that_is_a_file_is_refused(tmp_path, capsys):
     assert capsys.readouterr().err == (f"keras-posenc: error: --format genai writes a folder: --out "
                                        f"{tmp_path / 'out'} is a file.\n")
     assert (tmp_path / "out").read_text() == "kept"
+
+
+def test_without_tokenizers_the_error_says_how_to_install_it(sp_model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` raises ImportError
+    with pytest.raises(ImportError, match=r"^--format genai writes tokenizer\.json with Hugging Face's "
+                                          r"tokenizers: pip install tokenizers \(requirements/tf212\.txt and "
+                                          r"tf221\.txt pin it\)\.$"):
+        genai.tokenizer_files(sp_model)
+
+
+@once_on_keras2("an import refused before any graph is traced")
+def test_without_the_onnx_tools_the_error_names_the_format(monkeypatch):
+    model = CausalLM({"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
+                      "max_length": 16})
+    model.build_on_dummy()
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(ToolEnvironmentError, match=r"^--format genai needs tf2onnx and onnxruntime \("):
+        genai.to_genai_onnx(model, cache_length=8)
+    with pytest.raises(ValueError, match=r"`cache_length`=32 exceeds the model's max_length=16"):
+        genai.to_genai_onnx(model, cache_length=32)

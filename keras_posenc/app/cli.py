@@ -731,7 +731,7 @@ def _export_genai(args, prompt_length):
     try:
         result = genai.export_genai(model, sp_model, cache_length=args.cache_length,
                                     prompt_length=prompt_length, check_texts=texts, probes=probes)
-    except ImportError as error:  # tf2onnx, onnxruntime or tokenizers: the message says how to install it
+    except ImportError as error:  # tokenizers: the message says how to install it
         raise _Error(str(error)) from error
     return _save_and_print(result, args.out)
 

@@ -38,6 +38,8 @@ import tensorflow as tf
 from keras_posenc import files, special_ids
 from keras_posenc.export import contract, generator, litertlm, onnx_graph
 from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, rebuild
+from keras_posenc.export.onnx_tools import import_tf2onnx
+from keras_posenc.export.tool_env import ToolEnvironmentError
 from keras_posenc.validation import check_positive_int
 
 __all__ = ["CONFIG", "FILES", "MODEL", "TOKENIZER", "TOKENIZER_CONFIG", "GenaiExport", "GenaiFeeder",
@@ -112,12 +114,15 @@ def to_genai_onnx(model, *, cache_length, opset=ONNX_OPSET):
     Raises:
         ValueError: as `generator.check_export` (not a causal `CausalLM`, language ids, `C` above
             `max_length`), or `opset` < 17.
-        ImportError: tf2onnx (or onnxruntime) is not installed.
+        ToolEnvironmentError: tf2onnx or onnxruntime is not installed (`onnx_tools.missing_message`).
     """
     check_positive_int("opset", opset, minimum=ONNX_OPSET)
     target = check_genai(model, cache_length, 1)
+    try:
+        tf2onnx = import_tf2onnx()
+    except ToolEnvironmentError as error:  # the tools of --target tensorrt: its one line, for this format
+        raise ToolEnvironmentError(str(error).replace("--target tensorrt", "--format genai", 1)) from error
     import onnx
-    import tf2onnx
 
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     graph = _DecoderGraph(clone, None, cache_length, target)
@@ -393,15 +398,15 @@ def export_genai(model, sp_model, *, cache_length, prompt_length, check_texts=()
     Raises:
         ValueError: as `to_genai_onnx`, a SentencePiece model `tokenizer_files` does not take, or a
             probe that does not fit in the cache.
-        ImportError: tf2onnx, onnxruntime or tokenizers is not installed.
+        ImportError: tokenizers is not installed (the message says how).
+        ToolEnvironmentError: tf2onnx or onnxruntime is not installed.
     """
-    from tokenizers import Tokenizer
-
     from keras_posenc.export import litertlm_bundle
 
     check_genai(model, cache_length, prompt_length)
     check_positive_int("max_new_tokens", max_new_tokens)
     tokenizer_json, tokenizer_config = tokenizer_files(sp_model, cache_length=cache_length)
+    from tokenizers import Tokenizer  # there: tokenizer_files raised the install hint otherwise
     sessions = probes or litertlm_bundle.probe_texts(sp_model, prompt_length, cache_length, max_new_tokens)
     litertlm_bundle.check_probes(sp_model, sessions, cache_length, max_new_tokens)
     tokenizer, processor = Tokenizer.from_str(tokenizer_json), _sentencepiece(sp_model)
