@@ -283,7 +283,8 @@ visible in the input: a copy task that needs positions) (default: off)
 {{gpu,gl,cpu,tensorrt}}] [--embedding {{host,graph}}] [--require-gpu] [--tolerance TOLERANCE] \
 [--token-ids TOKEN_IDS] [--eval-corpus EVAL_CORPUS] [--max-loss-increase MAX_LOSS_INCREASE] \
 [--litert-python LITERT_PYTHON] [--generate] [--cache-length CACHE_LENGTH] [--prompt-length \
-PROMPT_LENGTH] [--format {{tflite,litertlm,genai}}] [--spm SPM] [--probe-prompt PROBE_PROMPTS] [--verbose] model
+PROMPT_LENGTH] [--format {{tflite,litertlm,genai}}] [--spm SPM] [--probe-prompt PROBE_PROMPTS] \
+[--verbose] model
 
 Rebuilds the model with fixed input shapes under float32, freezes the position tables as constants, \
 converts with TFLite builtin ops only (never Flex) and prints the op histogram, the GPU-delegate verdict, \
