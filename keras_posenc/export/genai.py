@@ -160,6 +160,18 @@ def genai_config(model, *, cache_length, prompt_length):
 
     `search.max_length` is the cache length `C` (generation stops there), `search.chunk_size` the
     prefill chunk `P`: onnxruntime-genai feeds a longer first prompt `P` tokens a call.
+
+    Example:
+
+    >>> from keras_posenc.models import CausalLM
+    >>> model = CausalLM({"num_layers": 2, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
+    ...                   "max_length": 16})
+    >>> config = genai_config(model, cache_length=16, prompt_length=4)
+    >>> search, decoder = config["search"], config["model"]["decoder"]
+    >>> search["max_length"], search["chunk_size"], decoder["head_size"]
+    (16, 4, 4)
+    >>> decoder["inputs"]["past_key_names"]
+    'past_key_values.%d.key'
     """
     encoder = model.encoder
     heads = encoder.num_heads
