@@ -461,7 +461,8 @@ def _add_export_parser(subparsers):
                         help="a Python with LiteRT's tools (litert-lm-builder, litert-lm-api 0.18.1, "
                              "litert-quantizer 0.11.0): --format litertlm, --quantize int4, and the checks "
                              "of files only LiteRT 2.x computes right (default: "
-                             "$KERAS_POSENC_LITERT_PYTHON, else this one)")
+                             "$KERAS_POSENC_LITERT_PYTHON, else this one if it has them, else one that "
+                             "keras-posenc creates on first use in $KERAS_POSENC_HOME)")
     generation = parser.add_argument_group(
         "generation", "one file with prefill and decode signatures and the key/value cache as inputs and "
                       "outputs, for export/jetson/run_generate.py (CausalLM; --target gl: "
