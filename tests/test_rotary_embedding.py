@@ -401,3 +401,17 @@ def test_scaling_settings_reach_the_frequencies_and_the_config():
     config = RotaryEmbedding(**yarn, attention_factor=1.5).get_config()
     assert {key: config[key] for key in ("mscale", "mscale_all_dim", "attention_factor")} == {
         "mscale": 1.0, "mscale_all_dim": 0.5, "attention_factor": 1.5}
+
+
+@pytest.mark.parametrize("layout", ["half", "interleave"])
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_rotate_pair_equals_two_calls(layout, with_ids):
+    layer = RotaryEmbedding(max_length=16, layout=layout)
+    rng = np.random.default_rng(4)
+    query, key = (rng.normal(size=(2, 5, 3, 8)).astype("float32") for _ in range(2))
+    ids = np.array([[0, 0, 1, 2, 3], [4, 5, 6, 7, 8]], np.int32) if with_ids else None
+    pair = layer.rotate_pair(query, key, position_ids=ids)
+    for rotated, x in zip(pair, (query, key)):
+        np.testing.assert_array_equal(to_numpy(rotated),
+                                      to_numpy(layer(x, position_ids=ids)))
+    assert np.abs(to_numpy(pair[1]) - key).max() > 0.1  # rotated, not passed through

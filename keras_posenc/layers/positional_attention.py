@@ -182,13 +182,17 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
         plain = position_ids is None  # ids 0..T-1: RoPE broadcasts one table
         if position_ids is None:
             position_ids = ops.arange(length, dtype="int32")[None]
+        self_attention = key is None and value is query
         query = self._query_dense(query)
         key = self._key_dense(value if key is None else key)
         value = self._value_dense(value)
         if self.rotary is not None:
             ids = None if plain else position_ids
-            query = self.rotary(query, position_ids=ids)
-            key = self.rotary(key, position_ids=ids)
+            if self_attention:  # one position per row for queries and keys: one table lookup
+                query, key = self.rotary.rotate_pair(query, key, position_ids=ids)
+            else:
+                query = self.rotary(query, position_ids=ids)
+                key = self.rotary(key, position_ids=ids)
         logits = ops.einsum("bqhd,bkhd->bhqk", ops.cast(query, "float32"), ops.cast(key, "float32"))
         logits = logits * (1.0 / float(self.head_dim) ** 0.5)
         if self.slopes is not None:

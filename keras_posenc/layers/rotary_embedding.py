@@ -505,10 +505,36 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
 
     def call(self, inputs, position_ids=None, mask=None, segment_ids=None, offset=0):
         _check_rank(inputs)
+        cos, sin = self._call_tables(inputs, position_ids, mask, segment_ids, offset)
+        return _rotate(inputs, cos, sin, self.layout, self.rotary_dim, self._frozen_length is not None)
+
+    def rotate_pair(self, query, key, position_ids=None):
+        """`(layer(query, position_ids=...), layer(key, position_ids=...))`, the angles looked up once.
+
+        Self-attention rotates its queries and keys by the same positions:
+        one table lookup (and one range check) serves both.
+
+        Args:
+            query, key: float tensors `[batch, length, heads, head_dim]` of
+                one length.
+            position_ids: optional int `[batch, length]` or `[length]`;
+                default `0 .. length - 1`.
+
+        Returns:
+            The rotated `(query, key)`.
+        """
+        _check_rank(query)
+        _check_rank(key)
+        if not self.built:
+            self.build(query.shape)
+        cos, sin = self._call_tables(query, position_ids, None, None, 0)
+        frozen = self._frozen_length is not None
+        return tuple(_rotate(x, cos, sin, self.layout, self.rotary_dim, frozen) for x in (query, key))
+
+    def _call_tables(self, inputs, position_ids, mask, segment_ids, offset):
         length = inputs.shape[1]
         if position_ids is None and mask is None and _is_zero(offset) and isinstance(length, int):
-            cos, sin = self._prefix_tables(length)  # ids 0..T-1: one table broadcast over the batch
-            return _rotate(inputs, cos, sin, self.layout, self.rotary_dim, self._frozen_length is not None)
+            return self._prefix_tables(length)  # ids 0..T-1: one table broadcast over the batch
         if position_ids is not None:
             ids = _as_ids(position_ids)
             if not _is_zero(offset):
@@ -517,8 +543,7 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
             ids = derive_position_ids(mask, segment_ids=segment_ids, offset=offset)
         else:
             ids = derive_position_ids(ops.ones((1, ops.shape(inputs)[1]), "bool"), offset=offset)
-        frozen = self._frozen_length is not None
-        return _rotate(inputs, *self._cos_sin(ids), self.layout, self.rotary_dim, frozen)
+        return self._cos_sin(ids)
 
     def _prefix_tables(self, length):
         """float32 cos and sin `[1, length, rotary_dim // 2]` of positions `0 .. length - 1`, cached."""
