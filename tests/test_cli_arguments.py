@@ -136,7 +136,7 @@ model:
   --share-embeddings    --task translate: one embedding for source and target and the softmax tied to it \
 (Vaswani et al., section 3.4) (default: off)
   --position {{sinusoidal,learned,integer,none,rope,alibi,rope-ntk,rope-yarn,rope-llama3}}
-                        position encoding (default: sinusoidal)
+                        position encoding (default: sinusoidal; --task translate: rope)
   --table {{full,interpolated,factorized}}
                         sinusoidal table storage (only for --position sinusoidal) (default: full)
 

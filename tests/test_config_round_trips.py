@@ -184,6 +184,8 @@ CASES = {
             tie_output=True,
             label_smoothing=0.05,
         ),
+        dict(num_layers=1, d_model=8, num_heads=2, dff=12, vocab_size=30, max_length=12,
+             position="sinusoidal", position_config={"table": "factorized"}),
     ],
     CausalLM: [
         dict(

@@ -12,7 +12,8 @@ from keras_posenc.layers.decoder_layer import DecoderLayer
 from keras_posenc.seq2seq import Seq2SeqTransformer
 
 SMALL = {"d_model": 16, "num_heads": 2, "dff": 32}
-MODEL = {"num_layers": 2, "vocab_size": 40, "max_length": 24, "dropout": 0.0, **SMALL}
+MODEL = {"num_layers": 2, "vocab_size": 40, "max_length": 24, "dropout": 0.0, "position": "sinusoidal",
+         **SMALL}
 # Softmax is invariant to a per-query constant, and q . b_k is one: key biases get no gradient.
 KEY_BIASES = ("key/bias",)
 
@@ -304,3 +305,14 @@ def test_search_errors():
         lambda: greedy_search(first, None, None, max_new_tokens=0, end_id=0))
     assert "`end_id` must lie in [0, vocab=3)" in error_message(
         lambda: greedy_search(first, None, None, max_new_tokens=2, end_id=3))
+
+
+def test_the_default_position_is_rope_in_the_self_attention():
+    keras.utils.set_random_seed(0)
+    model = Seq2SeqTransformer(**{k: v for k, v in MODEL.items() if k != "position"})
+    model.build_on_dummy()
+    assert model.get_config()["position"] == "rope"
+    # No position table and no language scale: only the token embeddings before the first layer.
+    assert not [w for w in model.trainable_weights if "position" in w.name or tuple(w.shape) == (2,)]
+    assert [layer.get_config()["position"] for layer in model.decoder_layers] == ["rope", "rope"]
+    assert model.encoder.get_config()["position"] == "rope"

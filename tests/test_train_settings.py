@@ -97,6 +97,23 @@ def test_model_config_of_the_settings(position, table, corpus_format, expected):
         "dropout": 0.2, "norm_first": True, "pad_id": 0, **expected}
 
 
+@pytest.mark.parametrize("flags,expected", [
+    ([], "sinusoidal"),
+    (["--task", "translate"], "rope"),
+    (["--task", "translate", "--position", "sinusoidal"], "sinusoidal"),
+    (["--task", "lm", "--position", "alibi"], "alibi"),
+])
+def test_the_position_default_follows_the_task(flags, expected):
+    from keras_posenc.app import cli
+
+    args = cli.build_parser().parse_args(["train", *flags])
+    config = cli._train_config(args, _train_lib().TrainConfig())
+    assert config.position == expected
+    assert dataclasses.asdict(config)["position"] == expected  # what report.json and a resume compare
+    if "translate" in flags:
+        assert config.model_config(vocab_size=50)["position"] == expected
+
+
 def test_the_fields_name_their_flags():
     # keras_posenc.app.cli builds `keras-posenc train`'s flags from this metadata.
     train_lib = _train_lib()

@@ -109,7 +109,8 @@ def _add_config_flags(parser, config, names=None):
             continue
         if meta["group"] not in groups:
             groups[meta["group"]] = parser.add_argument_group(meta["group"])
-        default = getattr(config, field.name)
+        # A field declared None is resolved by the config itself (`position` by `task`): left None here.
+        default = None if field.default is None else getattr(config, field.name)
         flag = meta["flag"] or "--" + field.name.replace("_", "-")
         options = {"dest": field.name, "default": default, "help": meta["help"]}
         if field.type is bool or meta.get("const") is not None:

@@ -74,6 +74,9 @@ __all__ = ["JIT_COMPILE", "REPLACED_BY_A_FRESH_RUN", "STRATEGIES", "StepLog", "T
 STRATEGIES = ("default", "mirrored", "multiworker")
 # lm: a causal LM (CausalLM); translate: an encoder-decoder translator (Seq2SeqTransformer) over pairs.
 TASKS = ("lm", "translate")
+# `position` when none is given: RoPE for the translator (3.3 test BLEU above sinusoidal at the
+# benchmark's size and budget, benchmarks/RESULTS.md "Translation"), the sinusoidal table for the LM.
+DEFAULT_POSITIONS = {"lm": "sinusoidal", "translate": "rope"}
 JIT_COMPILE = ("auto", "on", "off")
 _CONFIG_FILE = "config.json"
 _SCHEDULE_FILE = "schedule.json"
@@ -156,7 +159,9 @@ class TrainConfig:
         dropout: float, dropout rate.
         norm_first: bool, pre-LN blocks.
         position: str, one of `encoder.NAMED_POSITIONS` (`"sinusoidal"`,
-            `"learned"`, `"rope"`, `"rope-ntk"`, `"alibi"`, ...).
+            `"learned"`, `"rope"`, `"rope-ntk"`, `"alibi"`, ...); None is
+            the task's `DEFAULT_POSITIONS` entry (`"rope"` for translate,
+            `"sinusoidal"` for lm).
         table: str, sinusoidal table storage (only for `"sinusoidal"`).
         warmup_steps: int or None, `WarmupSchedule` warmup; None derives it
             from `steps` (`default_warmup_steps`) or, on resume, takes the
@@ -206,7 +211,8 @@ class TrainConfig:
     label_smoothing: float = _option(0.1, "model", "--task translate: label smoothing of the training loss")
     share_embeddings: bool = _option(False, "model", "--task translate: one embedding for source and target "
                                      "and the softmax tied to it (Vaswani et al., section 3.4)")
-    position: str = _option("sinusoidal", "model", "position encoding", choices=NAMED_POSITIONS)
+    position: str = _option(None, "model", "position encoding (default: sinusoidal; --task translate: rope)",
+                            choices=NAMED_POSITIONS)
     table: str = _option("full", "model", "sinusoidal table storage (only for --position sinusoidal)",
                          choices=TABLE_KINDS)
     steps: int = _option(1000, "training", "total optimizer steps (a resumed run continues to it)")
@@ -226,6 +232,10 @@ class TrainConfig:
                                "bucket length); auto: on for one GPU, off on CPUs, where compiling costs "
                                "more than it saves", choices=JIT_COMPILE)
     verbose: int = _option(1, "training", "no progress bar", flag="--quiet", const=0)
+
+    def __post_init__(self):
+        if self.position is None:
+            self.position = DEFAULT_POSITIONS.get(self.task, DEFAULT_POSITIONS["lm"])
 
     def model_config(self, vocab_size):
         """The model's keyword arguments; a checkpoint only fits this exact config.
