@@ -78,7 +78,12 @@ import tensorflow as tf  # noqa: E402
 
 from keras_posenc.app import dataset as data_lib  # noqa: E402
 from keras_posenc.app.train import TrainConfig, _Steps, list_checkpoints, train  # noqa: E402
-from keras_posenc.app.translation import corpus_scores, load_translator, translate_sentences  # noqa: E402
+from keras_posenc.app.translation import (  # noqa: E402
+    DEFAULT_LENGTH_PENALTY,
+    corpus_scores,
+    load_translator,
+    translate_sentences,
+)
 from keras_posenc.app.translation_data import source_ids  # noqa: E402
 from keras_posenc.backend import keras, keras_version, make_deterministic  # noqa: E402
 from keras_posenc.models import TokenLossTraining, transformer_adam  # noqa: E402
@@ -212,6 +217,21 @@ class HubSeq2Seq(TokenLossTraining, keras.Model):
         self({"source_ids": ids, "target_ids": ids}, training=False)
 
 
+# What ours' run settings say about the peer's training: its data, tokenizer, batches, steps, optimizer
+# and dev selection. Ours' own model choices (positions, label smoothing, ...) leave the peer as it is.
+_HUB_TRAIN_FIELDS = ("corpus", "dev_corpus", "dev_sentences", "out", "corpus_format", "skip_bad_lines",
+                     "vocab_size", "add_bos", "add_eos", "eval_fraction", "max_length", "num_layers",
+                     "d_model", "num_heads", "dff", "dropout", "steps", "batch_size", "warmup_steps",
+                     "lr_scale", "seed", "checkpoint_every", "strategy", "jit_compile")
+
+
+def _hub_settings(settings):
+    """The part of a peer run's `settings` that decides its training (for `--reuse`)."""
+    train_config = settings.get("train_config", {})
+    return {"train_config": {k: train_config.get(k) for k in _HUB_TRAIN_FIELDS},
+            "warmup_steps": settings.get("warmup_steps")}
+
+
 def _hub_model(seed, warmup_steps):
     make_deterministic(seed)
     model = HubSeq2Seq(SIZE["vocab_size"], MAX_LENGTH, SIZE["d_model"], NUM_LAYERS, SIZE["num_heads"],
@@ -291,7 +311,7 @@ def _train_hub(cfg, ours_report, sp_model, train_examples, dev_pairs, reuse):
     if reuse and os.path.isfile(report_path) and os.path.isfile(weights_path):
         with open(report_path) as f:
             report = json.load(f)
-        if report.get("settings") == json.loads(json.dumps(settings)):
+        if _hub_settings(report.get("settings", {})) == _hub_settings(json.loads(json.dumps(settings))):
             model.load_weights(weights_path)
             print(f"  reusing {_rel(out)}", flush=True)
             return model, translator, report
@@ -481,6 +501,26 @@ def _versions():
             "sentencepiece": sentencepiece.__version__, "cpus": os.cpu_count()}
 
 
+def _timing_only(args):
+    """The timing phase alone, on the first seed's run (its tokenizer, split and warmup); JSON to `--json`."""
+    cfg = _config("translate", args.seeds[0], args)
+    with open(os.path.join(cfg.out, "report.json")) as f:
+        report = json.load(f)
+    with open(os.path.join(cfg.out, "spm.model"), "rb") as f:
+        sp_model = f.read()
+    train_examples, _ = data_lib.split_corpus(data_lib.load_corpus(cfg.corpus, "tsv"), cfg.eval_fraction,
+                                              seed=cfg.seed)
+    print("timing phase (alternating train steps, same batches)", flush=True)
+    timing = _timing(args, cfg, sp_model, train_examples, report["warmup_steps"], report["jit_compile"])
+    ratio, ratio_cpu = timing["ratio"], timing["ratio_cpu"]
+    print(f"throughput ours / keras-hub: {ratio['median']:.3f} (min {ratio['min']:.3f}, max "
+          f"{ratio['max']:.3f}); per CPU-second {ratio_cpu['median']:.3f}", flush=True)
+    json_path = args.json or os.path.join(args.out, "timing.json")
+    with open(json_path, "w") as f:
+        json.dump({"git": _git(), "versions": _versions(), "seed": cfg.seed, "timing": timing}, f, indent=1)
+    print(f"wrote {_rel(json_path)}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -494,9 +534,9 @@ def main():
                         "parameter count to ours)")
     parser.add_argument("--test-sentences", type=int, default=None,
                         help="the first N test pairs (default: all)")
-    parser.add_argument("--alpha", type=float, default=0.6,
-                        help="beam search's length penalty (GNMT's alpha; "
-                        "Vaswani et al.'s 0.6, this benchmark's; `translate` defaults to 1.0)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_LENGTH_PENALTY,
+                        help="beam search's length penalty (GNMT's alpha; default: `translate`'s, "
+                        f"{DEFAULT_LENGTH_PENALTY}; Vaswani et al. used 0.6)")
     parser.add_argument("--dev-sentences", type=int, default=300)
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--timing-rounds", type=int, default=3)
@@ -505,9 +545,14 @@ def main():
     parser.add_argument("--reuse", action="store_true", help="reuse trained runs of the same settings")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 steps, 1 seed, 100 test "
                         "sentences, 50 dev sentences, 1 timing round of 20 steps")
+    parser.add_argument("--timing-only", action="store_true", help="only the alternating timing phase, "
+                        "on the tokenizer and training split of the first seed's trained run under --out")
     parser.add_argument("--rescore", metavar="JSON", help="only add BLEU's length details from the stored "
                         "hypotheses under --out to this results JSON")
     args = parser.parse_args()
+    if args.timing_only:
+        _timing_only(args)
+        return
     if args.rescore:
         _rescore(args.rescore, args.out, args.corpus_dir)
         return

@@ -42,6 +42,9 @@ __all__ = ["TranslationRun", "corpus_scores", "format_summary", "load_translator
 
 _LM_STEPS = weakref.WeakKeyDictionary()
 
+# GNMT's length-penalty exponent of `translate`, chosen on the dev packages (docs/translation.md).
+DEFAULT_LENGTH_PENALTY = 1.0
+
 
 class TranslationRun:
     """A loaded translator: `model` (a `Seq2SeqTransformer` or a TSV-trained `CausalLM`) and its tokenizer.
@@ -86,8 +89,8 @@ def load_translator(path, spm_path=None):
                      f"translate` (or a decoder-only LM with --format tsv), got a {kind}.")
 
 
-def translate_sentences(run, sentences, *, beam_size=4, alpha=1.0, batch_size=32, max_new_tokens=None,
-                        progress=None):
+def translate_sentences(run, sentences, *, beam_size=4, alpha=DEFAULT_LENGTH_PENALTY, batch_size=32,
+                        max_new_tokens=None, progress=None):
     """Translates `sentences`, in batches of similar length; returns the translations in input order.
 
     Args:
