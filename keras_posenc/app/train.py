@@ -74,7 +74,7 @@ __all__ = ["JIT_COMPILE", "REPLACED_BY_A_FRESH_RUN", "STRATEGIES", "StepLog", "T
 STRATEGIES = ("default", "mirrored", "multiworker")
 # lm: a causal LM (CausalLM); translate: an encoder-decoder translator (Seq2SeqTransformer) over pairs.
 TASKS = ("lm", "translate")
-# `position` when none is given: RoPE for the translator (3.3 test BLEU above sinusoidal at the
+# `position` when none is given: RoPE for the translator (3.2 test BLEU above sinusoidal at the
 # benchmark's size and budget, benchmarks/RESULTS.md "Translation"), the sinusoidal table for the LM.
 DEFAULT_POSITIONS = {"lm": "sinusoidal", "translate": "rope"}
 JIT_COMPILE = ("auto", "on", "off")
