@@ -84,13 +84,22 @@ def _random_modes_restored():
     yield from _restoring_random_modes()
 
 
-@pytest.fixture(autouse=True)
-def _no_tool_environments(monkeypatch, tmp_path_factory):
+@pytest.fixture(autouse=True, scope="session")
+def _no_tool_environments(tmp_path_factory):
     """No test creates a tool environment (`keras_posenc.export.tool_env`), nor finds one of the user's:
     their cache is an empty folder of the session, and creating one is switched off (tests/test_tool_env.py
-    turns it back on with a stand-in Python)."""
-    monkeypatch.setenv("KERAS_POSENC_HOME", str(tmp_path_factory.getbasetemp() / "keras-posenc-home"))
-    monkeypatch.setenv("KERAS_POSENC_NO_TOOL_INSTALL", "1")  # not imported: keras_posenc.export loads TF
+    turns it back on with a stand-in Python). Not through `monkeypatch`: an autouse fixture that requests
+    it would keep every test's patches until after the test's other fixtures are torn down."""
+    names = ("KERAS_POSENC_HOME", "KERAS_POSENC_NO_TOOL_INSTALL")  # literal: keras_posenc.export loads TF
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(KERAS_POSENC_HOME=str(tmp_path_factory.getbasetemp() / "keras-posenc-home"),
+                      KERAS_POSENC_NO_TOOL_INSTALL="1")
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture
