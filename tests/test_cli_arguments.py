@@ -331,8 +331,8 @@ fraction over the float32 file's (default: 0.01, 1%)
   --litert-python LITERT_PYTHON, --litertlm-python LITERT_PYTHON
                         a Python with LiteRT's tools (litert-lm-builder, litert-lm-api 0.18.1, \
 litert-quantizer 0.11.0): --format litertlm, --quantize int4, and the checks of files only LiteRT 2.x \
-computes right (default: $KERAS_POSENC_LITERT_PYTHON, else this one if it has them, else one that keras-posenc \
-creates on first use in $KERAS_POSENC_HOME)
+computes right (default: $KERAS_POSENC_LITERT_PYTHON, else this one if it has them, else one that \
+keras-posenc creates on first use in $KERAS_POSENC_HOME)
   --verbose             {VERBOSE_HELP}
 
 generation:

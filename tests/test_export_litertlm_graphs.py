@@ -46,7 +46,7 @@ class _Engine:
 
     def __init__(self, model, target):
         clone = rebuild(model, ModelSpec.of(model, CACHE, 1))
-        kind = litertlm._ShaderEngineGraphs if TARGETS[target].shader_generation else litertlm._EngineGraphs
+        kind = litertlm._ShaderEngineGraphs if TARGETS[target].shader_generation else litertlm.EngineGraphs
         self.graphs = kind(clone, PROMPT_LENGTH, CACHE, TARGETS[target])
         self.prefill_fn, self.decode_fn = self.graphs.prefill_function(), self.graphs.decode_function()
         self.cache = [tf.zeros(self.graphs.cache_spec)] * len(self.graphs.cache_names)

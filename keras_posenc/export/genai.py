@@ -14,7 +14,7 @@ A cache dimension `C` that is a number (not symbolic) makes the runtime allocate
 `C` slots, and bind it as both the past input and the present output of every call
 ("past_present_share_buffer"): the graph writes the chunk from slot `position_ids[0, 0]` and
 returns the whole cache. That is the step `generator.cached_forward` computes (the caches
-transposed to its `[1, C, heads, head_dim]` inside the file, as in `litertlm._EngineGraphs`), so
+transposed to its `[1, C, heads, head_dim]` inside the file, as in `litertlm.EngineGraphs`), so
 a prompt longer than a chunk and a second turn of the same generator continue where the cache
 is. Batch 1: `attention_mask` is read by nothing (the positions give the causal window). The
 runtime runs a turn's last generated token only when it generates the next one: a second turn is
@@ -64,7 +64,7 @@ def present_name(kind, layer):
     return PRESENT % (layer, kind)
 
 
-class _DecoderGraph(litertlm._EngineGraphs):
+class _DecoderGraph(litertlm.EngineGraphs):
     """The decoder in onnxruntime-genai's contract: LiteRT-LM's engine step with a dynamic chunk length."""
 
     def present_names(self):

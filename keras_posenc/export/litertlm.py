@@ -37,7 +37,9 @@ from keras_posenc.export.formulations import FORMULATIONS
 from keras_posenc.export.quantization import recipe_for
 from keras_posenc.export.targets import TARGETS
 
-__all__ = ["EngineFeeder", "check_litertlm", "engine_greedy", "kv_cache_names", "to_litertlm_tflite"]
+__all__ = [
+    "EngineFeeder", "EngineGraphs", "check_litertlm", "engine_greedy", "kv_cache_names", "to_litertlm_tflite",
+]
 
 TOKENS, INPUT_POS, LOGITS = (contract.TENSORS[name] for name in ("tokens", "input_pos", "logits"))
 PREFILL, DECODE = contract.SIGNATURES
@@ -48,7 +50,7 @@ def kv_cache_names(num_layers):
     return [contract.kv_cache_name(kind, i) for i in range(num_layers) for kind in ("key", "value")]
 
 
-class _EngineGraphs:
+class EngineGraphs:
     """The two signatures in LiteRT-LM's contract over a float32 clone (`Encoder.cached_step`)."""
 
     def __init__(self, clone, prompt_length, cache_length, target):
@@ -92,7 +94,7 @@ class _EngineGraphs:
         return tf.function(decode, input_signature=self._signature(1))
 
 
-class _ShaderEngineGraphs(_EngineGraphs):
+class _ShaderEngineGraphs(EngineGraphs):
     """The `gpu` signatures: `gl_generate.decode_graph` (shader-only ops), one step per chunk token.
 
     The prefill is `P` decode steps unrolled in one graph, token `t` at slot and position
@@ -163,7 +165,7 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu", quan
     target = check_litertlm(model, prompt_length, cache_length, target)
     recipe = recipe_for(target, quantize, "litertlm", litert_python=litert_python)
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
-    graphs = (_ShaderEngineGraphs if target.shader_generation else _EngineGraphs)(clone, prompt_length,
+    graphs = (_ShaderEngineGraphs if target.shader_generation else EngineGraphs)(clone, prompt_length,
                                                                                    cache_length, target)
     signatures = {PREFILL: generator.frozen_signature(graphs.prefill_function(), graphs.cache_names),
                   DECODE: generator.frozen_signature(graphs.decode_function(), [LOGITS] + graphs.cache_names)}
