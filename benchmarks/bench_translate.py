@@ -8,11 +8,10 @@ side), over several seeds:
 
 1. `ours`: this package's `Seq2SeqTransformer` (2 encoder + 2 decoder
    layers), trained by `train(TrainConfig(task="translate", ...))` with its
-   defaults (label smoothing 0.1, separate source and target embeddings,
-   sinusoidal positions with a per-language scale, dev BLEU on the first 300
-   dev pairs every 1000 steps, best weights kept), translated with beam 4
-   (alpha 0.6, `--alpha`) and greedily (RESULTS.md adds beam 4 at `translate`'s default
-   alpha 1.0);
+   defaults (RoPE in the self-attention of both stacks, label smoothing 0.1,
+   separate source and target embeddings, dev BLEU on the first 300 dev pairs
+   every 1000 steps, best weights kept), translated with beam 4 (`--alpha`,
+   default `translate`'s length penalty) and greedily;
 2. `lm`: this package's decoder-only LM (`task="lm"`, `corpus_format="tsv"`:
    `<s> source <sep> target </s>`) with the layer count whose parameter count
    is closest to `ours` (`--lm-layers auto`), max_length 2 x 64 (it reads both
@@ -46,7 +45,9 @@ the per-round ratio ours / keras-hub.
 
 Trained runs (model, tokenizer, report, hypotheses) go under `--out` (git-ignored
 `.cache/bench_translate/` by default); `--reuse` skips a training run whose
-`report.json` was written with the same settings. Every number goes to the JSON
+`report.json` was written with the same settings (for the keras-hub peer: the
+same data, tokenizer, batches, steps, optimizer and dev selection; ours' model
+choices do not retrain it). `--timing-only` runs the timing phase alone. Every number goes to the JSON
 (`--json`, default `benchmarks/results/translate/<date>.json`).
 
 Run from the repository root, in the Keras 3 environment (keras-hub):
