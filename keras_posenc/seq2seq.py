@@ -202,15 +202,17 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
 
     def decode(self, target_ids, encoder_outputs, source_mask, training=False):
         """Logits `[batch, target_length, vocab_size]` (float32) of the whole target, teacher-forced."""
-        target_mask = ops.not_equal(target_ids, self.pad_id)
-        positions = self._target_positions(target_ids)
-        x = self.target_embedding(target_ids, position_ids=None if self.in_attention else positions,
-                                  language_ids=self._languages(target_ids, TARGET_LANGUAGE),
-                                  training=training)
         # RoPE/ALiBi: the slots are the positions (0 .. T - 1 in every row), which the attention
         # takes from one broadcast table when given none; right padding only follows the real tokens,
-        # which the causal mask already keeps from them.
-        layer_mask = None if self.in_attention else target_mask
+        # which the causal mask already keeps from them. Additive positions: the embedding adds them.
+        if self.in_attention:
+            positions = layer_mask = None
+        else:
+            positions = self._target_positions(target_ids)
+            layer_mask = ops.not_equal(target_ids, self.pad_id)
+        x = self.target_embedding(target_ids, position_ids=positions,
+                                  language_ids=self._languages(target_ids, TARGET_LANGUAGE),
+                                  training=training)
         for layer in self.decoder_layers:
             x = layer(x, encoder_outputs, mask=layer_mask, encoder_mask=source_mask, training=training)
         return self._logits(x)
