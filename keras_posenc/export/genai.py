@@ -126,11 +126,8 @@ def to_genai_onnx(model, *, cache_length, opset=ONNX_OPSET):
 
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     graph = _DecoderGraph(clone, None, cache_length, target)
-    function = graph.function()
-    frozen = generator.frozen_signature(function, [LOGITS] + graph.present_names())
-    wrapped = tf.function(lambda *inputs: frozen(*inputs), input_signature=function.input_signature)
-    proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature, opset=opset)
-    folded = onnx_graph.fold_constants(onnx.load_from_string(proto.SerializeToString()))
+    proto = generator.frozen_onnx(tf2onnx, graph.function(), [LOGITS] + graph.present_names(), opset)
+    folded = onnx_graph.fold_constants(onnx.load_from_string(proto))
     return _named_dims(folded, graph).SerializeToString()
 
 

@@ -69,8 +69,8 @@ PREFILL, DECODE = contract.SIGNATURES
 __all__ = ["OnnxSession", "TfliteSession", "cache_bytes", "cached_forward", "check_export",
            "check_generation", "check_generator_parity", "convert_signatures", "export_generation",
            "generation_quality",
-           "export_generator", "frozen_signature", "generator_metadata", "greedy_generate", "onnx_paths",
-           "past", "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
+           "export_generator", "frozen_onnx", "frozen_signature", "generator_metadata", "greedy_generate",
+           "onnx_paths", "past", "tflite_paths", "to_onnx_generator", "to_tflite_generator", "typed_feeds"]
 
 
 def check_export(model, prompt_length, cache_length, target):
@@ -320,15 +320,9 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET, r
 
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     module = _Generator(clone, prompt_length, cache_length, target)
-    protos = []
-    for function in (module.prefill_function(), module.decode_function()):
-        frozen = frozen_signature(function, module.output_names)
-        wrapped = tf.function(lambda *inputs, frozen=frozen: frozen(*inputs),
-                              input_signature=function.input_signature)
-        proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature,
-                                                 opset=opset)
-        # The outputs keep their contract names (the dict's keys); the shape arithmetic goes.
-        protos.append(onnx_graph.finish(proto.SerializeToString()))
+    # The outputs keep their contract names (the dict's keys); the shape arithmetic goes.
+    protos = [onnx_graph.finish(frozen_onnx(tf2onnx, function, module.output_names, opset))
+              for function in (module.prefill_function(), module.decode_function())]
     if recipe is None:
         return tuple(protos)
     calibration = {}
@@ -371,6 +365,19 @@ def frozen_signature(function, output_names):
     names = sorted(output_names)  # the frozen function returns the flattened dict: sorted keys
     return tf.function(lambda *inputs: dict(zip(names, frozen(*inputs))),
                        input_signature=function.input_signature).get_concrete_function()
+
+
+def frozen_onnx(tf2onnx, function, output_names, opset):
+    """The serialized ONNX of `function` (a `tf.function` with an input signature) by `tf2onnx`,
+    its variables folded in and its outputs named `output_names`; unfolded (see `onnx_graph`).
+
+    `tf2onnx`: the module (`onnx_tools.import_tf2onnx()`), imported by the caller before any
+    graph is traced, so that a missing tool is said first.
+    """
+    frozen = frozen_signature(function, output_names)
+    wrapped = tf.function(lambda *inputs: frozen(*inputs), input_signature=function.input_signature)
+    proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature, opset=opset)
+    return proto.SerializeToString()
 
 
 class TfliteSession:
