@@ -428,6 +428,7 @@ def _clocks():
 
 def _timing(args, cfg, sp_model, train_examples, warmup_steps, jit_compile):
     """Tokens/s of the train steps of fresh `ours` and `keras-hub` models, alternating on the same batches."""
+    print("timing phase (alternating train steps, same batches)", flush=True)
     ds = cfg.dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
                      repeat=True, drop_remainder=True)
     batches = list(ds.take(args.timing_warmup + args.timing_steps))
@@ -473,6 +474,14 @@ def _timing(args, cfg, sp_model, train_examples, warmup_steps, jit_compile):
 
 
 # Report -----------------------------------------------------------------------------------------------
+def _throughput_line(timing):
+    ratio, ratio_cpu = timing["ratio"], timing["ratio_cpu"]
+    return (f"throughput ours / keras-hub (alternating, {len(timing['rounds'])} rounds x "
+            f"{timing['batches']} steps): {ratio['median']:.3f} (min {ratio['min']:.3f}, "
+            f"max {ratio['max']:.3f}); "
+            f"per CPU-second {ratio_cpu['median']:.3f} ({ratio_cpu['min']:.3f}-{ratio_cpu['max']:.3f})")
+
+
 def _mean_std(values):
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
@@ -511,11 +520,8 @@ def _timing_only(args):
         sp_model = f.read()
     train_examples, _ = data_lib.split_corpus(data_lib.load_corpus(cfg.corpus, "tsv"), cfg.eval_fraction,
                                               seed=cfg.seed)
-    print("timing phase (alternating train steps, same batches)", flush=True)
     timing = _timing(args, cfg, sp_model, train_examples, report["warmup_steps"], report["jit_compile"])
-    ratio, ratio_cpu = timing["ratio"], timing["ratio_cpu"]
-    print(f"throughput ours / keras-hub: {ratio['median']:.3f} (min {ratio['min']:.3f}, max "
-          f"{ratio['max']:.3f}); per CPU-second {ratio_cpu['median']:.3f}", flush=True)
+    print(_throughput_line(timing), flush=True)
     json_path = args.json or os.path.join(args.out, "timing.json")
     with open(json_path, "w") as f:
         json.dump({"git": _git(), "versions": _versions(), "seed": cfg.seed, "timing": timing}, f, indent=1)
@@ -620,7 +626,6 @@ def main():
                                 **{k: lm_report[k] for k in ("tokens_per_second", "final_train_loss",
                                                              "eval_loss", "train_seconds")}}
 
-    print("timing phase (alternating train steps, same batches)", flush=True)
     timing = _timing(args, *timing_inputs)
 
     systems = [("ours", "beam4", "ours: Seq2SeqTransformer, beam 4"),
@@ -666,11 +671,7 @@ def main():
         print(f"| {row['system']} | {_pm(row['bleu'])} | {_pm(row['chrf'])} | {bleu} | {chrf} | "
               f"{row['test_sentences']} | {f'{alternating:.0f}' if alternating else '—'} | "
               f"{row['train_tokens_per_second_run']:.0f} |")
-    ratio, ratio_cpu = timing["ratio"], timing["ratio_cpu"]
-    print(f"\nthroughput ours / keras-hub (alternating, {len(timing['rounds'])} rounds x "
-          f"{timing['batches']} steps): {ratio['median']:.3f} (min {ratio['min']:.3f}, "
-          f"max {ratio['max']:.3f}); "
-          f"per CPU-second {ratio_cpu['median']:.3f} ({ratio_cpu['min']:.3f}-{ratio_cpu['max']:.3f})")
+    print("\n" + _throughput_line(timing))
     for key in ("ours_beam4_vs_hub_greedy", "ours_greedy_vs_hub_greedy"):
         entry = target[key]
         per_seed_bleu = ", ".join(f"{v:+.2f}" for v in entry["bleu"])
