@@ -172,6 +172,13 @@ def test_translate_errors_are_one_line_and_write_nothing(translate_run, test_fil
     assert open(source, encoding="utf-8").read().count("\n") == 40  # the input is untouched
 
 
+@once_on_keras2("flag defaults are the same on both stacks")
+def test_the_command_line_length_penalty_is_translate_sentences_default():
+    # cli.py keeps the literal (it imports translation only when a command runs): the two must agree.
+    args = cli.build_parser().parse_args(["translate", "run", "--input", "in.txt"])
+    assert args.alpha == translation.DEFAULT_LENGTH_PENALTY == 1.0
+
+
 @once_on_keras2("flag checks run before any model code")
 def test_train_translate_flag_errors(tmp_path, capsys):
     out = str(tmp_path / "run")
