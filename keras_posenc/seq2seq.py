@@ -164,7 +164,7 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         else:
             self.target_embedding = TokenAndPositionEmbedding(
                 vocab_size, d_model, max_length, pad_id=pad_id, position=target_position,
-                dropout=self.dropout, name="target_embedding", **target_config)
+                dropout=self.dropout, name="target_embedding", position_config=target_config)
         self.decoder_layers = [
             DecoderLayer(position=layer_position, position_config=layer_config, name=f"decoder_layer_{i}",
                          **common)

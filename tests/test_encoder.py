@@ -8,6 +8,7 @@ from layer_test_helper import error_message, run_layer_test
 from keras_posenc import Encoder, EncoderLayer
 from keras_posenc.backend import keras
 from keras_posenc.layers.encoder_layer import merge_attention_masks
+from keras_posenc.seq2seq import Seq2SeqTransformer
 
 SMALL = {"d_model": 16, "num_heads": 2, "dff": 32}
 SMALL_ENCODER = {"num_layers": 2, "vocab_size": 30, "max_length": 12, **SMALL}
@@ -364,6 +365,20 @@ def test_position_config_and_flat_kwargs_agree():
     extended = Encoder(**SMALL_ENCODER, position="rope", overflow="extend")
     assert extended.encoder_layers[0].rotary.max_length is None
     assert extended(tf.constant([[5] * 30])).shape == (1, 30, 16)  # past max_length=12
+
+
+def test_the_position_layers_own_dropout_is_not_the_sum_dropout():
+    """`position_config={"dropout": r}` reaches the position layer; `dropout` stays the sum's."""
+    encoder = Encoder(**SMALL_ENCODER, position="sinusoidal", position_config={"dropout": 0.25}, dropout=0.1)
+    assert encoder.embedding.position_embedding.dropout == 0.25
+    assert encoder.embedding.dropout == 0.1
+    clone = Encoder.from_config(encoder.get_config())
+    assert (clone.embedding.position_embedding.dropout, clone.embedding.dropout) == (0.25, 0.1)
+    model = Seq2SeqTransformer(1, 16, 2, 32, 20, 12, dropout=0.1, position="sinusoidal",
+                               position_config={"dropout": 0.25})
+    assert model.target_embedding.position_embedding.dropout == 0.25
+    assert model.target_embedding.dropout == 0.1
+    assert Encoder(**SMALL_ENCODER, position="sinusoidal").embedding.position_embedding.dropout == 0.0
 
 
 def test_invalid_positions():

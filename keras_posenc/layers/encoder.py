@@ -189,7 +189,7 @@ class Encoder(keras.layers.Layer):
             position, position_config, max_length)
         self.embedding = TokenAndPositionEmbedding(
             vocab_size, d_model, max_length, pad_id=pad_id, position=embedding_position, dropout=self.dropout,
-            dtype=policy, name="embedding", **embedding_config)
+            dtype=policy, name="embedding", position_config=embedding_config)
         self.encoder_layers = [
             EncoderLayer(d_model, num_heads, dff, dropout=self.dropout, norm_first=self.norm_first,
                          activation=self.activation, epsilon=self.epsilon, position=layer_position,
