@@ -337,40 +337,66 @@ def _run_inspect(args):
 
 # ablate -------------------------------------------------------------------------------------
 ABLATE_OUT = os.path.join("runs", "ablation")
+ABLATE_TRANSLATE_OUT = os.path.join("runs", "ablation-translate")
+TRANSLATION_CORPUS_DIR = os.path.join(".cache", "corpus", "debian_po_en_de")
+_LM_ONLY_ABLATE_FLAGS = (("corpus", "--corpus"), ("variants", "--variants"),
+                         ("no_causal_mask", "--no-causal-mask"))
 
 
 def _add_ablate_parser(subparsers):
-    from keras_posenc.app import ablation
+    from keras_posenc.app import ablation, translation_ablation
 
     parser = subparsers.add_parser(
-        "ablate", help="position-encoding ablation and length extrapolation",
-        description="Trains the same causal LM with every position variant and several seeds, "
-                    "evaluates held-out loss at the training length and at 2x and 4x, and writes "
-                    "ablation.md, ablation.json, loss_curves.png, extrapolation.png and "
-                    "attention_focus.png. The default run takes about 10 minutes on 2 CPU cores; "
-                    "--quick trains a tiny model for a few steps (seconds; for tests).")
-    parser.add_argument("--corpus", help="plain-text corpus (default: the embedded English corpus)")
+        "ablate", help="position-encoding ablation and length extrapolation; seed 002's claims in BLEU",
+        description="--task lm (default): trains the same causal LM with every position variant and "
+                    "several seeds, evaluates held-out loss at the training length and at 2x and 4x, and "
+                    "writes ablation.md, ablation.json, loss_curves.png, extrapolation.png and "
+                    "attention_focus.png (about 10 minutes on 2 CPU cores). --task translate: trains the "
+                    "encoder-decoder translator once per arm of seed 002's six claims and seed on the "
+                    "corpus of `make corpus`, and writes translation_ablation.md, translation_ablation.json, "
+                    "bleu_by_length.png and claims.png (about 2 hours on 2 CPU cores). --quick trains a tiny "
+                    "model for a few steps (seconds to minutes; for tests).")
+    parser.add_argument("--task", choices=("lm", "translate"), default="lm",
+                        help="what to ablate: position variants of the LM, or seed 002's translation claims "
+                             "(default: lm)")
+    parser.add_argument("--corpus",
+                        help="--task lm: plain-text corpus (default: the embedded English corpus)")
+    parser.add_argument("--corpus-dir", default=TRANSLATION_CORPUS_DIR,
+                        help=f"--task translate: folder with train.tsv and test.tsv (default: "
+                             f"{TRANSLATION_CORPUS_DIR}, from `make corpus`)")
     full, quick = ablation.AblationConfig(), ablation.QUICK
+    translate_full = translation_ablation.TranslationAblationConfig()
     parser.add_argument("--steps", type=_positive_int,
-                        help=f"optimizer steps per run (default: {full.steps}; --quick {quick.steps})")
+                        help=f"optimizer steps per run (default: {full.steps}, --task translate "
+                             f"{translate_full.steps}; --quick {quick.steps})")
     parser.add_argument("--seeds", type=_positive_int, help=f"number of seeds 0, 1, ..., N-1 (default: "
                                                             f"{len(full.seeds)}; --quick {len(quick.seeds)})")
     parser.add_argument("--variants", "--position", nargs="+", choices=list(ablation.VARIANTS),
-                        help="subset of the variants, e.g. rope rope-ntk rope-yarn alibi (default: all)")
-    parser.add_argument("--out", default=ABLATE_OUT, help=f"output folder (default: {ABLATE_OUT})")
+                        help="--task lm: subset of the variants, e.g. rope rope-ntk rope-yarn alibi "
+                             "(default: all)")
+    parser.add_argument("--arms", nargs="+", choices=list(translation_ablation.ARMS),
+                        help="--task translate: subset of the arms (default: all; a claim is reported when "
+                             "both of its arms ran)")
+    parser.add_argument("--out", help=f"output folder (default: {ABLATE_OUT}, --task translate "
+                                      f"{ABLATE_TRANSLATE_OUT})")
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny model, {quick.steps} steps, {len(quick.seeds)} seeds (default: off)")
     parser.add_argument("--no-causal-mask", action="store_true",
-                        help="train the unmasked encoder of article 000 on next-token targets "
+                        help="--task lm: train the unmasked encoder of article 000 on next-token targets "
                              "(the target is visible in the input: a copy task that needs positions) "
                              "(default: off)")
 
 
 def _run_ablate(args):
+    if args.task == "translate":
+        return _run_translation_ablation(args)
+    if args.arms:
+        raise _Error("--arms is for --task translate.")
     import dataclasses
 
     from keras_posenc.app import ablation
 
+    out = args.out or ABLATE_OUT
     config = ablation.QUICK if args.quick else ablation.AblationConfig()
     overrides = {}
     if args.steps:
@@ -390,15 +416,57 @@ def _run_ablate(args):
                        + ([f"--seeds {args.seeds}"] if args.seeds else [])
                        + ([f"--variants {' '.join(args.variants)}"] if args.variants else [])
                        + (["--no-causal-mask"] if args.no_causal_mask else [])
-                       + [f"--out {args.out}"])
+                       + [f"--out {out}"])
     from keras_posenc.app.run_lock import run_lock
 
-    with run_lock(args.out):
+    with run_lock(out):
         print(f"Ablation: {len(config.variants)} variants x {len(config.seeds)} seeds, {config.steps} steps "
-              f"each; writing to {args.out}")
+              f"each; writing to {out}")
         results = ablation.run_ablation(args.corpus, config)
-        paths = ablation.write_report(results, args.out, command=command)
+        paths = ablation.write_report(results, out, command=command)
     print(ablation.markdown_table(results))
+    print(f"total time: {results['elapsed_seconds']} s")
+    print("artifacts:")
+    for path in paths.values():
+        print(f"  {path}")
+    return 0
+
+
+def _run_translation_ablation(args):
+    import dataclasses
+
+    from keras_posenc.app import translation_ablation
+    from keras_posenc.app.run_lock import run_lock
+
+    for name, flag in _LM_ONLY_ABLATE_FLAGS:
+        if getattr(args, name):
+            raise _Error(f"{flag} is for --task lm; --task translate reads --corpus-dir.")
+    for split in ("train", "test"):
+        if not os.path.isfile(os.path.join(args.corpus_dir, f"{split}.tsv")):
+            raise _Error(f"--corpus-dir {args.corpus_dir} has no {split}.tsv: run `make corpus` (Debian's "
+                         "German catalogues) or give a folder with train.tsv and test.tsv.")
+    out = args.out or ABLATE_TRANSLATE_OUT
+    config = translation_ablation.QUICK if args.quick else translation_ablation.TranslationAblationConfig()
+    overrides = {key: value for key, value in (("steps", args.steps),
+                                                ("seeds", args.seeds and tuple(range(args.seeds))),
+                                                ("arms", args.arms and tuple(args.arms))) if value}
+    config = dataclasses.replace(config, **overrides)
+    command = " ".join(["keras-posenc ablate --task translate"]
+                       + (["--quick"] if args.quick else [])
+                       + ([f"--corpus-dir {args.corpus_dir}"]
+                          if args.corpus_dir != TRANSLATION_CORPUS_DIR else [])
+                       + ([f"--steps {args.steps}"] if args.steps else [])
+                       + ([f"--seeds {args.seeds}"] if args.seeds else [])
+                       + ([f"--arms {' '.join(args.arms)}"] if args.arms else [])
+                       + [f"--out {out}"])
+    with run_lock(out):
+        print(f"Translation ablation: {len(config.arms)} arms x {len(config.seeds)} seeds, "
+              f"{config.steps} steps "
+              f"each; writing to {out}")
+        results = translation_ablation.run_translation_ablation(
+            args.corpus_dir, config, out_dir=os.path.join(out, "translations"))
+        paths = translation_ablation.write_report(results, out, command=command)
+    print(translation_ablation.markdown_table(results))
     print(f"total time: {results['elapsed_seconds']} s")
     print("artifacts:")
     for path in paths.values():
