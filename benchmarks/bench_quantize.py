@@ -104,13 +104,13 @@ def _role_order(name):
 
 
 def window_rows(args, name, run):
-    from keras_posenc.app import cli
+    from keras_posenc.app import run_folder
 
     model = export.load_model(os.path.join(run, "model.keras"))
     length = window_length(model)
     model_path = os.path.join(run, "model.keras")
-    eval_ids = cli._eval_token_ids(model_path, length, None)
-    ids = cli._corpus_token_ids(model_path, length, 4)
+    eval_ids = run_folder.eval_token_ids(model_path, length, None)
+    ids = run_folder.corpus_token_ids(model_path, length, 4)
     spec = export.ModelSpec.of(model, length, 1)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -203,13 +203,12 @@ def generation_rows(args, name, model, sp_model, eval_ids):
 
 
 def demo_generation(args, run):
-    from keras_posenc.app import cli
+    from keras_posenc.app import run_folder
 
-    model_path = os.path.join(run, "model.keras")
+    model_path = os.path.join(run, run_folder.MODEL_FILE)
     model = export.load_model(model_path)
-    with open(os.path.join(run, "spm.model"), "rb") as f:
-        sp_model = f.read()
-    eval_ids = cli._eval_token_ids(model_path, min(128, export.longest_sequence(model)), None)
+    sp_model = run_folder.read_tokenizer(model_path)
+    eval_ids = run_folder.eval_token_ids(model_path, min(128, export.longest_sequence(model)), None)
     return generation_rows(args, "demo", model, sp_model, eval_ids)
 
 

@@ -123,7 +123,7 @@ def _run_folder(tmp_path):
 
 
 def test_export_command_measures_the_runs_eval_split_and_applies_the_limit(tmp_path, capsys):
-    from keras_posenc.app import cli
+    from keras_posenc.app import cli, run_folder
 
     model, held_out = _run_folder(tmp_path)
     out = str(tmp_path / "q.tflite")
@@ -132,7 +132,7 @@ def test_export_command_measures_the_runs_eval_split_and_applies_the_limit(tmp_p
     status = cli.main(argv)
     printed = capsys.readouterr().out
     quality = json.load(open(out + ".json"))["quality"]
-    assert quality["rows"] == min(len(held_out), cli.EVAL_ROWS)
+    assert quality["rows"] == min(len(held_out), run_folder.EVAL_ROWS)
     assert f"Held-out text ({quality['rows']} rows, {quality['tokens']} next tokens)" in printed
     # With a zero limit the status follows the sign of the measured increase, and the printed rule says why.
     assert status == (1 if quality["loss_increase"] > 0 else 0)

@@ -5,6 +5,8 @@
 - `ablation`: the position-encoding ablation (`keras-posenc ablate`);
 - `diagnostics`: the probes of `keras-posenc inspect`;
 - `text_generation`: `keras-posenc generate` (SentencePiece in, text out);
+- `run_folder`: the files of a run folder (model, tokenizer, report, held-out split);
+- `translation`, `translation_ablation`: `keras-posenc translate` and `ablate --task translate`;
 - `cli`: the command line.
 
 The library (`keras_posenc.tables`, `positions`, `layers`, `models`, `export`) never imports this package.

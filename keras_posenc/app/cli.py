@@ -43,6 +43,7 @@ import sys
 import warnings
 
 from keras_posenc import _startup
+from keras_posenc.app import run_folder
 
 __all__ = ["ABLATE_OUT", "DEMO_OUT", "DEMO_SETTINGS", "build_parser",
            "main"]
@@ -139,7 +140,8 @@ def _print_summary(report, out):
     if report["tokens_per_second"]:
         print(f"throughput: {report['tokens_per_second']:.0f} tokens/s")
     print("artifacts:")
-    for name in ("model.keras", "spm.model", "report.json", "loss.png", "logs", "checkpoints"):
+    for name in (run_folder.MODEL_FILE, run_folder.TOKENIZER_FILE, run_folder.REPORT_FILE, "loss.png", "logs",
+                 "checkpoints"):
         print(f"  {os.path.join(out, name)}")
     if not report["beats_unigram"]:
         print(f"WARNING: the eval loss {report['eval_loss']:.4f} is not below the unigram baseline "
@@ -178,7 +180,7 @@ def _demo(config):
     report = train(config)
     _print_summary(report, config.out)
     print("Exporting the demo model to TFLite (float32, GPU target):")
-    status = _export_command(os.path.join(config.out, "model.keras"),
+    status = _export_command(os.path.join(config.out, run_folder.MODEL_FILE),
                              os.path.join(config.out, "model.tflite"), config.max_length, require_gpu=True)
     print(f"Generating from the demo model (keras-posenc generate {config.out} --prompt {DEMO_PROMPT!r}):")
     _print_generation(config.out, DEMO_PROMPT, max_new_tokens=DEMO_NEW_TOKENS)
@@ -558,80 +560,6 @@ def _add_export_parser(subparsers):
                                  "texts of the vocabulary, one longer than the prefill, and a second turn)")
 
 
-# Held-out rows a quantized export's cross-entropy is measured on (at most).
-EVAL_ROWS = 256
-
-
-def _run_sp_model(model_path):
-    """The serialized `spm.model` beside the model, or None."""
-    spm_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
-    if not os.path.isfile(spm_path):
-        return None
-    with open(spm_path, "rb") as f:
-        return f.read()
-
-
-def _corpus_token_ids(model_path, sequence_length, rows):
-    """Corpus sentences tokenized with the `spm.model` beside the model, as in training; None without one."""
-    from keras_posenc.app import dataset as data_lib
-
-    sp_model = _run_sp_model(model_path)
-    if sp_model is None:
-        return None
-    return _token_rows(sp_model, data_lib.read_text_corpus(data_lib.default_corpus_path())[:rows],
-                       sequence_length)
-
-
-def _eval_token_ids(model_path, sequence_length, eval_corpus):
-    """Held-out rows for a quantized export: `--eval-corpus`, else the run's eval split; None without a run.
-
-    The eval split is the one training held out: the corpus, format, fraction and seed of
-    `report.json` beside the model, split as `train` split it, tokenized with the run's
-    `spm.model`; at most `EVAL_ROWS` rows, right-padded to `sequence_length`.
-    """
-    import json
-
-    from keras_posenc.app import dataset as data_lib
-
-    sp_model = _run_sp_model(model_path)
-    if sp_model is None:
-        if eval_corpus is not None:
-            raise _Error(f"--eval-corpus needs the run's spm.model beside the model {model_path} (the "
-                         "tokenizer the model was trained with).")
-        return None
-    if eval_corpus is not None:
-        examples = data_lib.read_text_corpus(eval_corpus)
-    else:
-        report_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "report.json")
-        if not os.path.isfile(report_path):
-            return None
-        with open(report_path) as f:
-            config = json.load(f)["train_config"]
-        corpus = config["corpus"] or data_lib.default_corpus_path()
-        if not os.path.isfile(corpus):
-            raise _Error(f"the run's corpus {corpus} (report.json) is not here: pass --eval-corpus FILE "
-                         "for the held-out loss of the quantized file.")
-        corpus_format = "text" if config["corpus"] is None else config["corpus_format"]
-        examples = data_lib.load_corpus(corpus, corpus_format,
-                                        skip_bad_lines=config.get("skip_bad_lines", False))
-        examples = data_lib.split_corpus(examples, config["eval_fraction"], seed=config["seed"])[1]
-    return _token_rows(sp_model, examples[:EVAL_ROWS], sequence_length)
-
-
-def _token_rows(sp_model, examples, sequence_length):
-    """`examples` tokenized as `lm_dataset` frames them, int32 `[n, sequence_length]`, right-padded."""
-    import numpy as np
-
-    from keras_posenc.app import dataset as data_lib
-
-    dataset = data_lib.lm_dataset(examples, sp_model, max_length=sequence_length, batch_size=len(examples),
-                                  shuffle=False, bucket_lengths=None)
-    features, _ = next(iter(dataset))
-    token_ids = np.asarray(features["token_ids"])[:, :sequence_length]
-    return np.pad(token_ids, ((0, 0), (0, sequence_length - token_ids.shape[1])),
-                  constant_values=data_lib.PAD_ID)
-
-
 def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=None, target="gpu",
                     require_gpu=False, tolerance=None, token_ids=None, embedding=None, eval_corpus=None,
                     max_loss_increase=0.01, litert_python=None):
@@ -640,7 +568,7 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
     `token_ids`: optional path of an int `.npy` `[n, sequence_length]` for the parity; default
     corpus sentences tokenized with `spm.model` beside the model, else a synthetic padded batch.
     Writes `out`, `out.json`, the contract and, with `embedding="host"`, `out.embeddings.npy`.
-    With `quantize`, the held-out cross-entropy against a float32 export (`_eval_token_ids`).
+    With `quantize`, the held-out cross-entropy against a float32 export (`run_folder.eval_token_ids`).
     """
     import numpy as np
 
@@ -654,11 +582,12 @@ def _export_command(model_path, out, sequence_length, *, batch_size=1, quantize=
         if ids.ndim != 2 or ids.shape[1] != sequence_length:
             raise _Error(f"--token-ids must hold an int array [n, {sequence_length}], got shape {ids.shape}.")
     else:
-        ids = _corpus_token_ids(model_path, sequence_length, rows=4 * batch_size)
+        ids = run_folder.corpus_token_ids(model_path, sequence_length, rows=4 * batch_size)
     if eval_corpus is not None and quantize is None:
         raise _Error("--eval-corpus measures a quantized file: it needs --quantize.")
     export.recipe_for(target, quantize, "window", litert_python=litert_python)  # refused before anything runs
-    eval_ids = _eval_token_ids(model_path, sequence_length, eval_corpus) if quantize is not None else None
+    eval_ids = (run_folder.eval_token_ids(model_path, sequence_length, eval_corpus)
+               if quantize is not None else None)
     result = export.export_and_check(model, sequence_length=sequence_length, target=target,
                                      batch_size=batch_size, quantize=quantize, embedding=embedding,
                                      token_ids=ids, eval_token_ids=eval_ids,
@@ -740,7 +669,7 @@ def _export_generator(args):
                      "cache holds the prompt and every generated token).")
     if args.embedding == "host" and not export.target_of(args.target).generation_host_embedding:
         raise _Error(_host_embedding_refusal(args.target, lambda t: t.generation_host_embedding))
-    eval_ids = (_eval_token_ids(args.model, args.cache_length, args.eval_corpus)
+    eval_ids = (run_folder.eval_token_ids(args.model, args.cache_length, args.eval_corpus)
                 if args.quantize is not None else None)
     if args.format == "litertlm":
         return _export_litertlm(args, model, prompt_length, eval_ids)
@@ -753,14 +682,13 @@ def _export_generator(args):
 
 def _export_litertlm(args, model, prompt_length, eval_ids=None):
     """`--generate --format litertlm`: `litertlm_bundle.export_litertlm`, printed; the exit status."""
-    from keras_posenc.app import text_generation
     from keras_posenc.export import litertlm_bundle
 
     if args.embedding is not None:
         raise _Error("--format litertlm looks tokens up in the file and takes no --embedding.")
     if not os.path.isfile(args.model):
         raise _Error(f"--format litertlm needs a .keras file with its tokenizer, got {args.model!r}.")
-    _, spm_path = text_generation.resolve_run(args.model, args.spm)
+    _, spm_path = run_folder.resolve_run(args.model, args.spm)
     with open(spm_path, "rb") as f:
         sp_model = f.read()
     probes = [[prompt] for prompt in args.probe_prompts] if args.probe_prompts else None
@@ -779,7 +707,6 @@ def _export_genai(args, prompt_length):
     """`--generate --format genai`: `genai.export_genai` into the folder `--out`, printed; the exit status."""
     from keras_posenc import export
     from keras_posenc.app import dataset as data_lib
-    from keras_posenc.app import text_generation
 
     refused = [flag for flag, value in (("--quantize", args.quantize), ("--embedding", args.embedding),
                                         ("--tolerance", args.tolerance)) if value is not None]
@@ -790,14 +717,14 @@ def _export_genai(args, prompt_length):
         raise _Error(f"--format genai writes a folder: --out {args.out} is a file.")
     if not os.path.isfile(args.model):
         raise _Error(f"--format genai needs a .keras file with its tokenizer, got {args.model!r}.")
-    _, spm_path = text_generation.resolve_run(args.model, args.spm)
+    _, spm_path = run_folder.resolve_run(args.model, args.spm)
     with open(spm_path, "rb") as f:
         sp_model = f.read()
     from keras_posenc.export import genai
 
     model = export.load_model(args.model)
     probes = [[prompt] for prompt in args.probe_prompts] if args.probe_prompts else None
-    texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:EVAL_ROWS]
+    texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:run_folder.EVAL_ROWS]
     try:
         result = genai.export_genai(model, sp_model, cache_length=args.cache_length,
                                     prompt_length=prompt_length, check_texts=texts, probes=probes)

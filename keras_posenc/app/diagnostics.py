@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.app import dataset as data_lib
+from keras_posenc.app import run_folder
 from keras_posenc.app._plotting import pyplot, save_figure
 from keras_posenc.app.text_generation import load_model_file
 from keras_posenc.files import write_json
@@ -323,13 +324,12 @@ def inspect_model(model_path, out, texts=None, num_texts=32):
 
     if not os.path.isfile(model_path):
         raise ValueError(f"Model file not found: model={model_path!r}.")
-    spm_path = os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
-    if not os.path.isfile(spm_path):
-        raise ValueError(f"No SentencePiece model next to the model: expected {spm_path!r}.")
+    sp_model = run_folder.read_tokenizer(model_path)
+    if sp_model is None:
+        raise ValueError(f"No SentencePiece model next to the model: expected "
+                         f"{run_folder.tokenizer_path(model_path)!r}.")
     model = load_model_file(model_path)
     encoder = model.encoder
-    with open(spm_path, "rb") as f:
-        sp_model = f.read()
     if not texts:
         texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:num_texts]
     os.makedirs(out, exist_ok=True)

@@ -7,37 +7,14 @@ stops at `</s>`, and the new ids are decoded with the special ids dropped.
 """
 
 import json
-import os
 
 from keras_posenc import generation
 from keras_posenc import models as _models  # noqa: F401  (registers CausalLM for load_model)
 from keras_posenc.app import dataset as data_lib
+from keras_posenc.app.run_folder import resolve_run
 from keras_posenc.backend import keras
 
-__all__ = ["format_result", "generate_text", "load_model_file", "load_run", "resolve_run"]
-
-
-def resolve_run(path, spm_path=None):
-    """`(model path, tokenizer path)` of a run folder or of a `.keras` file with `spm.model` beside it.
-
-    Raises:
-        FileNotFoundError: no model or no tokenizer at the expected place.
-
-    Example:
-
-    >>> resolve_run("no_such_run")
-    Traceback (most recent call last):
-        ...
-    FileNotFoundError: no model at 'no_such_run': give a run folder with model.keras, or a .keras file
-    """
-    model_path = os.path.join(path, "model.keras") if os.path.isdir(path) else path
-    if not os.path.isfile(model_path):
-        raise FileNotFoundError(f"no model at {path!r}: give a run folder with model.keras, or a .keras file")
-    spm_path = spm_path or os.path.join(os.path.dirname(os.path.abspath(model_path)), "spm.model")
-    if not os.path.isfile(spm_path):
-        raise FileNotFoundError(f"no SentencePiece model at {spm_path!r}: `keras-posenc train` writes "
-                                "spm.model beside model.keras (or pass --spm PATH)")
-    return model_path, spm_path
+__all__ = ["format_result", "generate_text", "load_model_file", "load_run"]
 
 
 def load_model_file(path):
@@ -48,6 +25,7 @@ def load_model_file(path):
 
     Example:
 
+    >>> import os
     >>> import tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")
     >>> _ = open(path, "wb").write(b"not a model")

@@ -58,6 +58,7 @@ from keras_posenc.app import dataset as data_lib
 from keras_posenc.app import translation_data
 from keras_posenc.app._plotting import pyplot, save_figure
 from keras_posenc.app.dev_scoring import DEV_SCORES_FILE, DevScoring
+from keras_posenc.app.run_folder import MODEL_FILE, REPORT_FILE, TOKENIZER_FILE
 from keras_posenc.app.run_lock import run_lock
 from keras_posenc.backend import dropout_state, keras, make_deterministic, save_model
 from keras_posenc.files import FileWriteError, describe_write_error, is_disk_full, write_bytes, write_json
@@ -83,7 +84,7 @@ _SCHEDULE_FILE = "schedule.json"
 # What a fresh run (no --resume) writes into `out`, so what it replaces of an earlier run there. It
 # removes them only once the new model is built, just before its first step; anything else in `out`
 # (an export, inspect/, the user's files) is kept.
-REPLACED_BY_A_FRESH_RUN = ("checkpoints", "logs", "model.keras", "spm.model", "report.json", "loss.png")
+REPLACED_BY_A_FRESH_RUN = ("checkpoints", "logs", MODEL_FILE, TOKENIZER_FILE, REPORT_FILE, "loss.png")
 
 
 def _option(default, group, help, *, flag=None, choices=None, type=None, const=None):
@@ -590,7 +591,7 @@ def _tokenizer(cfg, train_examples):
 
     Trained in memory: `spm.model` is written only when training starts (`_start_fresh`).
     """
-    spm_path = os.path.join(cfg.out, "spm.model")
+    spm_path = os.path.join(cfg.out, TOKENIZER_FILE)
     if cfg.resume and os.path.isfile(spm_path):
         with open(spm_path, "rb") as f:
             return f.read(), False
@@ -781,7 +782,7 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
     if chief and not cfg.resume:
         _start_fresh(cfg.out)
     if chief and new_tokenizer:
-        write_bytes(os.path.join(cfg.out, "spm.model"), sp_model)
+        write_bytes(os.path.join(cfg.out, TOKENIZER_FILE), sp_model)
     if chief and not cfg.resume:
         os.makedirs(ckpt_dir, exist_ok=True)
         _write_json_atomically(os.path.join(ckpt_dir, _CONFIG_FILE), model_config)
@@ -813,7 +814,7 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
     if stop.received is not None:
         raise TrainingInterrupted(stop.received, int(optimizer.iterations.numpy()), manager.latest_checkpoint)
 
-    model_path = os.path.join(cfg.out, "model.keras")
+    model_path = os.path.join(cfg.out, MODEL_FILE)
     if dev is not None:  # the kept weights: the best dev BLEU's
         dev.keep_best()
     # Short last batches are filled with padding rows: every eval batch has one of the bucket shapes.
@@ -829,7 +830,7 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
         # Saving under MultiWorkerMirroredStrategy runs collectives: every worker must save, and
         # only the chief's copy is kept. A worker that skips it leaves the chief hanging.
         with tempfile.TemporaryDirectory() as scratch:
-            save_model(model, os.path.join(scratch, "model.keras"))
+            save_model(model, os.path.join(scratch, MODEL_FILE))
     train_seconds = step_log.seconds - (dev.seconds if dev is not None else 0.0)  # dev scoring left out
     report = {
         "corpus": os.path.basename(corpus),
@@ -868,7 +869,7 @@ def _train(cfg, strategy, chief, jit_compile, corpus, train_examples, eval_examp
     if chief:
         report["loss_plot"] = _plot_losses(step_log.losses, os.path.join(cfg.out, "loss.png"), start_step,
                                            eval_loss=eval_loss, unigram_loss=unigram_loss)
-        write_json(os.path.join(cfg.out, "report.json"), report)
+        write_json(os.path.join(cfg.out, REPORT_FILE), report)
     return report
 
 

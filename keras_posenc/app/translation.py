@@ -31,7 +31,8 @@ import numpy as np
 from keras_posenc import models as _models  # noqa: F401  (registers CausalLM for load_model)
 from keras_posenc import seq2seq as _seq2seq
 from keras_posenc.app import dataset as data_lib
-from keras_posenc.app.text_generation import load_model_file, resolve_run
+from keras_posenc.app.run_folder import resolve_run
+from keras_posenc.app.text_generation import load_model_file
 from keras_posenc.app.translation_data import source_ids
 from keras_posenc.backend import inference_function, ops
 from keras_posenc.beam_search import beam_search
