@@ -57,6 +57,7 @@ def lock_holder(folder):
 # Printed 1000 columns wide (COLUMNS), so that every entry is one line whatever the terminal.
 VARIANTS = ("{sinusoidal,sinusoidal-factorized,sinusoidal-interpolated,learned,integer,integer-raw,none,rope,"
             "rope-ntk,rope-yarn,rope-llama3,alibi}")
+ARMS = "{base,pad-not-zeroed,norm-over-positions,pe-dropout,compressed,no-language-scale,learned}"
 VERBOSE_HELP = ("also show TensorFlow's, XLA's and TFLite's log lines and the libraries' warnings "
                 "(default: off)")
 HELP = {
@@ -73,7 +74,7 @@ positional arguments:
               translate sentences with a trained run (beam search); BLEU/chrF with --reference
     inspect   position-embedding diagnostics of a trained model
     export    convert a trained model to TFLite for edge GPUs (builtin ops only)
-    ablate    position-encoding ablation and length extrapolation
+    ablate    position-encoding ablation and length extrapolation; seed 002's claims in BLEU
 
 options:
   -h, --help  show this help message and exit
@@ -257,25 +258,39 @@ options:
   --text TEXT  probe sentence, repeatable (default: sentences of the embedded corpus)
   --verbose    {VERBOSE_HELP}
 """,
-    ("ablate",): f"""usage: keras-posenc ablate [-h] [--corpus CORPUS] [--steps STEPS] [--seeds SEEDS] \
-[--variants {VARIANTS} [{VARIANTS} ...]] [--out OUT] [--quick] [--no-causal-mask] [--verbose]
+    ("ablate",): f"""usage: keras-posenc ablate [-h] [--task {{lm,translate}}] [--corpus CORPUS] \
+[--corpus-dir CORPUS_DIR] [--steps STEPS] [--seeds SEEDS] [--variants {VARIANTS} [{VARIANTS} ...]] \
+[--arms {ARMS} [{ARMS} ...]] [--out OUT] [--quick] [--no-causal-mask] [--verbose]
 
-Trains the same causal LM with every position variant and several seeds, evaluates held-out loss at the \
-training length and at 2x and 4x, and writes ablation.md, ablation.json, loss_curves.png, \
-extrapolation.png and attention_focus.png. The default run takes about 10 minutes on 2 CPU cores; --quick \
-trains a tiny model for a few steps (seconds; for tests).
+--task lm (default): trains the same causal LM with every position variant and several seeds, evaluates \
+held-out loss at the training length and at 2x and 4x, and writes ablation.md, ablation.json, \
+loss_curves.png, extrapolation.png and attention_focus.png (about 10 minutes on 2 CPU cores). --task \
+translate: trains the encoder-decoder translator once per arm of seed 002's six claims and seed on the \
+corpus of `make corpus`, and writes translation_ablation.md, translation_ablation.json, bleu_by_length.png \
+and claims.png (about 2 hours on 2 CPU cores). --quick trains a tiny model for a few steps (seconds to \
+minutes; for tests).
 
 options:
   -h, --help            show this help message and exit
-  --corpus CORPUS       plain-text corpus (default: the embedded English corpus)
-  --steps STEPS         optimizer steps per run (default: 700; --quick 4)
+  --task {{lm,translate}}
+                        what to ablate: position variants of the LM, or seed 002's translation claims \
+(default: lm)
+  --corpus CORPUS       --task lm: plain-text corpus (default: the embedded English corpus)
+  --corpus-dir CORPUS_DIR
+                        --task translate: folder with train.tsv and test.tsv (default: \
+.cache/corpus/debian_po_en_de, from `make corpus`)
+  --steps STEPS         optimizer steps per run (default: 700, --task translate 2000; --quick 4, --task \
+translate 40)
   --seeds SEEDS         number of seeds 0, 1, ..., N-1 (default: 3; --quick 2)
   --variants {VARIANTS} [{VARIANTS} ...], --position {VARIANTS} [{VARIANTS} ...]
-                        subset of the variants, e.g. rope rope-ntk rope-yarn alibi (default: all)
-  --out OUT             output folder (default: runs/ablation)
-  --quick               tiny model, 4 steps, 2 seeds (default: off)
-  --no-causal-mask      train the unmasked encoder of article 000 on next-token targets (the target is \
-visible in the input: a copy task that needs positions) (default: off)
+                        --task lm: subset of the variants, e.g. rope rope-ntk rope-yarn alibi (default: all)
+  --arms {ARMS} [{ARMS} ...]
+                        --task translate: subset of the arms (default: all; a claim is reported when both \
+of its arms ran)
+  --out OUT             output folder (default: runs/ablation, --task translate runs/ablation-translate)
+  --quick               tiny model, 4 steps (--task translate 40, 60 test pairs), 2 seeds (default: off)
+  --no-causal-mask      --task lm: train the unmasked encoder of article 000 on next-token targets (the \
+target is visible in the input: a copy task that needs positions) (default: off)
   --verbose             {VERBOSE_HELP}
 """,
     ("export",): f"""usage: keras-posenc export [-h] --out OUT [--sequence-length SEQUENCE_LENGTH] \

@@ -368,9 +368,11 @@ def _add_ablate_parser(subparsers):
                              f"{TRANSLATION_CORPUS_DIR}, from `make corpus`)")
     full, quick = ablation.AblationConfig(), ablation.QUICK
     translate_full = translation_ablation.TranslationAblationConfig()
+    translate_quick = translation_ablation.QUICK
     parser.add_argument("--steps", type=_positive_int,
                         help=f"optimizer steps per run (default: {full.steps}, --task translate "
-                             f"{translate_full.steps}; --quick {quick.steps})")
+                             f"{translate_full.steps}; --quick {quick.steps}, --task translate "
+                             f"{translate_quick.steps})")
     parser.add_argument("--seeds", type=_positive_int, help=f"number of seeds 0, 1, ..., N-1 (default: "
                                                             f"{len(full.seeds)}; --quick {len(quick.seeds)})")
     parser.add_argument("--variants", "--position", nargs="+", choices=list(ablation.VARIANTS),
@@ -382,7 +384,9 @@ def _add_ablate_parser(subparsers):
     parser.add_argument("--out", help=f"output folder (default: {ABLATE_OUT}, --task translate "
                                       f"{ABLATE_TRANSLATE_OUT})")
     parser.add_argument("--quick", action="store_true",
-                        help=f"tiny model, {quick.steps} steps, {len(quick.seeds)} seeds (default: off)")
+                        help=f"tiny model, {quick.steps} steps (--task translate {translate_quick.steps}, "
+                             f"{translate_quick.max_test_sentences} test pairs), {len(quick.seeds)} seeds "
+                             "(default: off)")
     parser.add_argument("--no-causal-mask", action="store_true",
                         help="--task lm: train the unmasked encoder of article 000 on next-token targets "
                              "(the target is visible in the input: a copy task that needs positions) "
