@@ -22,7 +22,13 @@ import tensorflow as tf
 from keras_posenc.backend import inference_function, keras, ops
 from keras_posenc.beam_search import beam_search
 from keras_posenc.layers.decoder_layer import DecoderLayer
-from keras_posenc.layers.encoder import ATTENTION_POSITIONS, ENCODER_POSITIONS, Encoder, split_position
+from keras_posenc.layers.encoder import (
+    ATTENTION_POSITIONS,
+    ENCODER_POSITIONS,
+    Encoder,
+    embedding_kwargs,
+    split_position,
+)
 from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmbedding
 from keras_posenc.models import TokenLossTraining
 from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -164,7 +170,7 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         else:
             self.target_embedding = TokenAndPositionEmbedding(
                 vocab_size, d_model, max_length, pad_id=pad_id, position=target_position,
-                dropout=self.dropout, name="target_embedding", position_config=target_config)
+                dropout=self.dropout, name="target_embedding", **embedding_kwargs(target_config))
         self.decoder_layers = [
             DecoderLayer(position=layer_position, position_config=layer_config, name=f"decoder_layer_{i}",
                          **common)

@@ -27,7 +27,11 @@ WING = sorted((PACKAGE / "export").glob("*.py"))
 # `unfold_batchmatmul` (the gpu target keeps BATCH_MATMUL); it is set only where the public one is missing.
 # TF 2.21's converter has no public switch for per-tensor FULLY_CONNECTED int8 weights, the op version
 # the GL delegate runs (quantization.Recipe.dense_per_tensor; TF 2.12 writes them per tensor anyway).
-ALLOWED = {"export/conversion.py": ["converter._experimental_disable_batchmatmul_unfold"],
+# The translation ablation's "norm over positions" arm puts the article's faulty normalization into a
+# model it builds itself, before the model is built (an injected fault, not a way of working).
+ALLOWED = {"app/translation_ablation.py": [
+               "setattr(layer, name, _PositionAxisNormalization(norm.epsilon, name=norm.name))"],
+           "export/conversion.py": ["converter._experimental_disable_batchmatmul_unfold"],
            "export/quantization.py": [
                "converter._experimental_disable_per_channel_quantization_for_dense_layers"]}
 

@@ -12,8 +12,8 @@ from keras_posenc.layers.token_and_position_embedding import POSITION_LAYERS, To
 from keras_posenc.positions import position_ids as derive_position_ids
 from keras_posenc.validation import check_choice, check_epsilon, check_positive_int, check_rate
 
-__all__ = ["ENCODER_POSITIONS", "NAMED_POSITIONS", "Encoder", "EncoderLayer", "named_position",
-           "split_position"]
+__all__ = ["ENCODER_POSITIONS", "NAMED_POSITIONS", "Encoder", "EncoderLayer", "embedding_kwargs",
+           "named_position", "split_position"]
 
 # Every `position` an Encoder takes: the additive embedding layers, then the ones inside attention.
 ENCODER_POSITIONS = tuple(POSITION_LAYERS) + ATTENTION_POSITIONS
@@ -75,6 +75,27 @@ def split_position(position, position_config, max_length):
     if position == "rope":
         layer_config.setdefault("max_length", None if overflow == "extend" else max_length)
     return ("none", {"overflow": overflow}), (position, layer_config)
+
+
+def embedding_kwargs(position_config):
+    """`TokenAndPositionEmbedding` keyword arguments for a stack's position config.
+
+    The config's keys go flat (the position layer's options and the
+    embedding's own, such as `scale_embeddings`), except `dropout`, which is
+    the position layer's own dropout: it goes in `position_config`, since a
+    flat `dropout` is the embedding's dropout on the sum.
+
+    Example:
+
+    >>> embedding_kwargs({"table": "full", "dropout": 0.1})
+    {'table': 'full', 'position_config': {'dropout': 0.1}}
+    >>> embedding_kwargs({"scale_embeddings": False})
+    {'scale_embeddings': False}
+    """
+    kwargs = dict(position_config)
+    if "dropout" in kwargs:
+        kwargs["position_config"] = {"dropout": kwargs.pop("dropout")}
+    return kwargs
 
 
 @keras.utils.register_keras_serializable(package="keras_posenc")
@@ -189,7 +210,7 @@ class Encoder(keras.layers.Layer):
             position, position_config, max_length)
         self.embedding = TokenAndPositionEmbedding(
             vocab_size, d_model, max_length, pad_id=pad_id, position=embedding_position, dropout=self.dropout,
-            dtype=policy, name="embedding", position_config=embedding_config)
+            dtype=policy, name="embedding", **embedding_kwargs(embedding_config))
         self.encoder_layers = [
             EncoderLayer(d_model, num_heads, dff, dropout=self.dropout, norm_first=self.norm_first,
                          activation=self.activation, epsilon=self.epsilon, position=layer_position,
