@@ -430,7 +430,12 @@ def _run_ablate(args):
               f"each; writing to {out}")
         results = ablation.run_ablation(args.corpus, config)
         paths = ablation.write_report(results, out, command=command)
-    print(ablation.markdown_table(results))
+    return _print_ablation(ablation.markdown_table(results), results, paths)
+
+
+def _print_ablation(table, results, paths):
+    """The end of `ablate` (either task): the table, the total time and the files written; status 0."""
+    print(table)
     print(f"total time: {results['elapsed_seconds']} s")
     print("artifacts:")
     for path in paths.values():
@@ -447,10 +452,7 @@ def _run_translation_ablation(args):
     for name, flag in _LM_ONLY_ABLATE_FLAGS:
         if getattr(args, name):
             raise _Error(f"{flag} is for --task lm; --task translate reads --corpus-dir.")
-    for split in ("train", "test"):
-        if not os.path.isfile(os.path.join(args.corpus_dir, f"{split}.tsv")):
-            raise _Error(f"--corpus-dir {args.corpus_dir} has no {split}.tsv: run `make corpus` (Debian's "
-                         "German catalogues) or give a folder with train.tsv and test.tsv.")
+    translation_ablation.check_corpus_dir(args.corpus_dir)
     out = args.out or ABLATE_TRANSLATE_OUT
     config = translation_ablation.QUICK if args.quick else translation_ablation.TranslationAblationConfig()
     overrides = {key: value for key, value in (("steps", args.steps),
@@ -467,17 +469,11 @@ def _run_translation_ablation(args):
                        + [f"--out {out}"])
     with run_lock(out):
         print(f"Translation ablation: {len(config.arms)} arms x {len(config.seeds)} seeds, "
-              f"{config.steps} steps "
-              f"each; writing to {out}")
+              f"{config.steps} steps each; writing to {out}")
         results = translation_ablation.run_translation_ablation(
             args.corpus_dir, config, out_dir=os.path.join(out, "translations"))
         paths = translation_ablation.write_report(results, out, command=command)
-    print(translation_ablation.markdown_table(results))
-    print(f"total time: {results['elapsed_seconds']} s")
-    print("artifacts:")
-    for path in paths.values():
-        print(f"  {path}")
-    return 0
+    return _print_ablation(translation_ablation.markdown_table(results), results, paths)
 
 
 # export -------------------------------------------------------------------------------------

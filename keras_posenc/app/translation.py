@@ -33,7 +33,7 @@ from keras_posenc import seq2seq as _seq2seq
 from keras_posenc.app import dataset as data_lib
 from keras_posenc.app.run_folder import resolve_run
 from keras_posenc.app.text_generation import load_model_file
-from keras_posenc.app.translation_data import source_ids
+from keras_posenc.app.translation_data import pad_rows, source_ids
 from keras_posenc.backend import inference_function, ops
 from keras_posenc.beam_search import beam_search
 from keras_posenc.positions import position_ids
@@ -123,7 +123,7 @@ def translate_sentences(run, sentences, *, beam_size=4, alpha=DEFAULT_LENGTH_PEN
         chosen = order[first:first + batch_size]
         batch = [rows[i] for i in chosen]
         if run.kind == "seq2seq":
-            result = run.model.translate(_padded(batch, left=False), max_new_tokens, beam_size=beam_size,
+            result = run.model.translate(pad_rows(batch), max_new_tokens, beam_size=beam_size,
                                          alpha=alpha)
         else:
             result = _lm_search(run.model, batch, max_new_tokens, beam_size=beam_size, alpha=alpha)
@@ -133,17 +133,6 @@ def translate_sentences(run, sentences, *, beam_size=4, alpha=DEFAULT_LENGTH_PEN
         if progress is not None:
             progress(min(first + batch_size, len(order)), len(order))
     return outputs, {"sentences": len(rows), "tokens": tokens, "seconds": time.perf_counter() - start}
-
-
-def _padded(rows, left):
-    width = max(len(row) for row in rows)
-    out = np.full([len(rows), width], data_lib.PAD_ID, np.int32)
-    for i, row in enumerate(rows):
-        if left:
-            out[i, width - len(row):] = row
-        else:
-            out[i, :len(row)] = row
-    return out
 
 
 def _lm_prefixes(run, sentences, max_new_tokens):
@@ -175,7 +164,7 @@ def _lm_step_function(model):
 def _lm_search(model, prefixes, max_new_tokens, *, beam_size, alpha):
     """Beam search of a decoder-only TSV LM after left-padded `<s> source <sep>` prefixes."""
     encoder = model.encoder
-    prompt = _padded(prefixes, left=True)
+    prompt = pad_rows(prefixes, left=True)
     batch, prompt_length = prompt.shape
     step = _lm_step_function(model)
     real = prompt != encoder.pad_id

@@ -52,7 +52,7 @@ from keras_posenc.app import dataset as data_lib
 from keras_posenc.app._plotting import pyplot, save_figure
 from keras_posenc.app.train import StepLog
 from keras_posenc.app.translation import corpus_scores
-from keras_posenc.app.translation_data import source_ids, translation_dataset
+from keras_posenc.app.translation_data import pad_rows, source_ids, translation_dataset
 from keras_posenc.backend import inference_function, keras, make_deterministic, ops
 from keras_posenc.files import write_text
 from keras_posenc.layers.attention_masks import merge_attention_masks
@@ -61,9 +61,9 @@ from keras_posenc.seq2seq import SOURCE_LANGUAGE, Seq2SeqTransformer
 from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_posenc.validation import check_positive_ints
 
-__all__ = ["ARMS", "CLAIMS", "QUICK", "Claim", "TranslationAblationConfig", "attention_on_padding",
-           "build_model", "greedy_translate", "markdown_table", "run_translation_ablation", "shuffle_words",
-           "verdict", "write_report"]
+__all__ = ["ARMS", "CLAIMS", "QUICK", "SPLITS", "Claim", "TranslationAblationConfig",
+           "attention_on_padding", "build_model", "check_corpus_dir", "greedy_translate", "markdown_table",
+           "run_translation_ablation", "shuffle_words", "verdict", "write_report"]
 
 # name -> (description, Seq2SeqTransformer keyword arguments as a function of the config).
 ARMS = {
@@ -194,12 +194,23 @@ QUICK = TranslationAblationConfig(seeds=(0, 1), steps=40, batch_size=16, warmup_
 
 
 # Data -------------------------------------------------------------------------------------------------
+SPLITS = ("train", "test")
+
+
+def check_corpus_dir(corpus_dir):
+    """Raises `CorpusError` (a ValueError) naming `corpus_dir` unless it holds `train.tsv` and `test.tsv`.
+
+    `keras-posenc ablate --task translate` calls it before it touches `--out`.
+    """
+    for split in SPLITS:
+        if not os.path.isfile(os.path.join(corpus_dir, f"{split}.tsv")):
+            raise data_lib.CorpusError(f"--corpus-dir {corpus_dir} has no {split}.tsv: run `make corpus` "
+                                       "(Debian's German catalogues) or give a folder with train.tsv and "
+                                       "test.tsv.")
+
+
 def _read_split(corpus_dir, split):
     path = os.path.join(corpus_dir, f"{split}.tsv")
-    if not os.path.isfile(path):
-        raise data_lib.CorpusError(f"No {split}.tsv in --corpus-dir {corpus_dir}: run `make corpus` "
-                                   "(Debian's "
-                                   "German catalogues) or give a folder with train.tsv and test.tsv.")
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     return data_lib.load_corpus(path, "tsv"), digest
@@ -311,10 +322,8 @@ def greedy_translate(model, processor, sentences, batch_size=64, max_new_tokens=
     out = [None] * len(rows)
     for start in range(0, len(rows), batch_size):
         chosen = order[start:start + batch_size]
-        width = max(len(rows[i]) for i in chosen)
-        batch = np.full((len(chosen), width), PAD_ID, np.int32)
-        for j, i in enumerate(chosen):
-            batch[j, :len(rows[i])] = rows[i]
+        batch = pad_rows([rows[i] for i in chosen])
+        width = batch.shape[1]
         outputs, mask = encode(batch)
         tokens = np.full((len(chosen), 1), BOS_ID, np.int32)
         done = np.zeros(len(chosen), bool)
@@ -395,14 +404,11 @@ def _evaluate(model, processor, config, arm, test, lengths, out_dir, seed):
                                     config.decode_batch)
         result["shuffled"] = _bleu(shuffled, references)
     if any(claim.key == "padding" and arm in (claim.treatment, claim.control) for claim in CLAIMS):
-        longest = [i for i in np.argsort(-lengths, kind="stable")[:config.decode_batch]]
-        rows = source_ids(processor, [sources[i] for i in longest[::-1]], config.max_length)
-        batch = np.full((len(rows), max(len(r) for r in rows)), PAD_ID, np.int32)
-        for j, row in enumerate(rows):
-            batch[j, :len(row)] = row
-        result["attention_on_padding"] = attention_on_padding(model, batch)
+        longest = np.argsort(-lengths, kind="stable")[:config.decode_batch][::-1]
+        rows = source_ids(processor, [sources[i] for i in longest], config.max_length)
+        result["attention_on_padding"] = attention_on_padding(model, pad_rows(rows))
         result["hypotheses_sha256"] = hashlib.sha256("\n".join(hypotheses).encode()).hexdigest()
-    return result, hypotheses
+    return result
 
 
 # The claims ---------------------------------------------------------------------------------------------
@@ -502,6 +508,7 @@ def run_translation_ablation(corpus_dir, config=TranslationAblationConfig(), *, 
     import sentencepiece as spm
 
     started = time.perf_counter()
+    check_corpus_dir(corpus_dir)
     train_pairs, train_digest = _read_split(corpus_dir, "train")
     test, test_digest = _read_split(corpus_dir, "test")
     test = test[:config.max_test_sentences] if config.max_test_sentences else test
@@ -529,7 +536,7 @@ def run_translation_ablation(corpus_dir, config=TranslationAblationConfig(), *, 
             keras.utils.set_random_seed(seed)
             model = build_model(config, vocab_size, arm)
             step_log = _train(model, config, sp_model, kept, seed)
-            run, _ = _evaluate(model, processor, config, arm, test, lengths, out_dir, seed)
+            run = _evaluate(model, processor, config, arm, test, lengths, out_dir, seed)
             run.update(seed=seed, train_seconds=round(step_log.seconds, 1),
                        final_loss=float(np.mean(step_log.losses[-50:])))
             runs.append(run)
@@ -537,8 +544,9 @@ def run_translation_ablation(corpus_dir, config=TranslationAblationConfig(), *, 
                 f"past the cap {run['long']['bleu']:.2f} ({run['train_seconds']} s training)")
         results["arms"][arm] = {
             "description": ARMS[arm][0], "kwargs": ARMS[arm][1](config), "runs": runs,
-            "summary": {key: _mean_std([r[key]["bleu"] for r in runs]) for key in ("test", "long")}
-            | {"chrf": _mean_std([r["test"]["chrf"] for r in runs])}}
+            "summary": {"test": _mean_std([r["test"]["bleu"] for r in runs]),
+                        "long": _mean_std([r["long"]["bleu"] for r in runs]),
+                        "chrf": _mean_std([r["test"]["chrf"] for r in runs])}}
     results["claims"] = _claim_rows(results["arms"], config)
     results["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     return results

@@ -23,10 +23,10 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_posenc.app.dataset import CorpusError, check_bucket_lengths, pad_batches
-from keras_posenc.special_ids import BOS_ID, EOS_ID
+from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_posenc.validation import check_positive_ints
 
-__all__ = ["source_ids", "translation_dataset"]
+__all__ = ["pad_rows", "source_ids", "translation_dataset"]
 
 
 def translation_dataset(pairs, sp_model, *, max_length, batch_size, bucket_lengths="auto", fill_batches=False,
@@ -117,3 +117,21 @@ def source_ids(sp_model, sentences, max_length):
     for ids in sp_model.encode(list(sentences)):
         rows.append(np.asarray(list(ids[:max_length - 1]) + [EOS_ID], np.int32))
     return rows
+
+
+def pad_rows(rows, left=False):
+    """`rows` (int sequences) as one int32 array `[n, longest]`, padded with `PAD_ID` on the right or left.
+
+    Example:
+
+    >>> pad_rows([[5, 6, 3], [7, 3]]).tolist(), pad_rows([[5, 6, 3], [7, 3]], left=True).tolist()
+    ([[5, 6, 3], [7, 3, 0]], [[5, 6, 3], [0, 7, 3]])
+    """
+    width = max(len(row) for row in rows)
+    out = np.full([len(rows), width], PAD_ID, np.int32)
+    for i, row in enumerate(rows):
+        if left:
+            out[i, width - len(row):] = row
+        else:
+            out[i, :len(row)] = row
+    return out
