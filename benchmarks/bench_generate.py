@@ -42,6 +42,7 @@ import numpy as np
 from bench_export import median_call_ms
 
 from keras_posenc.backend import inference_function, is_tensorflow, keras, ops
+from keras_posenc.export import pipeline, runners
 from keras_posenc.models import CausalLM
 
 MODELS = {
@@ -58,11 +59,12 @@ def tflite_pair(model, cache_length):
     from keras_posenc.export import generator
 
     prompt_length = cache_length // 2
-    flat = generator.to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length)
+    flat = generator.to_tflite_generator(model, prompt_length=prompt_length, cache_length=cache_length,
+                                         target="cpu")
     interpreter = tf.lite.Interpreter(model_content=flat, num_threads=1)
     prefill = interpreter.get_signature_runner("prefill")
     decode = interpreter.get_signature_runner("decode")
-    cache = generator.past(prefill(token_ids=np.full([1, prompt_length], 5, np.int32)))
+    cache = runners.past(prefill(token_ids=np.full([1, prompt_length], 5, np.int32)))
     feeds = dict(token_id=np.array([[7]], np.int32), position=np.array([prompt_length], np.int32), **cache)
     window = tf.lite.Interpreter(model_content=export.to_tflite(model, sequence_length=cache_length,
                                                                 target="cpu"), num_threads=1)
@@ -115,7 +117,7 @@ def engine_vs_runner(args):
     import sentencepiece as spm
 
     from keras_posenc.app import dataset as data
-    from keras_posenc.export import generator, litertlm_bundle
+    from keras_posenc.export import litertlm_bundle
 
     sp_model = data.train_sentencepiece(data.read_text_corpus(data.default_corpus_path()), ENGINE_VOCAB)
     processor = spm.SentencePieceProcessor()
@@ -133,12 +135,12 @@ def engine_vs_runner(args):
             model.build_on_dummy()
             for cache_length in args.cache_lengths:
                 tflite = os.path.join(folder, f"gen{cache_length}.tflite")
-                generated = generator.export_generation(model, prompt_length=ENGINE_PROMPT_LENGTH,
+                generated = pipeline.export_generation(model, prompt_length=ENGINE_PROMPT_LENGTH,
                                                         cache_length=cache_length, target=args.backend,
                                                         check_tokens=1)
                 generated.save(tflite)
                 bundle = os.path.join(folder, f"gen{cache_length}.litertlm")
-                litertlm_bundle.export_litertlm(model, sp_model, prompt_length=ENGINE_PROMPT_LENGTH,
+                pipeline.export_litertlm(model, sp_model, prompt_length=ENGINE_PROMPT_LENGTH,
                                                 cache_length=cache_length, target=args.backend,
                                                 probes=[[prompt]], max_new_tokens=4,
                                                 python=args.litertlm).save(bundle)

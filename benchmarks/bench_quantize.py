@@ -36,7 +36,7 @@ import tempfile
 import numpy as np
 
 from keras_posenc import export
-from keras_posenc.export import host_table, litertlm_bundle
+from keras_posenc.export import host_table, litertlm_bundle, pipeline
 from keras_posenc.models import CausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -184,7 +184,7 @@ def generation_rows(args, name, model, sp_model, eval_ids):
             print(rows[-1], flush=True)
         reference = None
         for precision in (None, "int8", "int4"):
-            result = litertlm_bundle.export_litertlm(
+            result = pipeline.export_litertlm(
                 model, sp_model, prompt_length=cache // 2, cache_length=cache, target="cpu",
                 python=args.litert_python, quantize=precision, eval_token_ids=eval_ids)
             path = os.path.join(scratch, f"b-{precision}.litertlm")

@@ -26,7 +26,7 @@ from keras_posenc.app import dataset as data
 from keras_posenc.app import train as train_lib
 from keras_posenc.app.run_lock import LOCK_FILE
 from keras_posenc.app.train import TrainConfig, TrainingInterrupted
-from keras_posenc.export import litertlm_bundle, quantization
+from keras_posenc.export import quantization
 from keras_posenc.export.litert_python import INSTALL_HINT
 from keras_posenc.files import FileWriteError
 
@@ -848,7 +848,7 @@ def exports(monkeypatch, no_litert_python_variables):
     monkeypatch.setattr(export, "longest_sequence", longest_sequence)
     monkeypatch.setattr(export, "export_and_check", recorder("export_and_check"))
     monkeypatch.setattr(export, "export_generation", recorder("export_generation"))
-    monkeypatch.setattr(litertlm_bundle, "export_litertlm", recorder("export_litertlm"))
+    monkeypatch.setattr(export, "export_litertlm", recorder("export_litertlm"))
     return calls
 
 

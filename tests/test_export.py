@@ -14,7 +14,7 @@ from stacks import once_on_keras2
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import constants, shader_ops
+from keras_posenc.export import constants, model_spec, runners, shader_ops, window_export
 from keras_posenc.layers import SinusoidalPositionEmbedding, TokenAndPositionEmbedding
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.layers.sinusoidal_position_embedding import tables
@@ -499,7 +499,7 @@ def test_export_command_runs_each_analysis_once(tmp_path, monkeypatch, capsys):
     from tensorflow.lite.tools import flatbuffer_utils
 
     from keras_posenc.app import cli
-    from keras_posenc.export import conversion, flatbuffer, parity, pipeline
+    from keras_posenc.export import flatbuffer
     from keras_posenc.models import CausalLM
 
     keras.utils.set_random_seed(8)
@@ -517,10 +517,10 @@ def test_export_command_runs_each_analysis_once(tmp_path, monkeypatch, capsys):
             return function(*args, **kwargs)
         return wrapper
 
-    spec_of = conversion.ModelSpec.of.__func__
-    monkeypatch.setattr(conversion.ModelSpec, "of", classmethod(counted("spec", spec_of)))
-    monkeypatch.setattr(pipeline, "parity", counted("parity", pipeline.parity))
-    monkeypatch.setattr(parity, "interpreter_class", counted("interpreter", parity.interpreter_class))
+    spec_of = model_spec.ModelSpec.of.__func__
+    monkeypatch.setattr(model_spec.ModelSpec, "of", classmethod(counted("spec", spec_of)))
+    monkeypatch.setattr(window_export, "parity", counted("parity", window_export.parity))
+    monkeypatch.setattr(runners, "interpreter_class", counted("interpreter", runners.interpreter_class))
     monkeypatch.setattr(flatbuffer_utils, "convert_bytearray_to_object",
                         counted("decode", flatbuffer_utils.convert_bytearray_to_object))
     monkeypatch.setattr(flatbuffer, "analyzer_report", counted("analyzer", flatbuffer.analyzer_report))

@@ -14,7 +14,7 @@ from litert_stand_in import FAILED_QUANTIZE, failing_litert_python
 from tflite_files import tensor_dtypes
 
 from keras_posenc.backend import is_keras3, keras, save_model
-from keras_posenc.export import conversion
+from keras_posenc.export import conversion, model_spec
 from keras_posenc.export.contract import TENSORS
 from keras_posenc.export.flatbuffer import op_counts
 from keras_posenc.export.targets import TARGETS
@@ -72,7 +72,7 @@ IDS = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
 # What the spec reads off a model ---------------------------------------------------------------
 def test_the_spec_of_a_plain_model():
     model = _embedding_model(max_length=16)
-    spec = conversion.ModelSpec.of(model, LENGTH, 2)
+    spec = model_spec.ModelSpec.of(model, LENGTH, 2)
     assert (spec.model, spec.sequence_length, spec.batch_size) == (model, LENGTH, 2)
     assert (spec.roles, spec.ranks, spec.needs_languages, spec.language_rank) == (["token_ids"], [2], False,
                                                                                    None)
@@ -82,13 +82,13 @@ def test_the_spec_of_a_plain_model():
     assert signature.shape.as_list() == [2, LENGTH]
     assert (signature.dtype, signature.name) == (tf.int32, "token_ids")
     assert spec.signature(tf.float32)[0].dtype == tf.float32
-    assert conversion.ModelSpec.of(model, 16, 1).sequence_length == 16  # exactly max_length
+    assert model_spec.ModelSpec.of(model, 16, 1).sequence_length == 16  # exactly max_length
 
 
 @pytest.mark.parametrize("language_shape, rank", [((), 1), ((None,), 2)])
 def test_an_unnamed_second_input_of_a_model_with_languages_is_the_language_ids(language_shape, rank):
     model = _embedding_model(num_languages=2, language_shape=language_shape)
-    spec = conversion.ModelSpec.of(model, LENGTH, 3)
+    spec = model_spec.ModelSpec.of(model, LENGTH, 3)
     assert (spec.roles, spec.ranks, spec.needs_languages, spec.language_rank) == (
         ["token_ids", "language_ids"], [2, rank], True, rank)
     shapes = [(s.shape.as_list(), s.name) for s in spec.signature()]
@@ -102,7 +102,7 @@ def test_named_inputs_take_their_roles_in_the_model_s_order():
     encoder = Encoder(1, 8, 2, 16, 30, 16, dropout=0.0)
     outputs = encoder(ids, segment_ids=segments, position_ids=positions)
     model = keras.Model([ids, segments, positions], outputs, name="encoder")
-    spec = conversion.ModelSpec.of(model, LENGTH, 1)
+    spec = model_spec.ModelSpec.of(model, LENGTH, 1)
     assert spec.roles == ["token_ids", "segment_ids", "position_ids"] and spec.ranks == [2, 2, 2]
     feeds = spec.feeds(np.ones((1, LENGTH)), position_ids=np.arange(LENGTH)[None],
                        segment_ids=np.zeros((1, LENGTH)))
@@ -123,14 +123,14 @@ def test_inputs_the_exporter_cannot_place_are_refused_with_their_index_and_name(
     layer = TokenAndPositionEmbedding(30, 8, 16, dropout=0.0)
     model = keras.Model([ids, other], layer(ids, position_ids=other), name="two_inputs")
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(model, LENGTH, 1)
+        model_spec.ModelSpec.of(model, LENGTH, 1)
     assert _message(error) == ("Model 'two_inputs': input 1 ('extra') is not one of ('language_ids', "
                                "'position_ids', 'segment_ids'); name the inputs with keras.Input(name=...).")
     twice = [keras.Input(shape=(None,), dtype="int32", name=name)
              for name in ("token_ids", "position_ids", "position_ids_again")]
     model = keras.Model(twice, layer(twice[0], position_ids=twice[1] + twice[2]), name="twice")
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(model, LENGTH, 1)
+        model_spec.ModelSpec.of(model, LENGTH, 1)
     assert _message(error).startswith("Model 'twice': input 2 ('position_ids_again') is not one of ")
 
 
@@ -139,38 +139,38 @@ def test_a_model_with_languages_and_one_input_is_refused():
     layer = TokenAndPositionEmbedding(30, 8, 16, dropout=0.0, num_languages=2)
     model = keras.Model(ids, layer(ids, language_ids=ids[:, 0] * 0), name="one_input")
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(model, LENGTH, 1)
+        model_spec.ModelSpec.of(model, LENGTH, 1)
     assert _message(error) == ("Model 'one_input' scales positions per language: it must take "
                                "[token_ids, language_ids] as inputs, got 1 inputs.")
 
 
 def test_a_subclassed_model_takes_per_token_language_ids():
-    spec = conversion.ModelSpec.of(_causal_lm(num_languages=2), LENGTH, 1)
+    spec = model_spec.ModelSpec.of(_causal_lm(num_languages=2), LENGTH, 1)
     assert (spec.roles, spec.ranks, spec.functional) == (["token_ids", "language_ids"], [2, 2], False)
-    plain = conversion.ModelSpec.of(_causal_lm(), LENGTH, 1)
+    plain = model_spec.ModelSpec.of(_causal_lm(), LENGTH, 1)
     assert (plain.roles, plain.ranks, plain.pad_id, plain.vocab_size) == (["token_ids"], [2], 0, 30)
 
 
 def test_models_the_exporter_does_not_take():
     with pytest.raises(TypeError) as error:
-        conversion.ModelSpec.of("model.keras", LENGTH, 1)
+        model_spec.ModelSpec.of("model.keras", LENGTH, 1)
     assert _message(error) == "`model` must be a keras Model or Layer, got str."
     config = {"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 30, "max_length": 12}
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(CausalLM(config, name="unbuilt"), LENGTH, 1)
+        model_spec.ModelSpec.of(CausalLM(config, name="unbuilt"), LENGTH, 1)
     assert _message(error) == "Model 'unbuilt' is not built: call it on a batch or load a trained model."
     for name, value in (("sequence_length", 0), ("batch_size", 0)):
         sizes = {"sequence_length": LENGTH, "batch_size": 1, name: value}
         with pytest.raises(ValueError) as error:
-            conversion.ModelSpec.of(_embedding_model(), sizes["sequence_length"], sizes["batch_size"])
+            model_spec.ModelSpec.of(_embedding_model(), sizes["sequence_length"], sizes["batch_size"])
         assert _message(error) == f"`{name}` must be >= 1, got {name}=0."
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(_embedding_model(max_length=16), 17, 1)
+        model_spec.ModelSpec.of(_embedding_model(max_length=16), 17, 1)
     assert _message(error) == "`sequence_length`=17 exceeds the model's max_length=16."
     ids = keras.Input(shape=(None,), dtype="int32")
     no_positions = keras.Model(ids, keras.layers.Embedding(10, 4)(ids), name="plain")
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(no_positions, LENGTH, 1)
+        model_spec.ModelSpec.of(no_positions, LENGTH, 1)
     assert _message(error) == ("Model 'plain' contains no keras_posenc position layer "
                                "(TokenAndPositionEmbedding, SinusoidalPositionEmbedding, ...): nothing to "
                                "export with this tool.")
@@ -178,34 +178,34 @@ def test_models_the_exporter_does_not_take():
 
 def test_the_longest_sequence_is_the_shortest_table_rope_included():
     model = _causal_lm(max_length=12)
-    assert conversion.longest_sequence(model) == 12
+    assert model_spec.longest_sequence(model) == 12
     x = keras.Input(shape=(None, 8))
     rope = keras.Model(x, RotaryEmbedding(max_length=10)(SinusoidalPositionEmbedding(max_length=14)(x)))
-    assert conversion.longest_sequence(rope) == 10
+    assert model_spec.longest_sequence(rope) == 10
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(rope, 11, 1)
+        model_spec.ModelSpec.of(rope, 11, 1)
     assert _message(error) == "`sequence_length`=11 exceeds the model's max_length=10."
     unbounded = keras.Model(x, RotaryEmbedding()(SinusoidalPositionEmbedding(max_length=14)(x)))
-    assert conversion.longest_sequence(unbounded) == 14
+    assert model_spec.longest_sequence(unbounded) == 14
     ids = keras.Input(shape=(None,), dtype="int32")
-    assert conversion.longest_sequence(keras.Model(ids, keras.layers.Embedding(10, 4)(ids))) is None
+    assert model_spec.longest_sequence(keras.Model(ids, keras.layers.Embedding(10, 4)(ids))) is None
 
 
 def test_input_names_stand_for_their_roles():
-    assert conversion.role_of("serving_default_embeddings:0") == TENSORS["embeddings"]
-    assert conversion.role_of("language_ids_1") == "language_ids"
-    assert conversion.role_of("position_ids") == "position_ids"
-    assert conversion.role_of("segment_ids") == "segment_ids"
-    assert conversion.role_of("input_3") == "token_ids"
-    assert conversion.role_of("token_ids") == "token_ids"
-    assert conversion.ROLES == ("token_ids", "language_ids", "position_ids", "segment_ids")
+    assert model_spec.role_of("serving_default_embeddings:0") == TENSORS["embeddings"]
+    assert model_spec.role_of("language_ids_1") == "language_ids"
+    assert model_spec.role_of("position_ids") == "position_ids"
+    assert model_spec.role_of("segment_ids") == "segment_ids"
+    assert model_spec.role_of("input_3") == "token_ids"
+    assert model_spec.role_of("token_ids") == "token_ids"
+    assert model_spec.ROLES == ("token_ids", "language_ids", "position_ids", "segment_ids")
 
 
 # The host table and the lookup ------------------------------------------------------------------
 @pytest.mark.parametrize("scale", [True, False])
 def test_the_host_table_is_the_token_table_scaled_as_the_layer_scales_it(scale):
     model = _embedding_model(scale_embeddings=scale)
-    table = conversion.host_embedding_table(model)
+    table = model_spec.host_embedding_table(model)
     weights = np.asarray(model.layers[1].token_embedding.embeddings.numpy(), np.float64)
     assert table.dtype == np.float32 and table.shape == (30, 8)
     np.testing.assert_allclose(table, weights * (math.sqrt(8) if scale else 1.0), rtol=1e-6)
@@ -216,13 +216,13 @@ def test_without_a_token_table_there_are_no_host_rows_and_the_lookup_stays_in_th
     model = keras.Model(ids, SinusoidalPositionEmbedding(max_length=16)(keras.layers.Embedding(30, 8)(ids)),
                         name="sinusoidal")
     with pytest.raises(ValueError) as error:
-        conversion.host_embedding_table(model)
+        model_spec.host_embedding_table(model)
     assert _message(error) == ("`embedding='host'` needs a token embedding, and model 'sinusoidal' has no "
                                "TokenAndPositionEmbedding: export it with embedding='graph'.")
-    assert [conversion.default_embedding(model, target) for target in ("gpu", "gl", "cpu", "tensorrt")] == [
+    assert [model_spec.default_embedding(model, target) for target in ("gpu", "gl", "cpu", "tensorrt")] == [
         "graph"] * 4
     lm = _causal_lm()
-    assert [conversion.default_embedding(lm, target) for target in ("gpu", "gl", "cpu", "tensorrt")] == [
+    assert [model_spec.default_embedding(lm, target) for target in ("gpu", "gl", "cpu", "tensorrt")] == [
         "host", "host", "graph", "graph"]
 
 
@@ -234,7 +234,7 @@ def test_a_host_file_takes_the_rows_after_the_ids():
     assert [(list(detail["shape"]), np.dtype(detail["dtype"]).name) for detail in details] == [
         ([2, LENGTH], "int32"), ([2, LENGTH, 8], "float32")]
     assert TENSORS["embeddings"] in details[1]["name"]
-    got = _run_file(flat, IDS, conversion.host_embedding_table(model)[IDS])
+    got = _run_file(flat, IDS, model_spec.host_embedding_table(model)[IDS])
     np.testing.assert_allclose(got, np.asarray(model(IDS, training=False)), atol=1e-5, rtol=0)
 
 
@@ -323,8 +323,8 @@ def test_the_clone_has_the_weights_fixed_shapes_and_float32_compute():
         model = _embedding_model()
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    spec = conversion.ModelSpec.of(model, LENGTH, 2)
-    clone = conversion.rebuild(model, spec)
+    spec = model_spec.ModelSpec.of(model, LENGTH, 2)
+    clone = model_spec.rebuild(model, spec)
     assert [tuple(tensor.shape) for tensor in clone.inputs] == [(2, LENGTH)]
     assert all(w.dtype == np.float32 for w in clone.get_weights())
     for ours, theirs in zip(clone.get_weights(), model.get_weights()):
@@ -338,7 +338,7 @@ def test_the_policy_comes_back_after_a_rebuild_that_fails(monkeypatch):
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = _embedding_model()
-        spec = conversion.ModelSpec.of(model, LENGTH, 1)
+        spec = model_spec.ModelSpec.of(model, LENGTH, 1)
         original = TokenAndPositionEmbedding.get_config
 
         def wider(self):
@@ -346,7 +346,7 @@ def test_the_policy_comes_back_after_a_rebuild_that_fails(monkeypatch):
 
         monkeypatch.setattr(TokenAndPositionEmbedding, "get_config", wider)
         with pytest.raises(ValueError) as error:
-            conversion.rebuild(model, spec)
+            model_spec.rebuild(model, spec)
         assert keras.mixed_precision.global_policy().name == "mixed_float16"
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -355,25 +355,25 @@ def test_the_policy_comes_back_after_a_rebuild_that_fails(monkeypatch):
 
 
 def test_only_a_config_s_dtype_is_changed():
-    changed = conversion._float32_config({"dtype": "mixed_float16", "units": 3})
+    changed = model_spec._float32_config({"dtype": "mixed_float16", "units": 3})
     assert changed == {"dtype": "float32", "units": 3}
     config = {"units": 3}
-    assert conversion._float32_config(config) == {"units": 3} and config == {"units": 3}
+    assert model_spec._float32_config(config) == {"units": 3} and config == {"units": 3}
     original = {"dtype": "float16"}
-    conversion._float32_config(original)
+    model_spec._float32_config(original)
     assert original == {"dtype": "float16"}  # a copy is changed
 
 
 def test_the_model_itself_is_among_its_layers_and_only_keras_ones_are_known():
     model = _embedding_model()
-    layers = conversion._all_layers(model)
+    layers = model_spec.all_layers(model)
     assert layers[0] is model and any(isinstance(layer, TokenAndPositionEmbedding) for layer in layers)
-    assert conversion._is_known(model) and conversion._is_known(layers[-1])
+    assert model_spec._is_known(model) and model_spec._is_known(layers[-1])
 
     class Custom(keras.layers.Layer):
         pass
 
-    assert not conversion._is_known(Custom())
+    assert not model_spec._is_known(Custom())
 
 
 def test_dynamic_rope_layers_are_named_with_the_length_they_were_frozen_at():
@@ -381,43 +381,43 @@ def test_dynamic_rope_layers_are_named_with_the_length_they_were_frozen_at():
     layer = RotaryEmbedding(max_length=32, scaling="dynamic", scaling_factor=2.0, original_length=16,
                             name="rope")
     model = keras.Model(x, layer(x))
-    assert conversion.rope_notes(model, 24) == [
+    assert model_spec.rope_notes(model, 24) == [
         "RoPE 'rope' (scaling='dynamic'): cos/sin frozen for calls of the exported length 24 "
         "(max(position_ids) + 1 = 24); the Keras layer switches frequencies by each call's length"]
     fixed = keras.Model(x, RotaryEmbedding(max_length=32, scaling="linear", scaling_factor=2.0)(x))
-    assert conversion.rope_notes(_causal_lm(), 4) == []
-    assert conversion.rope_notes(fixed, 24) == []
+    assert model_spec.rope_notes(_causal_lm(), 4) == []
+    assert model_spec.rope_notes(fixed, 24) == []
 
 
 def test_load_model_refuses_what_it_cannot_read(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
-        conversion.load_model(str(tmp_path / "missing.keras"))
+        model_spec.load_model(str(tmp_path / "missing.keras"))
     assert _message(error) == f"Model file not found: {str(tmp_path / 'missing.keras')!r}."
     corrupt = tmp_path / "corrupt.keras"
     corrupt.write_bytes(b"not a zip archive")
     with pytest.raises(ValueError) as error:
-        conversion.load_model(str(corrupt))
+        model_spec.load_model(str(corrupt))
     assert _message(error).startswith(f"Could not load a Keras model from {str(corrupt)!r}: ")
     assert _message(error).endswith(". Is it a model saved by keras_posenc, with every custom layer "
                                     "registered?")
     lm = _causal_lm()
     path = tmp_path / "lm.keras"
     save_model(lm, str(path))
-    loaded = conversion.load_model(str(path))
+    loaded = model_spec.load_model(str(path))
     ids = np.array([[3, 4, 5, 6]], np.int32)
     np.testing.assert_array_equal(np.asarray(loaded(ids)), np.asarray(lm(ids)))
 
 
 # ONNX calibration rows (no tf2onnx needed) -------------------------------------------------------
 def test_calibration_rows_are_fed_one_exported_batch_at_a_time():
-    spec = conversion.ModelSpec.of(_embedding_model(), LENGTH, 2)
+    spec = model_spec.ModelSpec.of(_embedding_model(), LENGTH, 2)
     rows = np.arange(5 * LENGTH).reshape(5, LENGTH) % 30
     feeds = conversion._calibration_feeds(spec, rows, "graph")
     assert [sorted(feed) for feed in feeds] == [["token_ids"], ["token_ids"]]  # the fifth row: no full batch
     np.testing.assert_array_equal(feeds[1]["token_ids"], rows[2:4])
     assert feeds[0]["token_ids"].dtype == np.int32
     host = conversion._calibration_feeds(spec, rows.tolist(), "host")
-    table = conversion.host_embedding_table(spec.model)
+    table = model_spec.host_embedding_table(spec.model)
     np.testing.assert_array_equal(host[0][TENSORS["embeddings"]], table[rows[:2]])
     with pytest.raises(ValueError) as error:
         conversion._calibration_feeds(spec, None, "graph")
@@ -428,7 +428,7 @@ def test_calibration_rows_are_fed_one_exported_batch_at_a_time():
 @pytest.mark.parametrize("language_shape, shape", [((), (1,)), ((None,), (1, LENGTH))])
 def test_calibration_rows_of_a_model_with_languages_are_language_zero(language_shape, shape):
     model = _embedding_model(num_languages=2, language_shape=language_shape)
-    spec = conversion.ModelSpec.of(model, LENGTH, 1)
+    spec = model_spec.ModelSpec.of(model, LENGTH, 1)
     feeds = conversion._calibration_feeds(spec, np.ones((2, LENGTH)), "graph")
     assert len(feeds) == 2
     assert feeds[0]["language_ids"].shape == shape and not feeds[0]["language_ids"].any()
@@ -452,7 +452,7 @@ def test_the_onnx_lookup_is_checked_before_tf2onnx_is_imported(no_tf2onnx):
     ids = keras.Input(shape=(None,), dtype="int32")
     embedded = keras.layers.Embedding(30, 8)(ids)
     no_table = keras.Model(ids, SinusoidalPositionEmbedding(max_length=16)(embedded), name="sinusoidal")
-    spec = conversion.ModelSpec.of(no_table, LENGTH, 1)
+    spec = model_spec.ModelSpec.of(no_table, LENGTH, 1)
     with pytest.raises(ValueError) as error:
         conversion.convert_onnx(spec, embedding="rows")
     assert _message(error).startswith("`embedding` must be one of ('graph', 'host'), got embedding='rows'")
@@ -464,7 +464,7 @@ def test_the_onnx_lookup_is_checked_before_tf2onnx_is_imported(no_tf2onnx):
 
 
 def test_without_tf2onnx_the_error_says_how_to_get_it(no_tf2onnx):
-    spec = conversion.ModelSpec.of(_embedding_model(), LENGTH, 1)
+    spec = model_spec.ModelSpec.of(_embedding_model(), LENGTH, 1)
     with pytest.raises(ToolEnvironmentError) as error:  # an OSError: the command prints it as one line
         conversion.convert_onnx(spec)
     assert _message(error) == ("--target tensorrt needs tf2onnx and onnxruntime (No module named "
@@ -507,7 +507,7 @@ def test_a_functional_model_with_language_ids_converts_for_every_target(language
         got = _run_file(gl, IDS[row:row + 1], languages_fed[row:row + 1])  # fed as the file's float32
         np.testing.assert_allclose(got, expected[row:row + 1], atol=1e-5, rtol=0)
     host = conversion.to_tflite(model, sequence_length=LENGTH, target="gpu", batch_size=2, embedding="host")
-    rows = conversion.host_embedding_table(model)[IDS]
+    rows = model_spec.host_embedding_table(model)[IDS]
     np.testing.assert_allclose(_run_file(host, IDS, languages_fed, rows), expected, atol=1e-5, rtol=0)
 
 
@@ -525,7 +525,7 @@ def test_a_subclassed_model_with_dropout_and_languages_converts_at_inference():
 
 def test_convert_tflite_defaults_to_the_gpu_graph_with_the_lookup_inside():
     model = _embedding_model()
-    flat = conversion.convert_tflite(conversion.ModelSpec.of(model, LENGTH, 2))
+    flat = conversion.convert_tflite(model_spec.ModelSpec.of(model, LENGTH, 2))
     assert "GATHER" not in op_counts(flat) and "CAST" in op_counts(flat)  # int32 ids, cast once
     np.testing.assert_allclose(_run_file(flat, IDS), np.asarray(model(IDS), np.float64), atol=1e-5, rtol=0)
 
@@ -548,8 +548,8 @@ def test_float16_weights_are_copied_as_float32():
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert {w.dtype for w in model.get_weights()} == {np.dtype(np.float16)}
-    assert conversion.host_embedding_table(model).dtype == np.float32
-    clone = conversion.rebuild(model, conversion.ModelSpec.of(model, LENGTH, 1))
+    assert model_spec.host_embedding_table(model).dtype == np.float32
+    clone = model_spec.rebuild(model, model_spec.ModelSpec.of(model, LENGTH, 1))
     for ours, theirs in zip(clone.get_weights(), model.get_weights()):
         assert ours.dtype == np.float32
         np.testing.assert_array_equal(ours, theirs.astype(np.float32))
@@ -578,7 +578,7 @@ def test_load_model_names_the_error_by_its_type_and_first_line(monkeypatch, tmp_
 
         monkeypatch.setattr(keras.models, "load_model", load)
         with pytest.raises(ValueError) as error:
-            conversion.load_model(str(path))
+            model_spec.load_model(str(path))
         assert _message(error) == (f"Could not load a Keras model from {str(path)!r}: {shown}. Is it a model "
                                    "saved by keras_posenc, with every custom layer registered?")
 
@@ -588,7 +588,7 @@ def test_a_compiled_model_loads_uncompiled(tmp_path):
     lm.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     path = str(tmp_path / "compiled.keras")
     save_model(lm, path)
-    loaded = conversion.load_model(path)
+    loaded = model_spec.load_model(path)
     assert (loaded.compiled if is_keras3() else loaded._is_compiled) is False
 
 
@@ -602,17 +602,17 @@ def test_layers_of_other_packages_are_named_with_their_class():
     hidden = TokenAndPositionEmbedding(30, 8, 16, dropout=0.0)(ids)
     model = keras.Model(ids, Doubler(name="twice")(Doubler(name="doubler")(hidden)), name="custom")
     with pytest.raises(ValueError) as error:
-        conversion.ModelSpec.of(model, LENGTH, 1)
+        model_spec.ModelSpec.of(model, LENGTH, 1)
     assert _message(error) == (
         f"Model 'custom' contains layers the exporter does not know: 'doubler' ({__name__}.Doubler), 'twice' "
         f"({__name__}.Doubler). Only keras built-in layers and keras_posenc layers can be exported.")
     legacy = type("Dense", (keras.layers.Layer,), {"__module__": "tensorflow.python.keras.layers.core"})
-    assert conversion._is_known(legacy())  # TF's own copy of Keras layers, as older TF 2.x names them
+    assert model_spec._is_known(legacy())  # TF's own copy of Keras layers, as older TF 2.x names them
 
 
 def test_a_model_without_a_token_table_has_no_pad_id_or_vocab():
     x = keras.Input(shape=(None, 8))
-    spec = conversion.ModelSpec.of(keras.Model(x, SinusoidalPositionEmbedding(max_length=16)(x)), LENGTH, 1)
+    spec = model_spec.ModelSpec.of(keras.Model(x, SinusoidalPositionEmbedding(max_length=16)(x)), LENGTH, 1)
     assert (spec.pad_id, spec.vocab_size) == (None, None)
 
 
@@ -620,8 +620,8 @@ def test_a_layer_passed_alone_is_counted_once():
     layer = RotaryEmbedding(max_length=32, scaling="dynamic", scaling_factor=2.0, original_length=16,
                             name="rope")
     layer(np.zeros((1, 4, 8), np.float32))
-    assert conversion._all_layers(layer) == [layer]
-    assert len(conversion.rope_notes(layer, 24)) == 1
+    assert model_spec.all_layers(layer) == [layer]
+    assert len(model_spec.rope_notes(layer, 24)) == 1
 
 
 def test_a_plain_clone_of_a_dynamic_rope_model_keeps_the_exported_length_s_scaling():
@@ -632,7 +632,7 @@ def test_a_plain_clone_of_a_dynamic_rope_model_keeps_the_exported_length_s_scali
     hidden = SinusoidalPositionEmbedding(max_length=16)(keras.layers.Embedding(30, 32)(ids))
     rope = RotaryEmbedding(max_length=16, scaling="dynamic", scaling_factor=8.0, original_length=2)
     model = keras.Model(ids, rope(hidden))
-    clone = conversion.rebuild(model, conversion.ModelSpec.of(model, 16, 1))
+    clone = model_spec.rebuild(model, model_spec.ModelSpec.of(model, 16, 1))
     [frozen] = [layer for layer in clone.layers if isinstance(layer, RotaryEmbedding)]
     x = np.random.default_rng(0).normal(size=(1, 16, 32)).astype(np.float32)
     prefix = np.asarray(frozen(x[:, :8]), np.float64)  # a call of 8 positions, as a prefill chunk

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import conversion, formulation, formulations, gather, gl, gpu, shader_ops
+from keras_posenc.export import formulation, formulations, gather, gl, gpu, model_spec, shader_ops
 from keras_posenc.layers import SinusoidalPositionEmbedding, TokenAndPositionEmbedding
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.layers.encoder_layer import EncoderLayer
@@ -760,8 +760,8 @@ def test_formulated_layer_builds_an_unbuilt_layer():
 def test_formulate_wraps_the_formulated_layers_of_a_model():
     model = _embedding_model()
     ctx = context("gl")
-    spec = conversion.ModelSpec.of(model, LENGTH, 1)
-    clone = conversion.rebuild(model, spec, ctx)
+    spec = model_spec.ModelSpec.of(model, LENGTH, 1)
+    clone = model_spec.rebuild(model, spec, ctx)
     wrapped = [layer for layer in clone.layers if isinstance(layer, formulation.Formulated)]
     assert [type(w.layer) for w in wrapped] == [TokenAndPositionEmbedding]
     originals = {type(layer): layer for layer in model.layers}
@@ -771,7 +771,7 @@ def test_formulate_wraps_the_formulated_layers_of_a_model():
     same = formulation.formulate(model, ctx, input_tensors=inputs)
     wrapped = [layer for layer in same.layers if isinstance(layer, formulation.Formulated)]
     assert [w.layer for w in wrapped] == [originals[TokenAndPositionEmbedding]]
-    plain = conversion.rebuild(model, spec, None)
+    plain = model_spec.rebuild(model, spec, None)
     assert not [layer for layer in plain.layers if isinstance(layer, formulation.Formulated)]
     lm = _causal_lm()
     assert isinstance(formulation.formulate(lm, ctx), formulation.Formulated)

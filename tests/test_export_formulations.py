@@ -9,7 +9,17 @@ import pytest
 
 from keras_posenc import export
 from keras_posenc.backend import keras
-from keras_posenc.export import conversion, formulation, formulations, gather, gl, gpu, targets
+from keras_posenc.export import (
+    contract,
+    formulation,
+    formulations,
+    gather,
+    gl,
+    gpu,
+    kinds,
+    model_spec,
+    targets,
+)
 from keras_posenc.layers import (
     RotaryEmbedding,
     SinusoidalPositionEmbedding,
@@ -64,9 +74,9 @@ def test_no_module_sets_call_or_a_private_attribute_of_another_object():
 
 
 # Targets: objects, no branch on their names ---------------------------------------------------
-def _target_branches(tree, names):
+def _name_branches(tree, names, words=("target",)):
     """`... target ... == "gl"` and `... target ... in ("gpu", "gl")`: comparisons of an expression
-    that names a target with a target name (a string or a collection of strings)."""
+    that says one of `words` with one of `names` (a string or a collection of strings)."""
     def literal_names(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return {node.value}
@@ -80,7 +90,7 @@ def _target_branches(tree, names):
             continue
         operands = [node.left] + node.comparators
         if any(literal_names(o) & names for o in operands) and any(
-                "target" in ast.unparse(o) for o in operands if not literal_names(o)):
+                any(word in ast.unparse(o) for word in words) for o in operands if not literal_names(o)):
             found.append(ast.unparse(node))
     return found
 
@@ -89,13 +99,48 @@ def test_no_branch_on_a_target_name_outside_the_target_definitions():
     names = set(targets.TARGETS)
     paths = [p for p in WING if p.name != "targets.py"] + [PACKAGE / "app" / "cli.py"] + sorted(
         (ROOT / "export" / "jetson").glob("*.py"))
-    found = {str(p.relative_to(ROOT)): _target_branches(ast.parse(p.read_text()), names) for p in paths}
+    found = {str(p.relative_to(ROOT)): _name_branches(ast.parse(p.read_text()), names) for p in paths}
     assert {path: lines for path, lines in found.items() if lines} == {}
     # The scan finds what it looks for, and leaves other comparisons alone.
     sample = ('a = target == "gl"\nb = args.target not in ("gpu", "gl")\nc = meta["target"] != "cpu"\n'
               'd = accelerator == "gpu"\ne = backend == "gl"')
-    assert _target_branches(ast.parse(sample), names) == [
+    assert _name_branches(ast.parse(sample), names) == [
         "target == 'gl'", "args.target not in ('gpu', 'gl')", "meta['target'] != 'cpu'"]
+
+
+# What an export's files are and how they run: `Kind` and `FileFormat` objects, no branch on their names.
+_FORMAT_WORDS = ("format", "runtime", "kind")
+
+
+def test_no_branch_on_a_kind_or_file_format_name_outside_their_definitions():
+    """The export wing reads `Kind` and `FileFormat` objects (tables keyed by them) instead of comparing
+    "window", "prefill_decode", "litertlm", "genai", "onnx" or "tflite" with an expression naming a
+    format, runtime or kind."""
+    names = set(kinds.KINDS) | {f.name for f in targets.FILE_FORMATS}
+    paths = [p for p in WING if p.name not in ("targets.py", "kinds.py")]
+    found = {str(p.relative_to(ROOT)): _name_branches(ast.parse(p.read_text()), names, _FORMAT_WORDS)
+             for p in paths}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+    sample = ('a = target.file_format == "onnx"\nb = runtime != "tflite"\nc = kind in ("litertlm", "genai")\n'
+              'd = recipe.runtime == "litert"\ne = name == "onnx"')
+    assert _name_branches(ast.parse(sample), names, _FORMAT_WORDS) == [
+        "target.file_format == 'onnx'", "runtime != 'tflite'", "kind in ('litertlm', 'genai')"]
+
+
+def test_kinds_are_frozen_objects_and_name_their_choices():
+    assert tuple(kinds.KINDS) == ("window", "prefill_decode", "litertlm", "genai")
+    assert kinds.kind_of(kinds.LITERTLM) is kinds.LITERTLM and kinds.kind_of("genai") is kinds.GENAI
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kinds.WINDOW.generates = True
+    assert [k.generates for k in kinds.KINDS.values()] == [False, True, True, True]
+    assert [k.contract_kind for k in kinds.KINDS.values()] == [
+        "window", "prefill_decode", "prefill_decode", None]
+    assert {k.contract_kind for k in kinds.KINDS.values()} - {None} == set(contract.KINDS.values())
+    assert [k.name for k in kinds.KINDS.values() if k.folder] == ["genai"]
+    assert [k.name for k in kinds.KINDS.values() if not k.takes_target] == ["genai"]
+    with pytest.raises(ValueError, match=r"`kind` must be one of \('window', 'prefill_decode', 'litertlm', "
+                                         r"'genai'\), got kind='onnx'\."):
+        kinds.kind_of("onnx")
 
 
 def test_targets_are_frozen_objects_with_every_difference_as_a_field():
@@ -106,7 +151,9 @@ def test_targets_are_frozen_objects_with_every_difference_as_a_field():
         gl_target.max_batch = 4
     assert [t.input_dtype for t in targets.TARGETS.values()] == ["int32", "float32", "int32", "int32"]
     assert [t.max_batch for t in targets.TARGETS.values()] == [None, 1, None, None]
-    assert [t.file_format for t in targets.TARGETS.values()] == ["tflite", "tflite", "tflite", "onnx"]
+    assert [t.file_format.name for t in targets.TARGETS.values()] == ["tflite", "tflite", "tflite", "onnx"]
+    assert [t.suffix for t in targets.TARGETS.values()] == [".tflite", ".tflite", ".tflite", ".onnx"]
+    assert targets.DEFAULT_TARGET in targets.TARGETS
     assert [t.default_embedding(True) for t in targets.TARGETS.values()] == ["host", "host", "graph", "graph"]
     assert {t.default_embedding(False) for t in targets.TARGETS.values()} == {"graph"}
     assert export.target_of("gpu").backends[0] == "webgpu" and export.target_of("gl").backends[0] == "gl"
@@ -121,8 +168,8 @@ def test_the_formulation_table_names_one_function_per_target_and_layer_class():
     entries = formulations.ENTRIES
     keys = {(target, cls) for target, cls, _ in entries}
     assert len(keys) == len(entries) == len(formulations.FORMULATIONS)
-    assert {target for target, _, _ in entries} == set(targets.TARGETS)
-    table = formulations.FORMULATIONS
+    assert {target for target, _, _ in entries} == set(targets.TARGETS.values())  # keyed by the objects
+    table = {(target.name, cls): function for (target, cls), function in formulations.FORMULATIONS.items()}
     assert table[("gpu", Encoder)] is gpu.encoder and table[("gl", Encoder)] is gl.encoder
     assert table[("gpu", EncoderLayer)] is gpu.encoder_layer
     assert table[("gl", EncoderLayer)] is gl.encoder_layer
@@ -140,7 +187,7 @@ def test_the_formulation_table_names_one_function_per_target_and_layer_class():
                 for name in names:
                     documented[(name, cells[0])] = cell
     assert documented == {
-        (target, cls.__name__): (f"{function.__module__.rsplit('.', 1)[-1]}.{function.__name__}")
+        (target.name, cls.__name__): (f"{function.__module__.rsplit('.', 1)[-1]}.{function.__name__}")
         for target, cls, function in entries} | {
         (name, "EncoderLayer"): "(the layer itself)" for name in ("cpu", "tensorrt")}
 
@@ -149,7 +196,8 @@ def test_a_layer_takes_the_entry_of_its_nearest_class():
     context = formulation.ExportContext(export.target_of("gpu"), formulations.FORMULATIONS)
     assert context.formulation_of(SinusoidalPositionEmbedding(8)) is gl.position  # via PositionEmbeddingBase
     assert context.formulation_of(RotaryEmbedding()) is None  # not a PositionEmbeddingBase: runs as it is
-    nearest = {**formulations.FORMULATIONS, ("gpu", SinusoidalPositionEmbedding): gather.position}
+    gpu_target = export.target_of("gpu")
+    nearest = {**formulations.FORMULATIONS, (gpu_target, SinusoidalPositionEmbedding): gather.position}
     assert formulation.ExportContext(export.target_of("gpu"), nearest).formulation_of(
         SinusoidalPositionEmbedding(8)) is gather.position
 
@@ -159,7 +207,7 @@ def test_export_leaves_the_model_and_its_layers_unchanged():
     model = keras.Model(ids, TokenAndPositionEmbedding(30, 8, max_length=12)(ids))
     before = {layer.name: dict(vars(layer)) for layer in model.layers}
     context = formulation.ExportContext(export.target_of("gl"), formulations.FORMULATIONS)
-    clone = conversion.rebuild(model, conversion.ModelSpec.of(model, 6, 1), context)
+    clone = model_spec.rebuild(model, model_spec.ModelSpec.of(model, 6, 1), context)
     wrappers = [layer for layer in clone.layers if isinstance(layer, formulation.Formulated)]
     assert [type(w.layer).__name__ for w in wrappers] == ["TokenAndPositionEmbedding"]
     assert type(wrappers[0].layer).call is TokenAndPositionEmbedding.call

@@ -14,7 +14,7 @@ from tflite_files import assert_same_graph
 from keras_posenc import export
 from keras_posenc.app import dataset as data
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import generator
+from keras_posenc.export import generation_export, generator, pipeline, runners
 from keras_posenc.models import CausalLM
 
 RUNNER = os.path.join(os.path.dirname(__file__), os.pardir, "export", "jetson", "run_generate.py")
@@ -40,7 +40,7 @@ CASES_32_STEPS = {
 @functools.lru_cache(maxsize=None)
 def _file_32_steps(name):
     model = _model(**CASES_32_STEPS[name])
-    return model, generator.to_tflite_generator(model, prompt_length=8, cache_length=38)
+    return model, generator.to_tflite_generator(model, prompt_length=8, cache_length=38, target="cpu")
 
 
 @pytest.mark.parametrize("name", [
@@ -52,15 +52,15 @@ def test_the_file_generates_the_keras_tokens_for_32_steps(name):
     if name == "learned":
         assert_same_graph(flat, _file_32_steps("sinusoidal-factorized")[1])
     prompt = [2, 9, 17, 5, 11]
-    same, parity = generator.check_generator_parity(model, generator.TfliteSession(flat), prompt, 32)
+    same, parity = generation_export.check_generator_parity(model, runners.TfliteSession(flat), prompt, 32)
     assert same
     assert parity <= 1e-4  # every step's logits against the full forward pass
 
 
 def test_every_decode_step_equals_the_full_pass_after_a_full_prefill():
     model = _model()
-    flat = generator.to_tflite_generator(model, prompt_length=6, cache_length=12)
-    ids, logits = generator.greedy_generate(generator.TfliteSession(flat), [4, 8, 15, 16, 23, 30], 7)
+    flat = generator.to_tflite_generator(model, prompt_length=6, cache_length=12, target="cpu")
+    ids, logits = runners.greedy_generate(runners.TfliteSession(flat), [4, 8, 15, 16, 23, 30], 7)
     full = np.asarray(model(np.array([[4, 8, 15, 16, 23, 30] + ids[:-1]], np.int32)))[0, 5:]
     np.testing.assert_allclose(logits, full, atol=1e-4, rtol=0)
 
@@ -84,18 +84,19 @@ def test_an_unmasked_model_cannot_be_exported_for_generation():
     model = CausalLM(BASE, causal=False)
     model.build_on_dummy()
     with pytest.raises(ValueError, match="causal=False"):
-        generator.to_tflite_generator(model, prompt_length=4, cache_length=8)
+        generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="cpu")
 
 
 def test_interpreter_runner_rejects_long_prompts_and_overlong_runs():
     model = _model()
-    session = generator.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8))
+    session = runners.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8,
+                                                                  target="cpu"))
     with pytest.raises(ValueError, match="1 to 4"):
-        generator.greedy_generate(session, [5, 6, 7, 8, 9], 2)
+        runners.greedy_generate(session, [5, 6, 7, 8, 9], 2)
     with pytest.raises(ValueError, match="cache_length=8"):
-        generator.greedy_generate(session, [5, 6, 7], 7)
+        runners.greedy_generate(session, [5, 6, 7], 7)
     with pytest.raises(ValueError, match="1 to 4"):
-        generator.greedy_generate(session, [], 2)
+        runners.greedy_generate(session, [], 2)
 
 
 # The gpu/gl graphs on the CPU interpreter (the runtimes themselves run them in tests/edge): each
@@ -128,10 +129,10 @@ def test_the_gpu_and_gl_graphs_generate_the_keras_tokens_with_shader_ops_only(na
         assert not {"GATHER", "GATHER_ND", "BATCH_MATMUL", "STRIDED_SLICE", "ONE_HOT", "EQUAL"} & set(
             export.op_counts(content))
     table = export.host_embedding_table(model) if embedding == "host" else None
-    session = generator.TfliteSession(flat, table=table)
+    session = runners.TfliteSession(flat, table=table)
     if embedding == "host":  # the rows replace the token ids
         assert "token_ids" not in session.details["prefill"] and "embeddings" in session.details["decode"]
-    same, parity = generator.check_generator_parity(model, session, [2, 9, 17, 5, 11], 32)
+    same, parity = generation_export.check_generator_parity(model, session, [2, 9, 17, 5, 11], 32)
     assert same
     assert parity <= 1e-4
 
@@ -152,16 +153,16 @@ def test_the_gl_pair_rejects_bad_prompts_and_fills_its_cache_exactly():
     model = _model(position="alibi")
     pair = generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gl",
                                          embedding="host")
-    session = generator.TfliteSession(pair, table=export.host_embedding_table(model))
+    session = runners.TfliteSession(pair, table=export.host_embedding_table(model))
     with pytest.raises(ValueError, match="1 to 4"):
-        generator.greedy_generate(session, [], 2)
+        runners.greedy_generate(session, [], 2)
     with pytest.raises(ValueError, match="1 to 4"):
-        generator.greedy_generate(session, [5, 6, 7, 8, 9], 2)
+        runners.greedy_generate(session, [5, 6, 7, 8, 9], 2)
     with pytest.raises(ValueError, match=r"\[0, 40\) \(the vocabulary\), got id 40"):
-        generator.greedy_generate(session, [5, 40], 2)
+        runners.greedy_generate(session, [5, 40], 2)
     with pytest.raises(ValueError, match="cache_length=8"):
-        generator.greedy_generate(session, [5, 6, 7], 7)
-    ids, _ = generator.greedy_generate(session, [5, 6, 7], 6)  # exactly fills the 8 slots
+        runners.greedy_generate(session, [5, 6, 7], 7)
+    ids, _ = runners.greedy_generate(session, [5, 6, 7], 6)  # exactly fills the 8 slots
     assert ids == model.generate([5, 6, 7], 6).ids[0].tolist()
 
 
@@ -175,7 +176,7 @@ def kit_files(tmp_path_factory):
     model = CausalLM({**BASE, "vocab_size": 24})
     model.build_on_dummy()
     path = str(folder / "gen.tflite")
-    result = generator.export_generator(model, path, prompt_length=8, cache_length=24)
+    result = pipeline.export_generator(model, path, prompt_length=8, cache_length=24, target="cpu")
     assert result["same_tokens"] and result["parity"] <= 1e-4
     return model, sp_model, path, str(folder / "spm.model")
 
@@ -298,7 +299,7 @@ def test_a_cache_longer_than_the_model_names_the_cache_length_flag(tmp_path, cap
     assert "--cache-length 64 exceeds the model's max_length=32" in error and "sequence_length" not in error
     assert not os.path.exists(out) and not os.path.exists(out + ".json")
     with pytest.raises(ValueError, match=r"`cache_length`=64 exceeds the model's max_length=32"):
-        generator.to_tflite_generator(_model(max_length=32), prompt_length=8, cache_length=64)
+        generator.to_tflite_generator(_model(max_length=32), prompt_length=8, cache_length=64, target="cpu")
 
 
 def test_a_failed_write_leaves_no_file_under_a_final_name(tmp_path, monkeypatch):

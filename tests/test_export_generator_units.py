@@ -19,7 +19,14 @@ from tflite_files import tensor_dtypes
 
 from keras_posenc import special_ids
 from keras_posenc.backend import keras
-from keras_posenc.export import conversion, generator, quantization
+from keras_posenc.export import (
+    generation_export,
+    generator,
+    model_spec,
+    pipeline,
+    quantization,
+    runners,
+)
 from keras_posenc.export import quality as quality_module
 from keras_posenc.export.targets import target_of
 from keras_posenc.models import CausalLM
@@ -46,7 +53,7 @@ def model():
 
 def _generates_like_keras(model, session, prompt, steps):
     """The file's greedy tokens are Keras's, and each step's logits are the full forward pass's."""
-    ids, logits = generator.greedy_generate(session, prompt, steps)
+    ids, logits = runners.greedy_generate(session, prompt, steps)
     assert ids == model.generate(prompt, steps).ids[0].tolist()
     full = np.asarray(model(np.array([prompt + ids[:-1]], np.int32)))[0, len(prompt) - 1:]
     np.testing.assert_allclose(logits, full, atol=1e-5, rtol=0)
@@ -109,7 +116,7 @@ def test_refused_exports_name_the_argument_and_value(make, args, message):
 
 
 def test_embedding_choice_and_its_refusals(model):
-    choose = generator._embedding
+    choose = generator.embedding_of
     assert choose(model, "gpu", None) == "host" and choose(model, "gl", None) == "host"
     assert choose(model, "cpu", None) == "graph"
     assert choose(model, "gpu", "graph") == "graph" and choose(model, "gl", "host") == "host"
@@ -126,13 +133,13 @@ def test_the_cache_size_and_the_kit_metadata(model):
     two = CausalLM({**TINY, "num_layers": 2, "d_model": 16})
     assert generator.cache_bytes(CausalLM({**TINY, "num_layers": 3}), 5) == 2 * 3 * 5 * 8 * 4
     assert generator.cache_bytes(two, 5) == 2 * 2 * 5 * 16 * 4
-    meta = generator.generator_metadata(two, prompt_length=3, cache_length=5, target="gl")
+    meta = generation_export.generator_metadata(two, prompt_length=3, cache_length=5, target="gl")
     assert meta == {"kind": "prefill_decode", "target": "gl", "accelerators": ["gpu", "cpu"],
                     "prompt_length": 3, "cache_length": 5, "vocab_size": 20, "num_layers": 2,
                     "pad_id": 0, "bos_id": special_ids.BOS_ID, "eos_id": special_ids.EOS_ID,
                     "unk_id": special_ids.UNK_ID, "special_ids": [0, 1, 2, 3, 4], "cache_bytes": 1280}
-    assert generator.generator_metadata(two, prompt_length=3, cache_length=5, target="cpu")["accelerators"] \
-        == ["cpu"]
+    metadata = generation_export.generator_metadata(two, prompt_length=3, cache_length=5, target="cpu")
+    assert metadata["accelerators"] == ["cpu"]
 
 
 def test_file_names_of_the_one_file_per_signature_exports(tmp_path):
@@ -192,7 +199,7 @@ class _Scripted:
 
 def test_greedy_generation_feeds_the_padded_prompt_then_one_token_per_step():
     session = _Scripted()
-    ids, logits = generator.greedy_generate(session, [2, 5], 4, pad_id=9)
+    ids, logits = runners.greedy_generate(session, [2, 5], 4, pad_id=9)
     assert ids == [6, 7, 8, 0]  # 8 + 1 = 9 is the padding id: never picked, its runner-up 0 is
     signatures = [signature for signature, _ in session.calls]
     assert signatures == ["prefill", "decode", "decode", "decode"]  # the last pick is not fed
@@ -211,33 +218,33 @@ def test_greedy_generation_feeds_the_padded_prompt_then_one_token_per_step():
 
 def test_the_pick_of_the_last_prompt_token_starts_the_run():
     session = _Scripted(shift={3: 7})
-    ids, _ = generator.greedy_generate(session, [3, 1, 3], 2)
+    ids, _ = runners.greedy_generate(session, [3, 1, 3], 2)
     assert ids == [7, 8]
 
 
 def test_a_stop_id_ends_the_run_after_it_is_generated():
     session = _Scripted()
-    ids, logits = generator.greedy_generate(session, [2], 6, stop_id=5)
+    ids, logits = runners.greedy_generate(session, [2], 6, stop_id=5)
     assert ids == [3, 4, 5] and logits.shape == (3, 10)
     assert len(session.calls) == 3  # prefill, then the steps fed 3 and 4
-    ids, _ = generator.greedy_generate(_Scripted(), [2], 3, stop_id=9)
+    ids, _ = runners.greedy_generate(_Scripted(), [2], 3, stop_id=9)
     assert ids == [3, 4, 5]
 
 
 def test_forced_ids_are_fed_back_instead_of_the_picks():
     session = _Scripted(shift={6: 1})
-    ids, _ = generator.greedy_generate(session, [4], 3, forced_ids=[6, 2, 8])
+    ids, _ = runners.greedy_generate(session, [4], 3, forced_ids=[6, 2, 8])
     assert ids == [5, 1, 3]  # the pick after each fed token: after 4, after 6, after 2
     assert [feeds["token_id"].tolist() for _, feeds in session.calls[1:]] == [[[6]], [[2]]]
     # A stop id is matched against the fed token.
     session = _Scripted()
-    ids, _ = generator.greedy_generate(session, [4], 3, forced_ids=[6, 2, 8], stop_id=6)
+    ids, _ = runners.greedy_generate(session, [4], 3, forced_ids=[6, 2, 8], stop_id=6)
     assert ids == [5] and len(session.calls) == 1
 
 
 def test_a_run_that_fills_the_cache_exactly_is_allowed():
     session = _Scripted(prompt_length=4, cache_length=8)
-    ids, _ = generator.greedy_generate(session, [1, 2, 3], 6)  # slots 0..7: 3 + 6 - 1 = 8
+    ids, _ = runners.greedy_generate(session, [1, 2, 3], 6)  # slots 0..7: 3 + 6 - 1 = 8
     assert len(ids) == 6
     assert session.calls[-1][1]["position"].tolist() == [7]
 
@@ -252,16 +259,16 @@ def test_a_run_that_fills_the_cache_exactly_is_allowed():
 def test_greedy_generation_refuses_what_the_file_cannot_run(prompt, tokens, message):
     session = _Scripted()
     with pytest.raises(ValueError) as error:
-        generator.greedy_generate(session, prompt, tokens)
+        runners.greedy_generate(session, prompt, tokens)
     assert str(error.value) == message
     assert session.calls == []
-    ids, _ = generator.greedy_generate(session, [0, 9, 1, 2], 5)  # ids 0 and 9, 4 tokens: in bounds
+    ids, _ = runners.greedy_generate(session, [0, 9, 1, 2], 5)  # ids 0 and 9, 4 tokens: in bounds
     assert len(ids) == 5
 
 
 def test_past_renames_every_present_output_and_drops_the_logits():
     outputs = {"logits": 1, "present_key_0": 2, "present_value_0": 3, "present_key_1": 4}
-    assert generator.past(outputs) == {"past_key_0": 2, "past_value_0": 3, "past_key_1": 4}
+    assert runners.past(outputs) == {"past_key_0": 2, "past_value_0": 3, "past_key_1": 4}
 
 
 def test_recorded_feeds_are_the_greedy_runs_that_fill_the_cache():
@@ -292,21 +299,22 @@ def test_recorded_feeds_restore_the_session_after_a_failure():
 def test_generation_quality_counts_steps_where_the_forced_file_agrees():
     float_session = _Scripted(prompt_length=4, cache_length=12)
     quantized = _Scripted(prompt_length=4, cache_length=12, shift={3: 5})
-    quality = generator.generation_quality(CausalLM(TINY), float_session, quantized, [[1], [6]], 4)
+    quality = generation_export.generation_quality(CausalLM(TINY), float_session, quantized, [[1], [6]], 4)
     # float32 after [1]: 2 3 4 5; the quantized file, fed them, picks 2 3 5 5: 3 of 4 agree.
     # After [6]: 7 8 9 1 (0 is padding), the same picks: 4 of 4.
     assert quality == {"prompts": 2, "greedy_tokens": 4, "same_greedy_tokens": False,
                        "generation_agreement": 7 / 8}
-    same = generator.generation_quality(CausalLM(TINY), float_session, _Scripted(cache_length=12), [[6]], 3)
+    same = generation_export.generation_quality(CausalLM(TINY), float_session, _Scripted(cache_length=12),
+                                                [[6]], 3)
     assert same["same_greedy_tokens"] is True and same["generation_agreement"] == 1.0
     # The model's pad id is never picked, in both files: after 8, float32 picks 0 (9 is padding).
     pad_nine = CausalLM({**TINY, "pad_id": 9})
-    padded = generator.generation_quality(pad_nine, _Scripted(cache_length=12),
+    padded = generation_export.generation_quality(pad_nine, _Scripted(cache_length=12),
                                           _Scripted(cache_length=12, shift={0: 5}), [[7]], 3)
     assert padded == {"prompts": 1, "greedy_tokens": 3, "same_greedy_tokens": False,
                       "generation_agreement": 2 / 3}  # float32 8 0 1; fed them, 8 0 5
-    same = generator.generation_quality(pad_nine, _Scripted(cache_length=12), _Scripted(cache_length=12),
-                                        [[7]], 3)
+    same = generation_export.generation_quality(pad_nine, _Scripted(cache_length=12),
+                                                _Scripted(cache_length=12), [[7]], 3)
     assert same["same_greedy_tokens"] is True  # both 8 0 1, not 8 9 0
 
 
@@ -327,7 +335,8 @@ def test_generation_quality_scores_held_out_rows_on_the_prefill_logits():
     held_out = np.array([[1, 2, 3, 4, 5, 6],  # cut to the prefill's 4
                          [3, 0, 0, 0, 0, 0],  # no real next token: left out
                          [2, 3, 0, 0, 0, 0]])
-    quality = generator.generation_quality(CausalLM(TINY), float_session, quantized, [[1]], 2, held_out)
+    quality = generation_export.generation_quality(CausalLM(TINY), float_session, quantized, [[1]], 2,
+                                                   held_out)
     rows = np.array([[1, 2, 3, 4], [2, 3, 0, 0]])
     logits = {name: np.stack([np.stack([session._logits(t) for t in row]) for row in rows])
               for name, session in (("float", float_session), ("quantized", quantized))}
@@ -345,7 +354,7 @@ def test_generation_quality_scores_held_out_rows_on_the_prefill_logits():
 
 def test_held_out_rows_shorter_than_the_prefill_are_padded():
     session = _Scripted(prompt_length=4, cache_length=12)
-    quality = generator.generation_quality(CausalLM(TINY), session, session, [[1]], 1,
+    quality = generation_export.generation_quality(CausalLM(TINY), session, session, [[1]], 1,
                                            np.array([[5, 6], [7, 8]]))
     assert quality["rows"] == 2 and quality["tokens"] == 2
     assert quality["agreement"] == 1.0 and quality["max_abs_diff"] == 0.0
@@ -357,7 +366,7 @@ def test_held_out_rows_shorter_than_the_prefill_are_padded():
 
 @pytest.fixture(scope="module")
 def cpu_file(model):
-    return generator.to_tflite_generator(model, prompt_length=4, cache_length=8)
+    return generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="cpu")
 
 
 def test_the_cpu_file_has_the_documented_signatures(model, cpu_file):
@@ -370,7 +379,7 @@ def test_the_cpu_file_has_the_documented_signatures(model, cpu_file):
     for key in signatures:
         assert sorted(signatures[key]["outputs"]) == ["logits", "present_key_0", "present_key_1",
                                                       "present_value_0", "present_value_1"]
-    session = generator.TfliteSession(cpu_file)
+    session = runners.TfliteSession(cpu_file)
     assert (session.prompt_length, session.cache_length, session.vocab_size) == (4, 8, 20)
     prefill, decode = session.details["prefill"], session.details["decode"]
     assert prefill["token_ids"]["shape"].tolist() == [1, 4] and prefill["token_ids"]["dtype"] == np.int32
@@ -380,7 +389,7 @@ def test_the_cpu_file_has_the_documented_signatures(model, cpu_file):
 
 
 def test_the_cpu_file_fills_its_cache_with_the_keras_tokens(model, cpu_file):
-    session = generator.TfliteSession(cpu_file)
+    session = runners.TfliteSession(cpu_file)
     _generates_like_keras(model, session, [6, 7, 8], 6)
     # The prefill writes the prompt's keys: a decode step from them equals the full pass.
     prefill = session.run("prefill", {"token_ids": np.array([[6, 7, 8, 0]], np.int32)})
@@ -391,20 +400,21 @@ def test_the_cpu_file_fills_its_cache_with_the_keras_tokens(model, cpu_file):
 
 
 def test_parity_compares_every_generated_step_with_the_full_pass(model, cpu_file):
-    same, parity = generator.check_generator_parity(model, generator.TfliteSession(cpu_file), [6, 7, 8], 6)
+    session = runners.TfliteSession(cpu_file)
+    same, parity = generation_export.check_generator_parity(model, session, [6, 7, 8], 6)
     assert same is True and 0 <= parity <= 1e-5
 
-    class Nudged(generator.TfliteSession):
+    class Nudged(runners.TfliteSession):
         def run(self, signature, feeds):
             outputs = dict(super().run(signature, feeds))
             if signature == "decode" and int(feeds["position"][0]) == 5:
                 outputs["logits"] = outputs["logits"] + np.float32(0.25)  # the same argmax
             return outputs
 
-    same, parity = generator.check_generator_parity(model, Nudged(cpu_file), [6, 7, 8], 6)
+    same, parity = generation_export.check_generator_parity(model, Nudged(cpu_file), [6, 7, 8], 6)
     assert same is True and parity == pytest.approx(0.25, abs=1e-5)
 
-    class Wrong(generator.TfliteSession):
+    class Wrong(runners.TfliteSession):
         def run(self, signature, feeds):
             outputs = dict(super().run(signature, feeds))
             if signature == "decode":
@@ -413,7 +423,7 @@ def test_parity_compares_every_generated_step_with_the_full_pass(model, cpu_file
                 outputs["logits"] = logits
             return outputs
 
-    same, parity = generator.check_generator_parity(model, Wrong(cpu_file), [6, 7, 8], 3)
+    same, parity = generation_export.check_generator_parity(model, Wrong(cpu_file), [6, 7, 8], 3)
     assert same is False and parity > 100
 
 
@@ -424,10 +434,11 @@ def test_parity_skips_the_model_s_own_pad_id_as_generate_does():
     kernel, bias = model.head.get_weights()
     bias[1], bias[0] = 50.0, 25.0
     model.head.set_weights([kernel, bias])
-    session = generator.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8))
+    session = runners.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8,
+                                                                  target="cpu"))
     assert model.generate([6, 7, 8], 3).ids[0].tolist() == [0, 0, 0]
-    assert generator.check_generator_parity(model, session, [6, 7, 8], 3)[0] is True
-    assert generator.greedy_generate(session, [6, 7, 8], 3)[0] == [1, 1, 1]  # with padding id 0
+    assert generation_export.check_generator_parity(model, session, [6, 7, 8], 3)[0] is True
+    assert runners.greedy_generate(session, [6, 7, 8], 3)[0] == [1, 1, 1]  # with padding id 0
 
 
 @pytest.mark.parametrize("config", [
@@ -439,14 +450,16 @@ def test_parity_skips_the_model_s_own_pad_id_as_generate_does():
 @plumbing_once
 def test_every_position_kind_generates_the_keras_tokens(config):
     model = _model(**config)
-    session = generator.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8))
+    session = runners.TfliteSession(generator.to_tflite_generator(model, prompt_length=4, cache_length=8,
+                                                                  target="cpu"))
     _generates_like_keras(model, session, [6, 7], 7)
 
 
 @plumbing_once
 def test_a_one_layer_model_s_file_reads_its_lengths_from_its_one_cache():
     one = _model(num_layers=1)
-    session = generator.TfliteSession(generator.to_tflite_generator(one, prompt_length=4, cache_length=8))
+    session = runners.TfliteSession(generator.to_tflite_generator(one, prompt_length=4, cache_length=8,
+                                                                  target="cpu"))
     assert (session.prompt_length, session.cache_length, session.vocab_size) == (4, 8, 20)
     _generates_like_keras(one, session, [6, 7, 8], 5)
 
@@ -458,14 +471,14 @@ def gpu_files(model):
 
 
 def test_gpu_files_take_int32_ids_or_host_rows(model, gpu_files):
-    graph = generator.TfliteSession(gpu_files["graph"])
+    graph = runners.TfliteSession(gpu_files["graph"])
     assert graph.details["prefill"]["token_ids"]["dtype"] == np.int32
     assert graph.details["decode"]["position"]["dtype"] == np.int32
     with pytest.raises(ValueError) as error:
-        generator.TfliteSession(gpu_files["host"])
+        runners.TfliteSession(gpu_files["host"])
     assert str(error.value) == ("This file takes looked-up `embeddings`: pass `table` "
-                                "(conversion.host_embedding_table(model)).")
-    host = generator.TfliteSession(gpu_files["host"], table=conversion.host_embedding_table(model))
+                                "(model_spec.host_embedding_table(model)).")
+    host = runners.TfliteSession(gpu_files["host"], table=model_spec.host_embedding_table(model))
     assert list(host.details["prefill"]) == ["embeddings"]
     assert host.details["prefill"]["embeddings"]["shape"].tolist() == [1, 4, 8]
     assert host.details["decode"]["embeddings"]["shape"].tolist() == [1, 1, 8]
@@ -486,13 +499,13 @@ def test_the_default_gpu_embedding_is_host(model, gpu_files):
 
 def test_typed_feeds_cast_to_the_file_and_look_up_host_rows():
     details = {"token_id": {"dtype": np.float32}, "position": {"dtype": np.int32}}
-    typed = generator.typed_feeds(details, {"token_id": [[3]], "position": [2], "ignored": 1})
+    typed = runners.typed_feeds(details, {"token_id": [[3]], "position": [2], "ignored": 1})
     assert set(typed) == {"token_id", "position"}
     assert typed["token_id"].dtype == np.float32 and typed["token_id"].tolist() == [[3.0]]
     assert typed["position"].dtype == np.int32
     table = np.arange(12, dtype=np.float64).reshape(6, 2)
     for name in ("token_ids", "token_id"):
-        typed = generator.typed_feeds({"embeddings": {"dtype": np.float32}}, {name: [[4, 1]]}, table)
+        typed = runners.typed_feeds({"embeddings": {"dtype": np.float32}}, {name: [[4, 1]]}, table)
         assert typed["embeddings"].dtype == np.float32
         assert typed["embeddings"].tolist() == [[[8.0, 9.0], [2.0, 3.0]]]
 
@@ -502,7 +515,7 @@ def test_the_gl_export_is_one_float32_file_per_signature(model):
                                                     embedding="graph")
     assert list(tf.lite.Interpreter(model_content=prefill).get_signature_list()) == ["prefill"]
     assert list(tf.lite.Interpreter(model_content=decode).get_signature_list()) == ["decode"]
-    session = generator.TfliteSession((prefill, decode))
+    session = runners.TfliteSession((prefill, decode))
     assert session.details["prefill"]["token_ids"]["dtype"] == np.float32
     assert session.details["decode"]["position"]["dtype"] == np.float32
     assert session.details["decode"]["position"]["shape"].tolist() == [1]
@@ -520,7 +533,7 @@ def test_a_failed_conversion_is_a_value_error_naming_the_graphs(model, monkeypat
 
     monkeypatch.setattr(tf.lite.TFLiteConverter, "from_saved_model", lambda *args, **kwargs: Failing())
     with pytest.raises(ValueError) as error:
-        generator.to_tflite_generator(model, prompt_length=4, cache_length=8)
+        generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="cpu")
     assert str(error.value) == ("TFLite conversion of the prefill/decode graphs failed: "
                                 "op FOO is not supported")
     assert isinstance(error.value.__cause__, RuntimeError)
@@ -537,13 +550,14 @@ def test_the_converter_gets_both_signatures_builtin_ops_and_the_recipe(model, mo
         return converter
 
     monkeypatch.setattr(tf.lite.TFLiteConverter, "from_saved_model", recording)
-    flat = generator.to_tflite_generator(model, prompt_length=4, cache_length=8, quantize="float16")
+    flat = generator.to_tflite_generator(model, prompt_length=4, cache_length=8, quantize="float16",
+                                         target="cpu")
     assert seen["keys"] == ["prefill", "decode"]
     assert seen["converter"].target_spec.supported_ops == [tf.lite.OpsSet.TFLITE_BUILTINS]
     assert seen["converter"].target_spec.supported_types == [tf.float16]
     assert np.float16 in tensor_dtypes(flat)
     with pytest.raises(ValueError, match="--quantize int4 is refused for target='cpu'"):
-        generator.to_tflite_generator(model, prompt_length=4, cache_length=8, quantize="int4")
+        generator.to_tflite_generator(model, prompt_length=4, cache_length=8, quantize="int4", target="cpu")
 
 
 def test_a_tensorrt_target_is_sent_to_the_onnx_exporter(model):
@@ -557,13 +571,13 @@ def test_a_tensorrt_target_is_sent_to_the_onnx_exporter(model):
 @pytest.fixture(scope="module")
 def float16_export(model):
     eval_rows = np.array([[6, 7, 8, 9, 10, 11], [12, 13, 0, 0, 0, 0]])
-    return generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu",
+    return pipeline.export_generation(model, prompt_length=4, cache_length=8, target="gpu",
                                        check_prompt=[6, 7, 8, 9, 10], check_tokens=3, quantize="float16",
                                        eval_token_ids=eval_rows)
 
 
 def test_the_checked_export_reports_tokens_parity_and_costs(model):
-    result = generator.export_generation(model, prompt_length=4, cache_length=8, check_tokens=16)
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, check_tokens=16, target="cpu")
     assert result.target == "cpu" and result.quantize is None and result.embedding == "graph"
     assert result.report["tokens_checked"] == 6  # the default prompt [5, 6, 7], 8 - 3 + 1 slots
     assert result.report["same_tokens"] is True and result.report["parity"] <= 1e-5
@@ -585,8 +599,8 @@ def test_the_checked_export_reports_tokens_parity_and_costs(model):
 
 
 def test_a_file_whose_tokens_differ_says_so(model, monkeypatch):
-    monkeypatch.setattr(generator, "check_generator_parity", lambda *args: (False, 0.125))
-    result = generator.export_generation(model, prompt_length=4, cache_length=8, check_tokens=2)
+    monkeypatch.setattr(generation_export, "check_generator_parity", lambda *args: (False, 0.125))
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, check_tokens=2, target="cpu")
     assert result.report["same_tokens"] is False and result.report["parity"] == 0.125
     assert result.lines[1] == ("Greedy parity over 2 tokens: TOKENS DIFFER from CausalLM.generate, max abs "
                                "logit diff 0.125")
@@ -594,41 +608,42 @@ def test_a_file_whose_tokens_differ_says_so(model, monkeypatch):
 
 
 def test_the_checked_gl_export_is_a_pair_with_a_cost_for_each_file(model):
-    result = generator.export_generation(model, prompt_length=4, cache_length=8, target="gl", check_tokens=2)
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, target="gl", check_tokens=2)
     assert (result.target, result.quantize, result.embedding) == ("gl", None, "host")
     assert len(result.models) == 2 and result.host_table is not None
     meta = result.metadata
     assert meta["input_dtype"] == "float32" and meta["embedding"] == "host"
     # The decode file's cost is a decode step's: less than the 4-token prefill's.
     assert 0 < meta["decode_multiply_adds"] < meta["prefill_multiply_adds"]
-    np.testing.assert_array_equal(result.host_table, conversion.host_embedding_table(model))
+    np.testing.assert_array_equal(result.host_table, model_spec.host_embedding_table(model))
     assert result.report["same_tokens"] and result.report["tokens_checked"] == 2
 
 
 @plumbing_once
 def test_check_tokens_is_capped_by_the_cache_and_the_model(model):
-    checked = generator.check_generation(model, prompt_length=4, cache_length=8, check_prompt=[6],
-                                         check_tokens=2)
+    checked = generation_export.check_generation(model, prompt_length=4, cache_length=8, check_prompt=[6],
+                                         check_tokens=2, target="cpu")
     assert checked["tokens_checked"] == 2
-    checked = generator.check_generation(model, prompt_length=4, cache_length=8, check_prompt=[6, 7],
-                                         check_tokens=0)
+    checked = generation_export.check_generation(model, prompt_length=4, cache_length=8, check_prompt=[6, 7],
+                                         check_tokens=0, target="cpu")
     assert checked["tokens_checked"] == 1
-    checked = generator.check_generation(model, prompt_length=4, cache_length=8,
-                                         check_prompt=[6, 7, 8, 9, 10, 11], check_tokens=20)
+    checked = generation_export.check_generation(model, prompt_length=4, cache_length=8,
+                                         check_prompt=[6, 7, 8, 9, 10, 11], check_tokens=20, target="cpu")
     assert checked["tokens_checked"] == 5  # the prompt cut to 4: 8 - 4 + 1
     assert checked["quality"] is None and checked["recipe"] is None
     # A cache as long as the model: the last slot's token would need position max_length.
-    checked = generator.check_generation(model, prompt_length=4, cache_length=16, check_prompt=[6],
-                                         check_tokens=40)
+    checked = generation_export.check_generation(model, prompt_length=4, cache_length=16, check_prompt=[6],
+                                         check_tokens=40, target="cpu")
     assert checked["tokens_checked"] == 15 and checked["same_tokens"]
 
 
 @plumbing_once
 def test_the_default_check_prompt_is_clipped_to_the_vocabulary():
     small = _model(vocab_size=7)
-    checked = generator.check_generation(small, prompt_length=4, cache_length=8, check_tokens=1)
+    checked = generation_export.check_generation(small, prompt_length=4, cache_length=8, check_tokens=1,
+                                                 target="cpu")
     # The prompt [5, 6, 6] fills 3 slots: the tokens are the file's after it.
-    same, _ = generator.check_generator_parity(small, generator.TfliteSession(checked["models"][0]),
+    same, _ = generation_export.check_generator_parity(small, runners.TfliteSession(checked["models"][0]),
                                                [5, 6, 6], 1)
     assert same and checked["same_tokens"]
 
@@ -653,7 +668,7 @@ def test_a_float16_export_reports_its_quality_against_float32(model, float16_exp
     assert np.float16 in tensor_dtypes(result.models[0])  # the file is the float16 one, not float32's
     stored = result.host_table
     assert stored is not None and np.asarray(stored).dtype == np.float16
-    np.testing.assert_allclose(np.asarray(stored, np.float32), conversion.host_embedding_table(model),
+    np.testing.assert_allclose(np.asarray(stored, np.float32), model_spec.host_embedding_table(model),
                                atol=1e-3, rtol=1e-3)
 
 
@@ -671,8 +686,8 @@ def test_the_quantized_and_the_float32_file_run_on_the_interpreter_the_recipe_ne
         assert recipe == quantization.recipe_for("gpu", "float16", "prefill_decode")
         yield Recording
 
-    monkeypatch.setattr(generator, "interpreter_for", recording_interpreter)
-    checked = generator.check_generation(model, prompt_length=4, cache_length=8, target="gpu",
+    monkeypatch.setattr(generation_export, "interpreter_for", recording_interpreter)
+    checked = generation_export.check_generation(model, prompt_length=4, cache_length=8, target="gpu",
                                          embedding="graph", quantize="float16", check_tokens=2)
     float32 = generator.to_tflite_generator(model, prompt_length=4, cache_length=8, target="gpu",
                                             embedding="graph")
@@ -682,32 +697,34 @@ def test_the_quantized_and_the_float32_file_run_on_the_interpreter_the_recipe_ne
 @plumbing_once
 def test_the_quality_check_prompts_are_the_check_prompt_and_the_rows_real_tokens(monkeypatch):
     seen = []
-    real = generator.generation_quality
+    real = generation_export.generation_quality
 
     def recording(model, float_session, session, prompts, tokens, eval_token_ids=None):
         seen.append(prompts)
         return real(model, float_session, session, prompts, tokens, eval_token_ids)
 
-    monkeypatch.setattr(generator, "generation_quality", recording)
+    monkeypatch.setattr(generation_export, "generation_quality", recording)
     rows = np.array([[6, 7, 8, 10, 11, 12], [12, 13, 9, 9, 9, 9], [9, 9, 9, 9, 9, 9]])
-    generator.check_generation(_model(pad_id=9), prompt_length=4, cache_length=8, quantize="float16",
-                               check_prompt=[2, 3], check_tokens=2, eval_token_ids=rows)
+    generation_export.check_generation(_model(pad_id=9), prompt_length=4, cache_length=8, quantize="float16",
+                               check_prompt=[2, 3], check_tokens=2, eval_token_ids=rows, target="cpu")
     assert seen == [[[2, 3], [6, 7, 8, 10], [12, 13]]]  # padding (9) cut, an all-padding row left out
 
 
 def test_a_negative_loss_bound_is_refused_before_any_export(model):
     for bad in (-0.5, float("nan")):
         with pytest.raises(ValueError) as error:
-            generator.export_generation(model, prompt_length=4, cache_length=8, max_loss_increase=bad)
+            pipeline.export_generation(model, prompt_length=4, cache_length=8, max_loss_increase=bad,
+                                       target="cpu")
         assert str(error.value) == f"`max_loss_increase` must be >= 0, got max_loss_increase={bad!r}."
-    result = generator.export_generation(model, prompt_length=4, cache_length=8, check_tokens=1,
-                                         max_loss_increase=0)
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, check_tokens=1,
+                                         max_loss_increase=0, target="cpu")
     assert result.failures() == []
 
 
 def test_export_generator_writes_the_files_and_returns_the_summary(model, tmp_path):
     out = str(tmp_path / "gen.tflite")
-    summary = generator.export_generator(model, out, prompt_length=4, cache_length=8, check_tokens=2)
+    summary = pipeline.export_generator(model, out, prompt_length=4, cache_length=8, check_tokens=2,
+                                        target="cpu")
     result = summary["result"]
     assert summary["files"] == result.model_paths(out) == [out]
     assert summary["bytes"] == len(result.models[0]) == os.path.getsize(out)
@@ -720,12 +737,14 @@ def test_export_generator_writes_the_files_and_returns_the_summary(model, tmp_pa
 @plumbing_once
 def test_export_options_reach_the_check(model):
     long = _model(max_length=24)
-    result = generator.export_generation(long, prompt_length=4, cache_length=20)
+    result = pipeline.export_generation(long, prompt_length=4, cache_length=20, target="cpu")
     assert result.report["tokens_checked"] == 16  # the default check_tokens, under 20 - 3 + 1
-    assert generator.check_generation(long, prompt_length=4, cache_length=20)["tokens_checked"] == 16
-    result = generator.export_generation(model, prompt_length=4, cache_length=8, check_prompt=[9])
+    assert generation_export.check_generation(long, prompt_length=4, cache_length=20,
+                                              target="cpu")["tokens_checked"] == 16
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, check_prompt=[9],
+                                        target="cpu")
     assert result.report["tokens_checked"] == 8  # one prompt token: all 8 slots
-    result = generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu",
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, target="gpu",
                                          embedding="graph", check_tokens=1)
     assert result.embedding == "graph" and result.host_table is None and len(result.models) == 1
 
@@ -742,33 +761,34 @@ def test_the_litert_python_given_is_the_one_used(no_litert_python_variables, mod
                                          embedding="graph", quantize="int8", litert_python=python)
     assert tf.lite.Interpreter(model_content=flat).get_signature_list() and not marker.exists()
     with pytest.raises(RuntimeError, match=r"^the LiteRT interpreter server exited \(status 3\)\.$"):
-        generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int8",
+        pipeline.export_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int8",
                                     litert_python=python)
     assert marker.exists()
     with pytest.raises(ValueError, match="--quantize int8 on target='gpu' is checked by ai-edge-litert's "):
-        generator.export_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int8")
+        pipeline.export_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int8")
 
 
 @plumbing_once
 def test_the_check_runs_the_default_prompt_cut_to_the_prefill(monkeypatch):
     prompts = []
-    real = generator.check_generator_parity
+    real = generation_export.check_generator_parity
 
     def recording(model, session, prompt, tokens):
         prompts.append(list(prompt))
         return real(model, session, prompt, tokens)
 
-    monkeypatch.setattr(generator, "check_generator_parity", recording)
+    monkeypatch.setattr(generation_export, "check_generator_parity", recording)
     for vocab, prompt_length in ((20, 4), (7, 4), (20, 2)):
-        generator.check_generation(_model(vocab_size=vocab), prompt_length=prompt_length, cache_length=8,
-                                   check_tokens=1)
+        generation_export.check_generation(_model(vocab_size=vocab), prompt_length=prompt_length,
+                                           cache_length=8, check_tokens=1, target="cpu")
     assert prompts == [[5, 6, 7], [5, 6, 6], [5, 6]]
 
 
 def test_the_check_refuses_what_a_prefill_decode_export_refuses(model):
     # int4 on gpu: a window export's recipe (LiteRT Quantizer), refused for prefill/decode graphs.
     with pytest.raises(ValueError, match="--quantize int4 is refused for target='gpu': "):
-        generator.check_generation(model, prompt_length=4, cache_length=8, target="gpu", quantize="int4")
+        generation_export.check_generation(model, prompt_length=4, cache_length=8, target="gpu",
+                                           quantize="int4")
 
 
 def test_a_gl_pair_is_quantized_file_by_file(model):
@@ -786,7 +806,7 @@ def test_signatures_with_a_litert_quantizer_recipe_go_to_the_litert_python(no_li
     flat = generator.convert_signatures(signatures)
     runner = tf.lite.Interpreter(model_content=flat).get_signature_runner("prefill")
     assert runner(x=np.array([[1.5, -2.0]], np.float32))["y"].tolist() == [[3.0, -4.0]]
-    recipe = quantization.RECIPES[("cpu", "window")]["int4"]
+    recipe = quantization.recipes_of("cpu", "window")["int4"]
     with pytest.raises(RuntimeError) as error:
         generator.convert_signatures(signatures, recipe, failing_litert_python(tmp_path))
     assert FAILED_QUANTIZE in str(error.value)

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tiny_lm import perturbed_causal_lm
 
 from keras_posenc.export import gl_generate, shader_ops
-from keras_posenc.export.conversion import ModelSpec, host_embedding_table, rebuild
+from keras_posenc.export.model_spec import ModelSpec, host_embedding_table, rebuild
 
 BASE = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 40, "max_length": 24,
         "dropout": 0.0}

@@ -17,7 +17,7 @@ from tflite_files import assert_same_graph
 from keras_posenc import special_ids
 from keras_posenc.app import cli
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import contract, litert_python, litertlm, litertlm_bundle
+from keras_posenc.export import contract, litert_python, litertlm, litertlm_bundle, pipeline
 from keras_posenc.export.flatbuffer import op_counts
 from keras_posenc.layers.rope_scaling import ROTARY_SCALINGS
 from keras_posenc.models import CausalLM
@@ -129,7 +129,7 @@ def test_the_gpu_file_holds_only_shader_ops_and_no_transpose():
 
 def test_the_file_is_in_the_engine_contract():
     model = _model(position="rope")
-    flat = litertlm.to_litertlm_tflite(model, prompt_length=6, cache_length=20)
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=6, cache_length=20, target="cpu")
     import tensorflow as tf
 
     interpreter = tf.lite.Interpreter(model_content=flat)
@@ -148,7 +148,8 @@ def test_the_file_is_in_the_engine_contract():
 
 def test_a_prefill_from_an_offset_leaves_the_earlier_slots_bit_for_bit():
     model = _model(position="alibi")
-    feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=16))
+    feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=16,
+                                                               target="cpu"))
     feeder.prefill([2, 9, 17, 5, 11, 30])  # slots 0..4 written, 30 held back
     before = {name: value.copy() for name, value in feeder.cache.items()}
     feeder.prefill([7, 21])  # slots 5, 6 (30, 7), 21 held back
@@ -176,15 +177,16 @@ def test_a_model_without_a_causal_lm_head_is_rejected():
     inputs = keras.Input(shape=(None,), dtype="int32")
     plain = keras.Model(inputs, keras.layers.Embedding(40, 8)(inputs))
     with pytest.raises(ValueError, match="needs a keras_posenc CausalLM, got Functional"):
-        litertlm.to_litertlm_tflite(plain, prompt_length=4, cache_length=8)
+        litertlm.to_litertlm_tflite(plain, prompt_length=4, cache_length=8, target="cpu")
     unmasked = CausalLM(BASE, causal=False)
     unmasked.build_on_dummy()
     with pytest.raises(ValueError, match="causal=False"):
-        litertlm.to_litertlm_tflite(unmasked, prompt_length=4, cache_length=8)
+        litertlm.to_litertlm_tflite(unmasked, prompt_length=4, cache_length=8, target="cpu")
 
 
 def test_the_feeder_refuses_a_prompt_that_does_not_fit():
-    feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(_model(), prompt_length=4, cache_length=8))
+    feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(_model(), prompt_length=4, cache_length=8,
+                                                               target="cpu"))
     with pytest.raises(ValueError, match="9 tokens do not fit in cache_length=8"):
         feeder.prefill(list(range(5, 14)))
 
@@ -223,7 +225,7 @@ def test_without_the_builder_the_bundle_is_refused_with_the_install_line(no_lite
         pytest.skip("litert-lm-builder is importable in this Python")
     with pytest.raises(ValueError, match="litert-lm-builder, which is not installed here: .*pip install "
                                          "litert-lm-api==0.18.1 litert-lm-builder==0.18.1 litert-quantizer"):
-        litertlm_bundle.export_litertlm(_model(), b"", prompt_length=4, cache_length=8)
+        pipeline.export_litertlm(_model(), b"", prompt_length=4, cache_length=8, target="cpu")
     with pytest.raises(ValueError, match="'/no/such/python' is not an executable file"):
         litert_python.runtime_python("/no/such/python")
 
@@ -292,7 +294,7 @@ def test_near_greedy_takes_another_runtime_s_pick_only_at_a_near_tie(tmp_path, c
     processor = spm.SentencePieceProcessor()
     processor.LoadFromSerializedProto(sp_model)
     model = _model(vocab_size=100)
-    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36)
+    flat = litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=36, target="cpu")
     sessions = [["the cat sat"]]
     own = litertlm_bundle.feeder_texts(flat, sp_model, sessions, 6, pad_id=0)
     assert litertlm_bundle.near_greedy(flat, sp_model, sessions, own, 6, pad_id=0, near_tie=0.0)

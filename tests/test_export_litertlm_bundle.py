@@ -25,11 +25,11 @@ from sentencepiece import sentencepiece_model_pb2
 from keras_posenc import special_ids
 from keras_posenc.app import dataset as data
 from keras_posenc.backend import keras
-from keras_posenc.export import contract, generator, litertlm, litertlm_bundle
+from keras_posenc.export import contract, generation_export, kinds, litertlm, litertlm_bundle, pipeline
 from keras_posenc.export.cost import graph_cost
 from keras_posenc.export.litert_python import INSTALL_HINT
 from keras_posenc.export.quality import format_generation_quality
-from keras_posenc.export.quantization import RECIPES
+from keras_posenc.export.quantization import recipes_of
 from keras_posenc.export.targets import TARGETS
 
 BOS, EOS, UNK, SEP = special_ids.BOS_ID, special_ids.EOS_ID, special_ids.UNK_ID, 4
@@ -694,19 +694,21 @@ def test_a_float32_bundle_is_packed_checked_and_described(lm, sp_model, tmp_path
     keras, _ = litertlm_bundle.keras_texts(lm, sp_model, probes, NEW)
     assert keras == [["aaa"]] * 2 + [["aaa", "aaa"]]
     python = stand_in_python(tmp_path, generate={"turns": keras})
-    result = litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
-                                             max_new_tokens=NEW, python=python, check_tokens=2,
-                                             engine_env={"STAND_IN_MARKER": "engine env"})
+    result = pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
+                                      max_new_tokens=NEW, python=python, check_tokens=2,
+                                             engine_env={"STAND_IN_MARKER": "engine env"}, target="cpu")
     flat = converted_once(lm, prompt_length=PROMPT, cache_length=CACHE, target="cpu")
-    assert (result.target, result.quantize, result.embedding, result.suffix) == ("cpu", None, "graph",
-                                                                                  ".litertlm")
+    assert (result.target, result.quantize, result.embedding, result.kind) == ("cpu", None, "graph",
+                                                                                kinds.LITERTLM)
+    assert result.model_paths("out.litertlm") == ["out.litertlm"]
     assert result.models == (b"LITERTLM|" + flat + b"|" + sp_model,)
     pack, generate = calls(tmp_path)
     assert pack["spec"]["activation"] == "fp32" and pack["spec"]["max_num_tokens"] == CACHE
     assert pack["spec"]["pad_id"] == 0 and generate["marker"] == "engine env"
     assert generate["spec"]["turns"] == probes and generate["spec"]["max_new_tokens"] == NEW
     prefill, decode = _costs(flat)
-    metadata = generator.generator_metadata(lm, prompt_length=PROMPT, cache_length=CACHE, target="cpu")
+    metadata = generation_export.generator_metadata(lm, prompt_length=PROMPT, cache_length=CACHE,
+                                                    target="cpu")
     assert result.metadata == {**metadata, "format": "litertlm", "max_num_tokens": CACHE,
                                "embedding": "graph", "input_dtype": "int32", "quantize": None,
                                "prefill_multiply_adds": prefill, "decode_multiply_adds": decode}
@@ -757,13 +759,14 @@ def test_a_float16_bundle_is_checked_against_its_own_model_through_near_ties(lm,
     assert litertlm_bundle.feeder_texts(flat, sp_model, probes, NEW, 0) == [["aaa", "aaa"]]
     eval_ids = [[BOS, A, A, B, A, 0], [BOS, B, A, A, 0, 0]]
     float_flat = converted_once(lm, prompt_length=PROMPT, cache_length=CACHE, target="cpu")
-    recipe = RECIPES[("cpu", "litertlm")]["float16"]
+    recipe = recipes_of("cpu", "litertlm")["float16"]
     with monkeypatch.context() as patched:
         opened = _only_the_recipe_s_interpreter(patched)
-        result = litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
-                                                 probes=probes, max_new_tokens=NEW, python=python,
+        result = pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
+                                          probes=probes, max_new_tokens=NEW, python=python,
                                                  check_tokens=2, activation="fp16", quantize="float16",
-                                                 eval_token_ids=eval_ids, max_loss_increase=0.03)
+                                                 eval_token_ids=eval_ids, max_loss_increase=0.03,
+                                                 target="cpu")
     assert opened == [(recipe, python)] * 2  # the checks, then the near-tie search: each file ran in it
     assert result.models == (b"LITERTLM|" + flat + b"|" + sp_model,) and result.quantize == "float16"
     assert calls(tmp_path)[0]["spec"]["activation"] == "fp16"
@@ -777,7 +780,8 @@ def test_a_float16_bundle_is_checked_against_its_own_model_through_near_ties(lm,
                              "engine_same_text": True, "engine": engine, "quality": quality,
                              "max_loss_increase": 0.03}
     prefill, decode = _costs(flat)
-    metadata = generator.generator_metadata(lm, prompt_length=PROMPT, cache_length=CACHE, target="cpu")
+    metadata = generation_export.generator_metadata(lm, prompt_length=PROMPT, cache_length=CACHE,
+                                                    target="cpu")
     assert result.metadata == {**metadata, "format": "litertlm", "max_num_tokens": CACHE,
                                "embedding": "graph", "input_dtype": "int32", "quantize": "float16",
                                "prefill_multiply_adds": prefill, "decode_multiply_adds": decode,
@@ -797,7 +801,7 @@ def test_a_bundle_s_model_generating_other_tokens_fails_the_emulated_check(lm, s
     # the engine's text: the file's near-ties (b 0.2 below a), which pass for quantized bundles only
     python = stand_in_python(tmp_path, generate={"turns": [["abababab"]]})
     # by default 8 new tokens a turn and 16 checked a turn (a cache of 56 has room for them); on gpu
-    result = litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=56,
+    result = pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=56,
                                              target="gpu", probes=[["big"]], python=python)
     flat = converted_once(lm, prompt_length=PROMPT, cache_length=56, target="gpu")  # the shader graphs
     assert result.models == (b"LITERTLM|" + flat + b"|" + sp_model,) and result.target == "gpu"
@@ -817,8 +821,8 @@ def test_an_int4_bundle_is_quantized_in_the_litert_python(lm, sp_model, tmp_path
                                                           no_litert_python_variables):
     python = stand_in_python(tmp_path, quantize={"exit": 3, "stderr": "stand-in quantizer\n"})
     with pytest.raises(RuntimeError) as error:
-        litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
-                                        probes=[["big"]], max_new_tokens=NEW, python=python, quantize="int4")
+        pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE, probes=[["big"]],
+                                 max_new_tokens=NEW, python=python, quantize="int4", target="cpu")
     assert str(error.value) == "LiteRT `quantize` failed (exit 3): stand-in quantizer"
     [call] = calls(tmp_path)
     assert os.path.basename(call["script"]) == "litert_runtime.py" and call["command"] == "quantize"
@@ -836,8 +840,8 @@ def no_conversion(monkeypatch):
 @pytest.mark.parametrize("value", [-0.01, float("nan")])
 def test_a_negative_loss_limit_is_refused(lm, sp_model, tmp_path, no_conversion, value):
     with pytest.raises(ValueError) as error:
-        litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
-                                        python=stand_in_python(tmp_path), max_loss_increase=value)
+        pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
+                                 python=stand_in_python(tmp_path), max_loss_increase=value, target="cpu")
     assert str(error.value) == f"`max_loss_increase` must be >= 0, got max_loss_increase={value!r}."
 
 
@@ -848,7 +852,7 @@ def test_a_gpu_int8_bundle_is_checked_by_the_litert_python_s_interpreter(lm, sp_
     monkeypatch.setitem(sys.modules, "ai_edge_litert", None)  # LiteRT 2.x's interpreter: not here
     monkeypatch.setitem(sys.modules, "litert_quantizer", None)
     with pytest.raises(ValueError) as error:  # the recipe is accepted with the given Python: on to the probes
-        litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE, target="gpu",
+        pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE, target="gpu",
                                         quantize="int8", probes=[["the cat sat on the mat"]],
                                         max_new_tokens=8, python=stand_in_python(tmp_path))
     assert str(error.value).startswith("the probe prompt 'the cat sat on the mat' needs 32 cache slots")
@@ -856,8 +860,8 @@ def test_a_gpu_int8_bundle_is_checked_by_the_litert_python_s_interpreter(lm, sp_
 
 def test_an_int4_gpu_bundle_is_refused_by_its_litertlm_recipe(lm, sp_model, tmp_path, no_conversion):
     with pytest.raises(ValueError) as error:  # int4 gpu window files exist; int4 gpu bundles do not
-        litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
-                                        target="gpu", quantize="int4", probes=[["the cat sat on the mat"]],
+        pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
+                                 target="gpu", quantize="int4", probes=[["the cat sat on the mat"]],
                                         max_new_tokens=8, python=stand_in_python(tmp_path))
     assert str(error.value) == ("--quantize int4 is refused for target='gpu': LiteRT Quantizer's int4 "
                                 "weights break the shader prefill/decode graph's constant matrices (prefill "
@@ -866,9 +870,9 @@ def test_an_int4_gpu_bundle_is_refused_by_its_litertlm_recipe(lm, sp_model, tmp_
 
 def test_a_probe_that_does_not_fit_is_refused_before_the_conversion(lm, sp_model, tmp_path, no_conversion):
     with pytest.raises(ValueError) as error:  # a zero loss limit is a limit
-        litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
-                                        max_new_tokens=12, probes=[["the cat sat"]],
-                                        python=stand_in_python(tmp_path), max_loss_increase=0.0)
+        pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE,
+                                 max_new_tokens=12, probes=[["the cat sat"]],
+                                        python=stand_in_python(tmp_path), max_loss_increase=0.0, target="cpu")
     assert str(error.value) == ("the probe prompt 'the cat sat' needs 25 cache slots (BOS, its pieces and 12 "
                                 "new tokens per turn); the bundle has cache_length=24.")
 
@@ -878,13 +882,14 @@ def test_without_the_builder_the_bundle_is_refused_with_the_install_line(lm, sp_
     monkeypatch = no_litert_python_variables
     monkeypatch.setitem(sys.modules, "litert_lm_builder", None)  # not importable here
     with pytest.raises(ValueError) as error:
-        litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE)
+        pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE, target="cpu")
     assert str(error.value) == ("a .litertlm bundle is built with litert-lm-builder, which is not installed "
                                 f"here: {INSTALL_HINT}.")
 
 
 def test_a_target_without_a_litertlm_backend_is_refused_first(lm, sp_model, no_conversion):
+    """Before the LiteRT Python is looked for (a missing one is not what is wrong)."""
     with pytest.raises(ValueError) as error:
-        litertlm_bundle.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE, target="gl",
-                                        python="/no/such/python", max_loss_increase=-1.0)
+        pipeline.export_litertlm(lm, sp_model, prompt_length=PROMPT, cache_length=CACHE, target="gl",
+                                 python="/no/such/python")
     assert str(error.value) == "A .litertlm bundle supports target in ('gpu', 'cpu'), got target='gl'."

@@ -16,7 +16,7 @@ from tflite_files import tensor_dtypes
 from tiny_lm import perturbed_causal_lm
 
 from keras_posenc.export import litertlm
-from keras_posenc.export.conversion import ModelSpec, rebuild
+from keras_posenc.export.model_spec import ModelSpec, rebuild
 from keras_posenc.export.targets import TARGETS
 
 BASE = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size": 40, "max_length": 24,
@@ -134,7 +134,8 @@ def test_a_target_without_a_litertlm_backend_is_refused_naming_the_two_that_have
 @pytest.fixture(scope="module")
 def converted():
     model = _model()
-    return model, litertlm.to_litertlm_tflite(model, prompt_length=PROMPT_LENGTH, cache_length=CACHE)
+    return model, litertlm.to_litertlm_tflite(model, prompt_length=PROMPT_LENGTH, cache_length=CACHE,
+                                              target="cpu")
 
 
 def test_the_feeder_reads_its_lengths_and_starts_empty(converted):
@@ -219,7 +220,7 @@ def test_an_int8_cpu_model_has_int8_weights_and_fewer_bytes():
 
     def convert(quantize):
         return litertlm.to_litertlm_tflite(model, prompt_length=PROMPT_LENGTH, cache_length=CACHE,
-                                           quantize=quantize)
+                                           quantize=quantize, target="cpu")
 
     flat, float32 = convert("int8"), convert(None)
     assert np.int8 in tensor_dtypes(flat) and len(flat) < 0.7 * len(float32)
@@ -240,7 +241,7 @@ def test_the_given_litert_python_is_the_one_checked(no_litert_python_variables, 
     missing = str(tmp_path / "python")
     with pytest.raises(ValueError) as error:
         litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE,
-                                    quantize="int4", litert_python=missing)
+                                    quantize="int4", litert_python=missing, target="cpu")
     assert str(error.value).startswith(f"the LiteRT Python {missing!r} is not an executable file: ")
 
 
@@ -258,5 +259,5 @@ def test_the_given_litert_python_runs_the_int4_quantizer(no_litert_python_variab
     python = failing_litert_python(tmp_path)
     with pytest.raises(RuntimeError) as error:
         litertlm.to_litertlm_tflite(_model(), prompt_length=PROMPT_LENGTH, cache_length=CACHE,
-                                    quantize="int4", litert_python=python)
+                                    quantize="int4", litert_python=python, target="cpu")
     assert str(error.value) == FAILED_QUANTIZE

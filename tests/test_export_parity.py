@@ -20,7 +20,7 @@ from tiny_lm import tiny_lm
 
 from keras_posenc import export
 from keras_posenc.backend import keras, ops
-from keras_posenc.export import parity
+from keras_posenc.export import parity, runners
 from keras_posenc.export.flatbuffer import decoded
 from keras_posenc.layers import SinusoidalPositionEmbedding, TokenAndPositionEmbedding
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
@@ -304,24 +304,24 @@ def test_parity_feeds_the_table_given_through_the_interpreter_given(lm, host_fil
 def test_host_rows_are_added_for_a_file_that_takes_embeddings_only(lm, host_file, int8_file):
     rows = _dense_rows(2)
     feeds = [rows]
-    same, roles = parity.with_host_rows(lm, int8_file, feeds, ("token_ids",))
+    same, roles = runners.with_host_rows(lm, int8_file, feeds, ("token_ids",))
     assert same is feeds and roles == ["token_ids"] and isinstance(roles, list)
-    added, roles = parity.with_host_rows(lm, host_file, feeds, ("token_ids",))
+    added, roles = runners.with_host_rows(lm, host_file, feeds, ("token_ids",))
     assert roles == ["token_ids", "embeddings"] and len(added) == 2 and added[0] is rows
     np.testing.assert_array_equal(added[1], export.host_embedding_table(lm)[rows])
     assert added[1].dtype == np.float32 and added[1].shape == (2, LENGTH, 32)
     table = np.random.default_rng(0).normal(size=(VOCAB, 32))  # float64: fed as float32 rows
-    added, _ = parity.with_host_rows(lm, host_file, feeds, ("token_ids",), table)
+    added, _ = runners.with_host_rows(lm, host_file, feeds, ("token_ids",), table)
     assert added[1].dtype == np.float32
     np.testing.assert_array_equal(added[1], table.astype(np.float32)[rows])
 
 
 def test_host_rows_of_input_names_look_up_the_token_ids(language_model):
     ids, languages = _dense_rows(2, vocab=40), np.array([2, 1], np.int32)
-    feeds, roles = parity.with_host_rows_of(language_model, ["token_ids", "language_ids"], [ids, languages],
+    feeds, roles = runners.with_host_rows_of(language_model, ["token_ids", "language_ids"], [ids, languages],
                                             ["token_ids", "language_ids"])
     assert feeds == [ids, languages] and roles == ["token_ids", "language_ids"]
-    feeds, roles = parity.with_host_rows_of(language_model, ["embeddings", "token_ids", "language_ids"],
+    feeds, roles = runners.with_host_rows_of(language_model, ["embeddings", "token_ids", "language_ids"],
                                             [ids, languages], ("token_ids", "language_ids"))
     assert roles == ["token_ids", "language_ids", "embeddings"]
     np.testing.assert_array_equal(feeds[2], export.host_embedding_table(language_model)[ids])

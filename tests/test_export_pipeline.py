@@ -14,7 +14,7 @@ from tiny_lm import tiny_lm, two_language_lm
 
 from keras_posenc import export
 from keras_posenc.backend import keras, ops
-from keras_posenc.export import pipeline
+from keras_posenc.export import window_export
 from keras_posenc.export.conversion import EMBEDDINGS
 from keras_posenc.export.parity import sample_batch
 from keras_posenc.export.targets import TARGETS
@@ -150,7 +150,7 @@ def test_without_rows_the_parity_runs_four_sampled_rows_per_batch_row(batch, mon
         counts.append(kwargs.get("rows"))
         return sample_batch(spec, **kwargs)
 
-    monkeypatch.setattr(pipeline, "sample_batch", counted)
+    monkeypatch.setattr(window_export, "sample_batch", counted)
     result = export.export_and_check(lm, sequence_length=LENGTH, target="cpu", quantize="int8",
                                      batch_size=batch)
     assert counts == [4 * batch]

@@ -168,7 +168,7 @@ def _interpreter_logits(flat, rows):
 
 
 def test_quantization_quality_against_both_files_run_row_by_row(lm):
-    from keras_posenc.export.conversion import ModelSpec
+    from keras_posenc.export.model_spec import ModelSpec
     from keras_posenc.export.quality import quantization_quality
 
     rows = _held_out_rows(rows=5, seed=4)
@@ -276,7 +276,7 @@ def test_quality_prompts_take_the_first_real_tokens_of_the_first_rows():
 def test_the_given_interpreter_runs_both_files(lm):
     import tensorflow as tf
 
-    from keras_posenc.export.conversion import ModelSpec
+    from keras_posenc.export.model_spec import ModelSpec
     from keras_posenc.export.quality import quantization_quality
 
     ran = []
@@ -294,7 +294,7 @@ def test_the_given_interpreter_runs_both_files(lm):
 
 
 def test_language_ids_reach_both_files():
-    from keras_posenc.export.conversion import ModelSpec
+    from keras_posenc.export.model_spec import ModelSpec
     from keras_posenc.export.quality import quantization_quality
     from keras_posenc.models import CausalLM
 
@@ -321,7 +321,7 @@ def test_language_ids_reach_both_files():
 def test_a_host_table_file_is_fed_its_own_rows(lm):
     import tensorflow as tf
 
-    from keras_posenc.export.conversion import host_embedding_table
+    from keras_posenc.export.model_spec import host_embedding_table
 
     rows = _held_out_rows(rows=4, seed=9)
     result = export.export_and_check(lm, sequence_length=LENGTH, target="gpu", quantize="float16",

@@ -17,7 +17,8 @@ from tiny_lm import tiny_lm
 
 from keras_posenc import export
 from keras_posenc.backend import is_keras3
-from keras_posenc.export import contract, generator, host_table, quantization
+from keras_posenc.export import contract, generator, host_table, quantization, runners
+from keras_posenc.export.kinds import PREFILL_DECODE
 from keras_posenc.export.result import MIN_GENERATION_AGREEMENT, ExportResult
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,8 +43,9 @@ def _held_out(rows=8, seed=2):
 def test_every_target_and_kind_names_a_recipe_or_a_reason_for_each_precision():
     kinds = {(target, kind) for target in export.TARGETS for kind in ("window", "prefill_decode")}
     kinds |= {(name, "litertlm") for name, target in export.TARGETS.items() if target.litertlm_backend}
-    assert set(quantization.RECIPES) == kinds
-    for key, recipes in quantization.RECIPES.items():
+    table = {(target.name, kind.name): recipes for (target, kind), recipes in quantization.RECIPES.items()}
+    assert set(table) == kinds  # no genai recipes: its folders are float32
+    for key, recipes in table.items():
         assert set(recipes) == set(quantization.PRECISIONS), key
         for precision, recipe in recipes.items():
             if isinstance(recipe, str):  # a refusal says what the runtime said, and what to use instead
@@ -54,7 +56,7 @@ def test_every_target_and_kind_names_a_recipe_or_a_reason_for_each_precision():
                 assert (recipe.tool == quantization.LITERT_QUANTIZER) == bool(recipe.configs)
                 assert (recipe.runtime == "onnxruntime") == (key[0] == "tensorrt")
     # int4 where a runtime executes it, refused elsewhere; float16 and int8 everywhere.
-    runnable = {key for key, recipes in quantization.RECIPES.items() if not isinstance(recipes["int4"], str)}
+    runnable = {key for key, recipes in table.items() if not isinstance(recipes["int4"], str)}
     assert runnable == {("cpu", "window"), ("gpu", "window"), ("cpu", "litertlm")}
     assert all(not isinstance(r[p], str) for r in quantization.RECIPES.values() for p in ("float16", "int8"))
 
@@ -104,7 +106,7 @@ def test_litert_quantizer_recipes_need_the_litert_python(no_litert_python_variab
              ".*pip install .*litert-quantizer==0.11.0")
     with pytest.raises(ValueError, match=match):
         quantization.recipe_for("cpu", "int4")
-    recipe = quantization.RECIPES[("gl", "window")]["int8"]
+    recipe = quantization.recipes_of("gl", "window")["int8"]
     assert recipe.tool == quantization.TFLITE_CONVERTER and recipe.runtime == "litert"
     if not is_keras3():  # TF 2.12's interpreter computes it wrong: its check needs LiteRT's
         with pytest.raises(ValueError, match="is checked by ai-edge-litert's interpreter"):
@@ -209,7 +211,7 @@ def test_cpu_int8_quantizes_the_token_lookup_and_reports_its_recipe(lm, tmp_path
     metadata = json.load(open(paths[-2]))
     assert metadata["quantize"] == "int8"
     assert metadata["quantization"] == {"precision": "int8", "tool": "TFLite converter",
-                                        "weights": quantization.RECIPES[("cpu", "window")]["int8"].weights,
+                                        "weights": quantization.recipes_of("cpu", "window")["int8"].weights,
                                         "runtime": "tflite"}
     assert metadata["quality"]["tokens"] == int((_held_out()[:, 1:] != 0).sum())
     float32 = export.to_tflite(lm, sequence_length=LENGTH, target="cpu")
@@ -230,8 +232,8 @@ def test_gpu_float16_keeps_a_float16_host_table(lm, tmp_path):
 
 
 def test_an_int8_host_table_is_saved_as_rows_and_scales(lm, tmp_path):
-    stored = quantization.stored_host_table(export.host_embedding_table(lm), quantization.RECIPES[
-        ("gpu", "window")]["int8"])
+    recipe = quantization.recipes_of("gpu", "window")["int8"]
+    stored = quantization.stored_host_table(export.host_embedding_table(lm), recipe)
     result = ExportResult("gpu", "int8", "host", (b"TFL3",), {"parity": 0.0}, [], {}, host_table=stored)
     paths = result.save(str(tmp_path / "g.tflite"))
     table = str(tmp_path / "g.tflite.embeddings.npz")
@@ -258,10 +260,11 @@ def test_cpu_int8_prefill_decode_reports_loss_and_greedy_agreement(lm):
 
 
 def test_teacher_forcing_feeds_the_given_tokens(lm):
-    session = generator.TfliteSession(generator.to_tflite_generator(lm, prompt_length=6, cache_length=16))
-    own, _ = generator.greedy_generate(session, [5, 6, 7], 5)
+    session = runners.TfliteSession(generator.to_tflite_generator(lm, prompt_length=6, cache_length=16,
+                                                                  target="cpu"))
+    own, _ = runners.greedy_generate(session, [5, 6, 7], 5)
     forced = [9, 10, 11, 12, 13]
-    picks, logits = generator.greedy_generate(session, [5, 6, 7], 5, forced_ids=forced)
+    picks, logits = runners.greedy_generate(session, [5, 6, 7], 5, forced_ids=forced)
     assert picks[0] == own[0]  # the first pick comes from the prompt alone
     keras_logits = np.asarray(lm(np.array([[5, 6, 7] + forced[:4]], np.int32)))[0, 2:]
     np.testing.assert_allclose(logits, keras_logits, atol=1e-4)  # each step saw the forced token
@@ -279,7 +282,7 @@ def test_quantized_generation_passes_with_the_same_tokens_or_the_agreement(same,
                                               "loss_float": 3.0, "loss_quantized": 3.0}
     report = {"same_tokens": same, "parity": 0.5, "tokens_checked": 8, "quality": quality,
               "max_loss_increase": 0.01}
-    failures = ExportResult("cpu", "int8", "graph", (b"",), report, [], {}).failures()
+    failures = ExportResult("cpu", "int8", "graph", (b"",), report, [], {}, kind=PREFILL_DECODE).failures()
     assert bool(failures) == failed
     if failed and agreement is not None:
         assert failures == [f"FAILED: the quantized file's greedy tokens differ from float32's, and fed "

@@ -16,7 +16,9 @@ from litert_stand_in import executable
 
 from keras_posenc.backend import is_keras3
 from keras_posenc.export import host_table, quantization
+from keras_posenc.export.kinds import KINDS
 from keras_posenc.export.litert_python import INSTALL_HINT
+from keras_posenc.export.targets import TARGETS
 
 DENSE_SWITCH = "_experimental_disable_per_channel_quantization_for_dense_layers"
 
@@ -30,7 +32,7 @@ def _converter():
 
 
 def _recipe(target, precision, kind="window"):
-    return quantization.RECIPES[(target, kind)][precision]
+    return quantization.RECIPES[(TARGETS[target], KINDS[kind])][precision]
 
 
 # The converter's options --------------------------------------------------------------------
@@ -73,7 +75,7 @@ def test_a_converter_with_the_dense_switch_gets_it_set_for_gl_only(target, per_t
 
 @pytest.mark.parametrize("key", [("cpu", "window"), ("gpu", "window"), ("tensorrt", "window")])
 def test_recipes_of_other_tools_leave_the_converter_as_it_was(key):
-    recipe = quantization.RECIPES[key]["int4" if key[0] != "tensorrt" else "int8"]
+    recipe = _recipe(key[0], "int4" if key[0] != "tensorrt" else "int8", key[1])
     converter = _converter()
     recipe.configure(converter)
     assert converter.optimizations == set() and converter.target_spec.supported_types == set()
@@ -177,11 +179,20 @@ def test_the_litert_python_asked_for_is_the_quantizer_s(no_litert_python_variabl
     assert asked == [("given", "litert_quantizer")]
 
 
-@pytest.mark.parametrize("target,kind", [("tensorrt", "litertlm"), ("gl", "litertlm"), ("cpu", "bundle")])
+@pytest.mark.parametrize("target,kind", [("tensorrt", "litertlm"), ("gl", "litertlm"), ("cpu", "genai")])
 def test_a_kind_the_target_has_no_file_of_is_named(target, kind):
     with pytest.raises(ValueError) as error:
         quantization.recipe_for(target, "int8", kind)
     assert str(error.value) == f"--quantize int8 is not available for a {kind} export of target={target!r}."
+
+
+def test_an_unknown_kind_or_target_is_named_with_the_choices():
+    with pytest.raises(ValueError, match=r"`kind` must be one of \('window', 'prefill_decode', 'litertlm', "
+                                         r"'genai'\), got kind='bundle'\."):
+        quantization.recipe_for("cpu", "int8", "bundle")
+    with pytest.raises(ValueError, match=r"`target` must be one of .*, got target='npu'\."):
+        quantization.recipe_for("npu", "int8")
+    assert quantization.recipe_for("npu", None, "bundle") is None  # float32 needs no recipe
 
 
 def test_a_target_object_is_read_by_its_name():

@@ -12,16 +12,16 @@ import os
 import numpy as np
 import pytest
 
-from keras_posenc.export import contract
+from keras_posenc.export import contract, kinds
 from keras_posenc.export.result import EXPORT_TOLERANCE, MIN_GENERATION_AGREEMENT, ExportResult
 
 
 def _result(report=None, *, target="cpu", quantize=None, embedding="graph", models=(b"TFL3-model",),
-            lines=(), metadata=None, host_table=None, suffix=None, description="held"):
+            lines=(), metadata=None, host_table=None, kind=kinds.WINDOW, description="held", names=()):
     return ExportResult(target=target, quantize=quantize, embedding=embedding, models=tuple(models),
                         report=dict(report or {"parity": 0.0}), lines=list(lines),
                         metadata=dict(metadata or {"target": target}), description=description,
-                        host_table=host_table, suffix=suffix)
+                        host_table=host_table, kind=kind, names=names)
 
 
 def test_the_documented_tolerances_and_agreement():
@@ -101,44 +101,56 @@ def _generation(same_tokens, agreement=None, **report):
     return report
 
 
+def _generation_result(report, **options):
+    return _result(report, kind=kinds.PREFILL_DECODE, **options)
+
+
 def test_generation_tokens_float32():
-    assert _result(_generation(True)).failures() == []
-    assert _result(_generation(False)).failures() == [
+    assert _generation_result(_generation(True)).failures() == []
+    assert _generation_result(_generation(False)).failures() == [
         "FAILED: the file does not generate what the model generates (greedy tokens differ from "
         "CausalLM.generate)."]
 
 
 def test_generation_agreement_of_a_quantized_file_at_its_boundary():
-    assert _result(_generation(False, 0.95), quantize="int8").failures() == []
-    assert _result(_generation(False, 1.0), quantize="int8").failures() == []
-    assert _result(_generation(False, 0.9499), quantize="int8").failures() == [
+    assert _generation_result(_generation(False, 0.95), quantize="int8").failures() == []
+    assert _generation_result(_generation(False, 1.0), quantize="int8").failures() == []
+    assert _generation_result(_generation(False, 0.9499), quantize="int8").failures() == [
         "FAILED: the quantized file's greedy tokens differ from float32's, and fed float32's tokens it "
         "picks the same token at 95.0% of the steps (at least 95% needed)."]
-    assert _result(_generation(False, 0.5), quantize="int8").failures() == [
+    assert _generation_result(_generation(False, 0.5), quantize="int8").failures() == [
         "FAILED: the quantized file's greedy tokens differ from float32's, and fed float32's tokens it "
         "picks the same token at 50.0% of the steps (at least 95% needed)."]
-    assert len(_result(_generation(False, float("nan")), quantize="int8").failures()) == 1
+    assert len(_generation_result(_generation(False, float("nan")), quantize="int8").failures()) == 1
     # the same tokens need no agreement
-    assert _result(_generation(True, 0.1), quantize="int8").failures() == []
+    assert _generation_result(_generation(True, 0.1), quantize="int8").failures() == []
 
 
-def test_a_window_report_is_not_a_generation():
+def test_the_kind_decides_whether_greedy_tokens_are_checked():
     assert not _result({"parity": 0.0}).generation
-    assert _result(_generation(True)).generation
-    assert _result(_generation(False)).generation
+    assert _generation_result(_generation(True)).generation
+    assert _generation_result(_generation(False)).generation
+    # a window result's report with the key of a generation is still a window's
+    assert not _result(_generation(False)).generation and _result(_generation(False)).failures() == []
+    assert _result(_generation(False), kind=kinds.GENAI).failures() == [
+        "FAILED: the decoder, fed as onnxruntime-genai feeds it, does not generate what the model generates "
+        "(greedy tokens differ from CausalLM.generate)."]
+    assert _result(_generation(True, tokenizer_same_ids=False), kind=kinds.GENAI).failures() == [
+        "FAILED: tokenizer.json does not give SentencePiece's ids."]
+    assert _result(_generation(True, tokenizer_same_ids=True), kind=kinds.GENAI).failures() == []
 
 
 def test_the_engine_s_text():
     message = ("FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
                "(a quantized bundle: its model on LiteRT's interpreter), or did not run the bundle.")
-    assert _result(_generation(True, engine_same_text=False)).failures() == [message]
-    assert _result(_generation(True, engine_same_text=True)).failures() == []
-    assert _result(_generation(True, engine_same_text=None)).failures() == []
+    assert _generation_result(_generation(True, engine_same_text=False)).failures() == [message]
+    assert _generation_result(_generation(True, engine_same_text=True)).failures() == []
+    assert _generation_result(_generation(True, engine_same_text=None)).failures() == []
 
 
 def test_every_failed_check_is_named_in_order():
     report = _generation(False, engine_same_text=False, parity=1.0, verdicts={"gl": ["CUMSUM"], "webgpu": []})
-    failed = _result(report, target="gl").failures(require_gpu=True)
+    failed = _generation_result(report, target="gl").failures(require_gpu=True)
     assert failed == [
         "FAILED: the file does not generate what the model generates (greedy tokens differ from "
         "CausalLM.generate).",
@@ -248,10 +260,23 @@ def test_the_file_names_follow_the_target_and_the_suffix(tmp_path):
         "g.prefill.onnx", "g.decode.onnx"]
     assert _result(target="cpu", models=(b"p", b"d")).model_paths("g.onnx") == [
         "g.onnx.prefill.tflite", "g.onnx.decode.tflite"]
-    assert _result(suffix=".litertlm", models=(b"p", b"d")).model_paths("b.litertlm") == [
+    assert _result(kind=kinds.LITERTLM, models=(b"p", b"d")).model_paths("b.litertlm") == [
         "b.prefill.litertlm", "b.decode.litertlm"]
     out = str(tmp_path / "bundle.litertlm")
-    assert _result(suffix=".litertlm").save(out)[0] == out
+    assert _result(kind=kinds.LITERTLM).save(out)[0] == out
+
+
+def test_a_folder_kind_writes_its_files_into_the_folder_and_nothing_beside(tmp_path):
+    out = tmp_path / "folder"
+    result = _result(target=None, kind=kinds.GENAI, models=(b"onnx", b"{}"), names=("model.onnx", "c.json"))
+    assert result.save(str(out)) == [str(out / "model.onnx"), str(out / "c.json")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+    assert (out / "model.onnx").read_bytes() == b"onnx" and (out / "c.json").read_bytes() == b"{}"
+    assert result.save(str(out)) == [str(out / "model.onnx"), str(out / "c.json")]  # again, into it
+    (tmp_path / "file").write_bytes(b"mine")
+    with pytest.raises(ValueError, match=r"--format genai writes a folder: --out .*file is a file\."):
+        result.save(str(tmp_path / "file"))
+    assert (tmp_path / "file").read_bytes() == b"mine"
 
 
 def test_headline_sums_the_model_files():

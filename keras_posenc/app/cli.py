@@ -681,8 +681,8 @@ def _export_generator(args):
 
 
 def _export_litertlm(args, model, prompt_length, eval_ids=None):
-    """`--generate --format litertlm`: `litertlm_bundle.export_litertlm`, printed; the exit status."""
-    from keras_posenc.export import litertlm_bundle
+    """`--generate --format litertlm`: `export.export_litertlm`, printed; the exit status."""
+    from keras_posenc import export
 
     if args.embedding is not None:
         raise _Error("--format litertlm looks tokens up in the file and takes no --embedding.")
@@ -693,18 +693,18 @@ def _export_litertlm(args, model, prompt_length, eval_ids=None):
         sp_model = f.read()
     probes = [[prompt] for prompt in args.probe_prompts] if args.probe_prompts else None
     try:
-        result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=prompt_length,
-                                                 cache_length=args.cache_length, target=args.target,
-                                                 probes=probes, python=args.litert_python,
-                                                 quantize=args.quantize, eval_token_ids=eval_ids,
-                                                 max_loss_increase=args.max_loss_increase)
+        result = export.export_litertlm(model, sp_model, prompt_length=prompt_length,
+                                        cache_length=args.cache_length, target=args.target,
+                                        probes=probes, python=args.litert_python,
+                                        quantize=args.quantize, eval_token_ids=eval_ids,
+                                        max_loss_increase=args.max_loss_increase)
     except RuntimeError as error:  # the builder's process failed: its last lines are in the message
         raise _Error(str(error)) from error
     return _save_and_print(result, args.out, tolerance=args.tolerance)
 
 
 def _export_genai(args, prompt_length):
-    """`--generate --format genai`: `genai.export_genai` into the folder `--out`, printed; the exit status."""
+    """`--generate --format genai`: `export.export_genai` into the folder `--out`, printed; exit status."""
     from keras_posenc import export
     from keras_posenc.app import dataset as data_lib
 
@@ -720,14 +720,12 @@ def _export_genai(args, prompt_length):
     _, spm_path = run_folder.resolve_run(args.model, args.spm)
     with open(spm_path, "rb") as f:
         sp_model = f.read()
-    from keras_posenc.export import genai
-
     model = export.load_model(args.model)
     probes = [[prompt] for prompt in args.probe_prompts] if args.probe_prompts else None
     texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:run_folder.EVAL_ROWS]
     try:
-        result = genai.export_genai(model, sp_model, cache_length=args.cache_length,
-                                    prompt_length=prompt_length, check_texts=texts, probes=probes)
+        result = export.export_genai(model, sp_model, cache_length=args.cache_length,
+                                     prompt_length=prompt_length, check_texts=texts, probes=probes)
     except ImportError as error:  # tokenizers: the message says how to install it
         raise _Error(str(error)) from error
     return _save_and_print(result, args.out)

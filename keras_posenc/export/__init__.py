@@ -3,12 +3,15 @@
 Read in this order:
 
 - `targets`: one frozen `Target` per target; every difference between targets is a field there;
-- `pipeline`: `export_and_check` (a fixed window) and `export_generation` (prefill + decode), the
-  same steps, one `ExportResult` (`result`: `failures()`, `save()`);
+  `kinds`: one frozen `Kind` per export kind (window, prefill/decode, `.litertlm`, genai);
+- `pipeline`: `export(model, kind, target=...)`, the one pass of every kind, and one wrapper per
+  kind (`export_and_check`, `export_generation`, `export_litertlm`, `export_genai`); each kind's
+  build in `window_export`, `generation_export`, `litertlm_bundle`, `genai`; one `ExportResult`
+  (`result`: `failures()`, `save()`);
 - `contract`: tensor names, FILE.json keys and file names, written beside each export for the kit;
-- `conversion`: `ModelSpec`, the float32 rebuild, `to_tflite` / `to_onnx` (`onnx_graph`: every
-  ONNX file's constants folded, outputs named by the contract, static shapes); `generator`: the
-  prefill/decode signatures; `litertlm` (LiteRT-LM's contract) and `litertlm_bundle`
+- `model_spec`: loading, `ModelSpec`, the float32 rebuild; `conversion`: `to_tflite` / `to_onnx`
+  (`onnx_graph`: every ONNX file's constants folded, outputs named by the contract, static
+  shapes); `generator`: the prefill/decode signatures; `litertlm` (LiteRT-LM's contract) and `litertlm_bundle`
   (`export_litertlm`: the `.litertlm` bundle, checked on LiteRT-LM's engine);
 - `formulations`: the table `{(target, layer class): function}`, applied by `formulation`; the
   functions in `gather` (cpu, tensorrt), `gl`, `gpu`, from the building blocks of `shader_ops`
@@ -17,24 +20,23 @@ Read in this order:
   `host_table` (the host token table in the export's precision), `quality` (a quantized file's
   held-out loss and greedy agreement against float32), `litert_python` (LiteRT's tools in their
   own Python) and `litert_runtime` (what runs there: LiteRT Quantizer, an interpreter server);
+- `runners`: what runs a file here (TFLite's interpreter, onnxruntime, the prefill/decode
+  sessions and their greedy loop);
 - `parity`, `cost`, `verdicts`, `flatbuffer`: the checks and figures of a file.
 """
 
-from keras_posenc.export.conversion import (
-                                            EMBEDDINGS,
+from keras_posenc.export.conversion import EMBEDDINGS, ONNX_OPSET, QUANTIZE_MODES, to_onnx, to_tflite
+from keras_posenc.export.cost import graph_cost, onnx_cost
+from keras_posenc.export.flatbuffer import TfliteFile, op_counts, operators
+from keras_posenc.export.kinds import KINDS, Kind, kind_of
+from keras_posenc.export.model_spec import (
                                             HOST_EMBEDDINGS,
-                                            ONNX_OPSET,
-                                            QUANTIZE_MODES,
                                             ModelSpec,
                                             default_embedding,
                                             host_embedding_table,
                                             load_model,
                                             longest_sequence,
-                                            to_onnx,
-                                            to_tflite,
 )
-from keras_posenc.export.cost import graph_cost, onnx_cost
-from keras_posenc.export.flatbuffer import TfliteFile, op_counts, operators
 from keras_posenc.export.parity import (
                                             check_onnx_parity,
                                             check_parity,
@@ -42,16 +44,22 @@ from keras_posenc.export.parity import (
                                             export_report,
                                             format_cost,
                                             format_report,
-                                            interpreter_class,
-                                            run_interpreter,
-                                            run_onnx,
                                             runtime_metadata,
                                             sample_token_batch,
                                             weight_bytes,
 )
-from keras_posenc.export.pipeline import EXPORT_TOLERANCE, ExportResult, export_and_check, export_generation
+from keras_posenc.export.pipeline import (
+                                            EXPORT_TOLERANCE,
+                                            ExportResult,
+                                            export,
+                                            export_and_check,
+                                            export_genai,
+                                            export_generation,
+                                            export_litertlm,
+)
 from keras_posenc.export.quantization import PRECISIONS, RECIPES, Recipe, recipe_for
-from keras_posenc.export.targets import TARGETS, Target, target_of
+from keras_posenc.export.runners import interpreter_class, run_interpreter, run_onnx
+from keras_posenc.export.targets import DEFAULT_TARGET, TARGETS, Target, target_of
 from keras_posenc.export.verdicts import (
                                             BACKENDS,
                                             GL_SHADER_OPS,
@@ -62,8 +70,9 @@ from keras_posenc.export.verdicts import (
 )
 
 __all__ = [
-    "BACKENDS", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "TfliteFile", "export_and_check",
-    "export_generation",
+    "BACKENDS", "DEFAULT_TARGET", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "KINDS", "Kind",
+    "TfliteFile", "export", "export_and_check", "export_genai", "export_generation", "export_litertlm",
+    "kind_of",
     "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
     "PRECISIONS", "QUANTIZE_MODES", "RECIPES", "Recipe", "TARGETS", "Target", "ModelSpec", "analyzer_report",
     "check_onnx_parity",

@@ -33,7 +33,7 @@ class ExportContext:
 
     Args:
         target: the `Target` (`keras_posenc.export.targets`).
-        formulations: `{(target name, layer class): function}`.
+        formulations: `{(Target, layer class): function}`.
 
     Attributes:
         host_rows: inside `tracing(host_rows)`, the looked-up token rows of an `embedding="host"`
@@ -49,7 +49,7 @@ class ExportContext:
     def formulation_of(self, layer):
         """The function formulating `layer` (its class, else its nearest base class), or None."""
         for cls in type(layer).__mro__:
-            function = self.formulations.get((self.target.name, cls))
+            function = self.formulations.get((self.target, cls))
             if function is not None:
                 return function
         return None

@@ -28,22 +28,23 @@ normalization and `▁` pre-tokenization, BOS added in front as `keras-posenc ge
 `tokenizer_ids` checks that they give SentencePiece's ids.
 """
 
-import dataclasses
 import json
-import os
 
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import files, special_ids
-from keras_posenc.export import contract, generator, litertlm, onnx_graph
-from keras_posenc.export.conversion import ONNX_OPSET, ModelSpec, rebuild
+from keras_posenc import special_ids
+from keras_posenc.export import contract, generator, litertlm, litertlm_bundle, onnx_graph
+from keras_posenc.export.conversion import ONNX_OPSET
+from keras_posenc.export.kinds import GENAI
+from keras_posenc.export.model_spec import ModelSpec, rebuild
 from keras_posenc.export.onnx_tools import import_tf2onnx
+from keras_posenc.export.result import Built
 from keras_posenc.export.tool_env import ToolEnvironmentError
 from keras_posenc.validation import check_positive_int
 
-__all__ = ["CONFIG", "FILES", "MODEL", "TOKENIZER", "TOKENIZER_CONFIG", "GenaiExport", "GenaiFeeder",
-           "TOKENIZERS_HINT", "check_genai", "export_genai", "feeder_turns", "genai_config", "past_name",
+__all__ = ["CONFIG", "FILES", "MODEL", "TOKENIZER", "TOKENIZER_CONFIG", "GenaiFeeder",
+           "TOKENIZERS_HINT", "build_genai", "check_genai", "feeder_turns", "genai_config", "past_name",
            "present_name", "to_genai_onnx", "tokenizer_files"]
 
 MODEL, CONFIG, TOKENIZER, TOKENIZER_CONFIG = ("model.onnx", "genai_config.json", "tokenizer.json",
@@ -328,54 +329,6 @@ def feeder_turns(proto, chunk_size, turns, max_new_tokens, pad_id=special_ids.PA
     return generated
 
 
-@dataclasses.dataclass
-class GenaiExport:
-    """What `export_genai` made and measured; printed by the command line as an `ExportResult` is.
-
-    Attributes:
-        contents: `{file name: bytes}`, the folder's files (`FILES`).
-        report: dict: `same_tokens` (the decoder fed as onnxruntime-genai feeds it generates
-            `CausalLM.generate`'s ids, a chunked prefill and a second turn included),
-            `tokens_checked`, `tokenizer_texts` and `tokenizer_same_ids` (tokenizer.json's ids
-            equal SentencePiece's on every text), `sessions` (the probes' ids, Keras' and the
-            decoder's).
-        lines: the report as printable lines.
-        description: what the folder holds, for the `Wrote ...` line.
-    """
-
-    contents: dict
-    report: dict
-    lines: list
-    description: str = ""
-
-    def save(self, out):
-        """Writes the files into the folder `out` (made if missing), each atomically; their paths."""
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise ValueError(f"--format genai writes a folder: --out {out} is a file.")
-        os.makedirs(out, exist_ok=True)
-        paths = [os.path.join(out, name) for name in self.contents]
-        for path, content in zip(paths, self.contents.values()):
-            files.write_bytes(path, content)
-        return paths
-
-    def headline(self, paths):
-        size = sum(len(content) for content in self.contents.values())
-        return f"Wrote {', '.join(paths)} ({size} bytes, {self.description})"
-
-    def report_lines(self, out):
-        return list(self.lines)
-
-    def failures(self, *, tolerance=None, require_gpu=False):
-        """Lines naming each failed check, `[]` when both hold (`tolerance`, `require_gpu`: not used)."""
-        failed = []
-        if not self.report["same_tokens"]:
-            failed.append("FAILED: the decoder, fed as onnxruntime-genai feeds it, does not generate what "
-                          "CausalLM.generate generates.")
-        if not self.report["tokenizer_same_ids"]:
-            failed.append("FAILED: tokenizer.json does not give SentencePiece's ids.")
-        return failed
-
-
 def _sentencepiece(sp_model):
     import sentencepiece as spm
 
@@ -384,34 +337,14 @@ def _sentencepiece(sp_model):
     return processor
 
 
-def export_genai(model, sp_model, *, cache_length, prompt_length, check_texts=(), probes=None,
-                 max_new_tokens=8, opset=ONNX_OPSET):
-    """Exports a `CausalLM` as an onnxruntime-genai folder and checks it against `CausalLM.generate`.
-
-    Args:
-        model: a built `CausalLM` (causal, no language ids).
-        sp_model: bytes, the run's serialized SentencePiece model (Unigram).
-        cache_length: int, `C`: the caches' slots and `search.max_length`.
-        prompt_length: int, `P <= C`: `search.chunk_size`, the prefill chunk.
-        check_texts: texts on which tokenizer.json's ids must equal SentencePiece's (the probes'
-            texts are checked too).
-        probes: sessions of turns (lists of str) run through the decoder as onnxruntime-genai runs
-            them (default `litertlm_bundle.probe_texts`: a short prompt, one longer than `P`, and
-            a second turn).
-        max_new_tokens: int, greedy tokens per turn.
-        opset: int >= 17.
-
-    Returns:
-        A `GenaiExport` (`save(out)` writes the folder).
-
-    Raises:
-        ValueError: as `to_genai_onnx`, a SentencePiece model `tokenizer_files` does not take, or a
-            probe that does not fit in the cache.
-        ImportError: tokenizers is not installed (the message says how).
-        ToolEnvironmentError: tf2onnx or onnxruntime is not installed.
-    """
-    from keras_posenc.export import litertlm_bundle
-
+def build_genai(model, *, target, precision, litert_python=None, sp_model, cache_length, prompt_length,
+                check_texts=(), probes=None, max_new_tokens=8, opset=ONNX_OPSET):
+    """The onnxruntime-genai folder of `model`, checked: a `Built` for the pass (arguments as
+    `export_genai`; `target` and `litert_python` are not read: onnxruntime-genai's CPU provider runs
+    the folder)."""
+    if precision is not None:
+        raise ValueError(f"An onnxruntime-genai folder has float32 weights: `quantize` must be None, got "
+                         f"quantize={precision!r}.")
     check_genai(model, cache_length, prompt_length)
     check_positive_int("max_new_tokens", max_new_tokens)
     tokenizer_json, tokenizer_config = tokenizer_files(sp_model, cache_length=cache_length)
@@ -435,8 +368,9 @@ def export_genai(model, sp_model, *, cache_length, prompt_length, check_texts=()
                 TOKENIZER_CONFIG: json.dumps(tokenizer_config, indent=1).encode()}
     turns = sum(len(session) for session in sessions)
     tokens = sum(len(new) for session in got for new in session)
-    report = {"same_tokens": same, "tokens_checked": tokens, "tokenizer_texts": len(texts),
-              "tokenizer_same_ids": same_ids, "sessions": {"keras": expected, "decoder": got}}
+    report = {"same_tokens": same, "parity": 0.0 if same else 1.0, "tokens_checked": tokens,
+              "tokenizer_texts": len(texts), "tokenizer_same_ids": same_ids,
+              "sessions": {"keras": expected, "decoder": got}}
     lines = [f"Decoder: input_ids [1, S], cache {cache_length} slots = "
              f"{generator.cache_bytes(model, cache_length):,} bytes, prefill chunks of {prompt_length}",
              f"Greedy ids fed as onnxruntime-genai feeds the folder, {len(sessions)} sessions, {turns} turns "
@@ -446,4 +380,5 @@ def export_genai(model, sp_model, *, cache_length, prompt_length, check_texts=()
              + ("SentencePiece's ids" if same_ids else "IDS DIFFER from SentencePiece's")]
     description = (f"onnxruntime-genai folder: decoder with a dynamic chunk, max_length {cache_length}, "
                    f"chunk_size {prompt_length}")
-    return GenaiExport(contents, report, lines, description)
+    return Built(None, None, "graph", tuple(contents.values()), report, lines, {}, description, kind=GENAI,
+                 names=tuple(contents))

@@ -31,11 +31,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.export import contract, generator, gl_generate
-from keras_posenc.export.conversion import ModelSpec, rebuild
 from keras_posenc.export.formulation import ExportContext
 from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.kinds import LITERTLM
+from keras_posenc.export.model_spec import ModelSpec, rebuild
 from keras_posenc.export.quantization import recipe_for
-from keras_posenc.export.targets import TARGETS
+from keras_posenc.export.targets import DEFAULT_TARGET, TARGETS
 
 __all__ = [
     "EngineFeeder", "EngineGraphs", "check_litertlm", "engine_greedy", "kv_cache_names", "to_litertlm_tflite",
@@ -127,7 +128,7 @@ class _ShaderEngineGraphs(EngineGraphs):
         return tf.reshape(logits, [1, 1, -1]), outputs  # the last step's: the decode's [1, 1, V]
 
 
-def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu", quantize=None,
+def to_litertlm_tflite(model, *, prompt_length, cache_length, target=DEFAULT_TARGET, quantize=None,
                        litert_python=None):
     """The prefill/decode `.tflite` of a `CausalLM` in LiteRT-LM's executor contract (module docstring).
 
@@ -138,7 +139,7 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu", quan
         cache_length: int, `C >= P`, the cache slots (the bundle's `max_num_tokens`), at most the
             model's `max_length`.
         target: "cpu" (XNNPACK, EMBEDDING_LOOKUP and GATHER lookups; `Encoder.cached_step`) or
-            "gpu" (LiteRT-LM's GPU backend: the shader-only graphs of `gl_generate`, fp16-safe,
+            "gpu" (the default; LiteRT-LM's GPU backend: the shader-only graphs of `gl_generate`, fp16-safe,
             cache length at most 2048).
         quantize: None (float32), "float16", "int8" or "int4": the recipe of
             `quantization.RECIPES[(target, "litertlm")]`.
@@ -157,13 +158,13 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target="cpu", quan
     >>> model = CausalLM({"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
     ...                   "max_length": 16})
     >>> model.build_on_dummy()
-    >>> flat = to_litertlm_tflite(model, prompt_length=4, cache_length=12)
+    >>> flat = to_litertlm_tflite(model, prompt_length=4, cache_length=12, target="cpu")
     >>> engine_greedy(EngineFeeder(flat), [[2, 5, 6, 7, 8, 9]], 4)[0] == model.generate(
     ...     [2, 5, 6, 7, 8, 9], 4).ids[0].tolist()
     True
     """
     target = check_litertlm(model, prompt_length, cache_length, target)
-    recipe = recipe_for(target, quantize, "litertlm", litert_python=litert_python)
+    recipe = recipe_for(target, quantize, LITERTLM, litert_python=litert_python)
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     graphs = (_ShaderEngineGraphs if target.shader_generation else EngineGraphs)(clone, prompt_length,
                                                                                    cache_length, target)

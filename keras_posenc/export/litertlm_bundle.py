@@ -1,6 +1,7 @@
-"""`export_litertlm`: a `CausalLM` as a `.litertlm` bundle, checked on the emulated engine and on LiteRT-LM.
+"""The `.litertlm` kind: a `CausalLM` as a bundle, checked on the emulated engine and on LiteRT-LM.
 
-The pass: convert (`litertlm.to_litertlm_tflite`), check the file fed the way LiteRT-LM's
+`build_litertlm` is the bundle's part of the one export pass (`pipeline.export`, `export_litertlm`):
+convert (`litertlm.to_litertlm_tflite`), check the file fed the way LiteRT-LM's
 executor feeds it (`litertlm.EngineFeeder`: chunked prefill, the held-back last token, a second
 turn) token for token against `CausalLM.generate`, cost it, pack it with the run's SentencePiece
 model and LlmMetadata (`litertlm_runtime.py pack`), then run LiteRT-LM's own `Engine` on probe
@@ -18,18 +19,16 @@ import tempfile
 import numpy as np
 
 from keras_posenc import special_ids
-from keras_posenc.export import contract, generator, litertlm
+from keras_posenc.export import contract, litertlm
 from keras_posenc.export.cost import graph_cost
+from keras_posenc.export.generation_export import generator_metadata
+from keras_posenc.export.kinds import LITERTLM
 from keras_posenc.export.litert_python import INSTALL_HINT, run_script, runtime_python
-from keras_posenc.export.quality import (
-    DEFAULT_MAX_LOSS_INCREASE,
-    format_generation_quality,
-    next_token_cross_entropy,
-)
-from keras_posenc.export.quantization import interpreter_for, precision_of, recipe_for
-from keras_posenc.export.result import ExportResult
+from keras_posenc.export.quality import format_generation_quality, next_token_cross_entropy
+from keras_posenc.export.quantization import interpreter_for, recipe_for
+from keras_posenc.export.result import Built
 
-__all__ = ["ENGINE_NEAR_TIE", "bundle_quality", "check_probes", "engine_texts", "export_litertlm",
+__all__ = ["ENGINE_NEAR_TIE", "build_litertlm", "bundle_quality", "check_probes", "engine_texts",
            "feeder_texts", "keras_texts", "near_greedy", "pack_bundle", "probe_texts"]
 
 _SCRIPT = "litertlm_runtime.py"
@@ -156,54 +155,17 @@ def check_probes(sp_model, sessions, cache_length, max_new_tokens):
                              f"cache_length={cache_length}.")
 
 
-def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu", probes=None,
-                    max_new_tokens=8, python=None, check_tokens=16, activation=None, engine_env=None,
-                    quantize=None, eval_token_ids=None, max_loss_increase=DEFAULT_MAX_LOSS_INCREASE):
-    """Exports a `CausalLM` as a `.litertlm` bundle and checks it against `CausalLM.generate`.
-
-    Args:
-        model: a built `CausalLM` (causal, no language ids).
-        sp_model: bytes, the run's serialized SentencePiece model.
-        prompt_length, cache_length, target: as in `litertlm.to_litertlm_tflite`.
-        probes: sessions of turns (list of lists of str) for the engine check (default
-            `probe_texts`: one prompt longer than `P`, and a second turn).
-        max_new_tokens: int, tokens per turn of the engine check.
-        python: the LiteRT Python, with `litert-lm-builder` / `litert-lm-api` (default
-            `litert_python.runtime_python`); LiteRT Quantizer too for int4.
-        check_tokens: int, tokens of the emulated-engine check.
-        activation: "fp32" or "fp16", the activation type the bundle asks the engine for
-            (default: the target's `litertlm_activation`).
-        engine_env: optional environment of the engine check's process (`gpu`: where Vulkan
-            finds the GPU driver; default this process's).
-        quantize: None (float32), "float16", "int8" or "int4" (`quantization.RECIPES`).
-        eval_token_ids: int `[n, T]` held-out rows: with `quantize`, the model's cross-entropy
-            fed them one token a step, as the engine decodes, against the float32 model's.
-        max_loss_increase: float >= 0, the largest relative rise of that cross-entropy.
-
-    Returns:
-        An `ExportResult` with the bundle; `report` has `same_tokens` (the emulated engine's
-        tokens, with a chunked prefill and a second turn, equal Keras'), `parity` (0.0 or 1.0:
-        the emulated check compares tokens), `engine_same_text` (None without the engine),
-        `engine` (the texts, or why it did not run) and, quantized, `quality`
-        (`bundle_quality`); a quantized bundle's engine text is compared with the text its
-        own model generates on LiteRT's interpreter, and where they part, must be a greedy
-        run of that model through near-ties (`near_greedy`, `ENGINE_NEAR_TIE`).
-
-    Raises:
-        ValueError: as `to_litertlm_tflite`, a probe that does not fit in the cache
-            (`check_probes`), or no Python with `litert-lm-builder` (the bundle cannot be built
-            without it).
-        RuntimeError: the builder's process failed (its last log lines in the message).
-    """
+def build_litertlm(model, *, target, precision, litert_python=None, sp_model, prompt_length, cache_length,
+                   probes=None, max_new_tokens=8, check_tokens=16, activation=None, engine_env=None,
+                   eval_token_ids=None):
+    """The `.litertlm` bundle of `model`, checked: a `Built` for the pass (arguments as `export_litertlm`;
+    `litert_python` is its `python`)."""
     target = litertlm.check_litertlm(model, prompt_length, cache_length, target)
-    if not max_loss_increase >= 0:
-        raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
-    python = runtime_python(python)
+    python = runtime_python(litert_python)
     if python is None:
         raise ValueError(f"a .litertlm bundle is built with litert-lm-builder, which is not installed here: "
                          f"{INSTALL_HINT}.")
-    precision = precision_of(quantize)
-    recipe = recipe_for(target, precision, "litertlm", litert_python=python)
+    recipe = recipe_for(target, precision, LITERTLM, litert_python=python)
     sessions = probes or probe_texts(sp_model, prompt_length, cache_length, max_new_tokens)
     check_probes(sp_model, sessions, cache_length, max_new_tokens)  # before the conversion: fails fast
     options = dict(prompt_length=prompt_length, cache_length=cache_length, target=target.name)
@@ -218,8 +180,8 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
                                     interpreter=interpreter)
     bundle = pack_bundle(flat, sp_model, cache_length=cache_length, pad_id=model.encoder.pad_id,
                          activation=activation or target.litertlm_activation, python=python)
-    metadata = generator.generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
-                                            target=target.name)
+    metadata = generator_metadata(model, prompt_length=prompt_length, cache_length=cache_length,
+                                  target=target.name)
     keys = contract.KEYS
     metadata[keys["format"]] = "litertlm"
     metadata[keys["max_num_tokens"]] = cache_length
@@ -228,6 +190,7 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
     costs = [graph_cost(flat, signature=key) for key in contract.SIGNATURES]
     metadata[keys["prefill_multiply_adds"]], metadata[keys["decode_multiply_adds"]] = (
         c["multiply_adds"] for c in costs)
+
     def near(texts):
         with interpreter_for(recipe, python) as interpreter:
             return near_greedy(flat, sp_model, sessions, texts, max_new_tokens, model.encoder.pad_id,
@@ -242,17 +205,11 @@ def export_litertlm(model, sp_model, *, prompt_length, cache_length, target="cpu
              f"Greedy parity, fed as LiteRT-LM feeds it (chunked prefill, second turn), {tokens} tokens: "
              f"{'same tokens as' if same else 'TOKENS DIFFER from'} CausalLM.generate",
              engine["line"]]
-    if recipe is not None:
-        metadata[keys["quantization"]] = recipe.describe()
-        metadata[keys["quality"]] = quality
-        report.update(quality=quality, max_loss_increase=max_loss_increase)
-        lines.insert(0, f"Quantized by {recipe.tool}: {recipe.weights}; the model is {len(flat):,} bytes "
-                        "of the bundle")
-        lines.append(format_generation_quality(quality, max_loss_increase))
     description = (f"LiteRT-LM bundle, target {target.name}: prefill [1, {prompt_length}], decode [1, 1], "
                    f"max_num_tokens {cache_length}" + (f", {precision} weights" if precision else ""))
-    return ExportResult(target.name, precision, "graph", (bundle,), report, lines, metadata, description,
-                        suffix=contract.LITERTLM_SUFFIX)
+    return Built(target.name, precision, "graph", (bundle,), report, lines, metadata, description,
+                 kind=LITERTLM, recipe=recipe, quality=quality, format_quality=format_generation_quality,
+                 quantized_note=f"; the model is {len(flat):,} bytes of the bundle")
 
 
 def bundle_quality(model, float_flat, quantized_flat, eval_token_ids=None, *, interpreter=None, prompts=4,

@@ -3,24 +3,23 @@
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export import contract
-from keras_posenc.export.conversion import (
+from keras_posenc.export.cost import graph_cost
+from keras_posenc.export.flatbuffer import check_flatbuffer, decoded, input_names, op_counts
+from keras_posenc.export.kinds import WINDOW
+from keras_posenc.export.model_spec import (
     HOST_EMBEDDINGS,
-    ROLES,
     ModelSpec,
     host_embedding_table,
     role_of,
     rope_notes,
 )
-from keras_posenc.export.cost import graph_cost
-from keras_posenc.export.flatbuffer import check_flatbuffer, decoded, input_names, op_counts
-from keras_posenc.export.targets import target_of
+from keras_posenc.export.runners import run_file
+from keras_posenc.export.targets import DEFAULT_TARGET, ONNX, TFLITE, target_of
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 
 __all__ = ["check_onnx_parity", "check_parity", "cost_summary", "export_report", "format_cost",
-           "format_report", "interpreter_class", "parity", "report_of", "run_interpreter", "run_onnx",
-           "runtime_metadata", "sample_batch", "sample_token_batch", "spec_metadata", "weight_bytes",
-           "with_host_rows", "with_host_rows_of"]
+           "format_report", "parity", "report_of", "runtime_metadata", "sample_batch", "sample_token_batch",
+           "spec_metadata", "weight_bytes"]
 
 def check_parity(model, tflite_bytes, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
                  ignore_padding=True):
@@ -73,21 +72,21 @@ def check_onnx_parity(model, onnx_bytes, token_ids, language_ids=None, *, positi
     """Max abs difference between the Keras model and onnxruntime on real tokens (see `check_parity`)."""
     spec = ModelSpec.of(model, _checked_ids(token_ids).shape[1], 1)
     real, every = parity(spec, onnx_bytes, token_ids, language_ids, position_ids=position_ids,
-                         segment_ids=segment_ids, runtime="onnx")
+                         segment_ids=segment_ids, file_format=ONNX)
     return real if ignore_padding else every
 
 
 def parity(spec, exported, token_ids, language_ids=None, *, position_ids=None, segment_ids=None,
-           runtime="tflite", table=None, interpreter=None):
+           file_format=TFLITE, table=None, interpreter=None):
     """`(max abs diff on real tokens, max abs diff everywhere)`: one Keras pass, one runtime pass.
 
     Args:
         spec: the `ModelSpec` of the exported model (`spec.model` is run).
         exported: the `.tflite` flatbuffer (bytes or `TfliteFile`) or, with
-            `runtime="onnx"`, the ONNX model.
+            `file_format=ONNX`, the ONNX model.
         token_ids, language_ids, position_ids, segment_ids: as in
             `check_parity`.
-        runtime: "tflite" (the interpreter) or "onnx" (onnxruntime).
+        file_format: the `FileFormat` of `exported` (`run_file` runs it).
         table: the float32 token table whose rows an `embedding="host"` file is fed (default
             `host_embedding_table(spec.model)`; a quantized export's dequantized table).
         interpreter: the interpreter class of `run_interpreter` (default `interpreter_class()`).
@@ -99,25 +98,12 @@ def parity(spec, exported, token_ids, language_ids=None, *, position_ids=None, s
     feeds = spec.feeds(token_ids, language_ids=language_ids, position_ids=position_ids,
                        segment_ids=segment_ids)
     expected = np.asarray(spec.caller(spec.model)(*[tf.constant(f) for f in feeds]), np.float64)
-    if runtime == "onnx":
-        feeds, roles = with_host_rows_of(spec.model, onnx_input_names(exported), feeds, spec.roles, table)
-        got = run_onnx(exported, feeds, roles)
-    else:
-        feeds, roles = with_host_rows(spec.model, exported, feeds, spec.roles, table)
-        got = run_interpreter(exported, feeds, roles, interpreter=interpreter)
+    got = run_file(spec, exported, feeds, file_format=file_format, table=table, interpreter=interpreter)
     difference = np.abs(got.astype(np.float64).reshape(expected.shape) - expected)
     every = float(np.max(difference)) if difference.size else 0.0
     if spec.pad_id is not None and difference.shape[:2] == token_ids.shape:
         difference = difference[token_ids != spec.pad_id]
     return (float(np.max(difference)) if difference.size else 0.0), every
-
-
-def onnx_input_names(onnx_bytes):
-    """The input names of an ONNX model, as onnxruntime reads them."""
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
-    return [detail.name for detail in session.get_inputs()]
 
 
 def _checked_ids(token_ids):
@@ -126,109 +112,6 @@ def _checked_ids(token_ids):
         raise ValueError(f"`token_ids` must be an int array [batch, length], got shape {token_ids.shape} "
                          f"and dtype {token_ids.dtype}.")
     return token_ids
-
-
-def with_host_rows(model, tflite_bytes, feeds, roles, table=None):
-    """`(feeds, roles)` plus the looked-up rows `table[token_ids]` when the file takes `embeddings`.
-
-    `table`: float32 `[vocab, d_model]`, default `host_embedding_table(model)`.
-    """
-    return with_host_rows_of(model, input_names(tflite_bytes), feeds, roles, table)
-
-
-def with_host_rows_of(model, names, feeds, roles, table=None):
-    """`with_host_rows` for a file whose input names are `names` (an ONNX model's, say)."""
-    if not any(role_of(name) == HOST_EMBEDDINGS for name in names):
-        return feeds, list(roles)
-    table = host_embedding_table(model) if table is None else np.asarray(table, np.float32)
-    return list(feeds) + [table[feeds[0]]], list(roles) + [HOST_EMBEDDINGS]
-
-
-def run_interpreter(tflite_bytes, feeds, roles=None, interpreter=None):
-    """Runs the TFLite model on `feeds` (one array per input), in chunks of its batch size.
-
-    Args:
-        tflite_bytes: a TFLite flatbuffer (bytes).
-        feeds: a list of numpy arrays in the order of `roles`; each of the
-            exported shape except the first axis, which is a multiple of the
-            exported batch size.
-        roles: the input roles of `feeds` (`ModelSpec.roles`); default
-            token ids, then language ids.
-        interpreter: the interpreter class, called with `model_content=` (default
-            `interpreter_class()`; `litert_python.RemoteRuntime.interpreter` runs LiteRT 2.x).
-
-    Returns:
-        A numpy array: the model's first output for all rows, concatenated.
-
-    Example:
-
-    >>> double = tf.function(lambda x: x * 2.0, input_signature=[tf.TensorSpec([1, 3], tf.float32)])
-    >>> flat = tf.lite.TFLiteConverter.from_concrete_functions([double.get_concrete_function()]).convert()
-    >>> run_interpreter(flat, [np.arange(6, dtype=np.float32).reshape(2, 3)]).tolist()
-    [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
-    """
-    tflite_bytes = getattr(tflite_bytes, "bytes", tflite_bytes)  # a TfliteFile's flatbuffer
-    interpreter = (interpreter or interpreter_class())(model_content=bytes(tflite_bytes))
-    interpreter.allocate_tensors()
-    # Token ids first, language ids second, whatever order the converter gave the inputs.
-    inputs = _in_role_order(interpreter.get_input_details(), lambda detail: detail["name"], roles)
-    output = interpreter.get_output_details()[0]["index"]
-
-    def run(chunk):
-        for detail, feed in zip(inputs, chunk):
-            interpreter.set_tensor(detail["index"], feed.astype(detail["dtype"]))
-        interpreter.invoke()
-        return interpreter.get_tensor(output)
-
-    shapes = [(detail["name"], tuple(int(n) for n in detail["shape"])) for detail in inputs]
-    return _run_in_chunks("TFLite", shapes, feeds, run)
-
-
-def _run_in_chunks(kind, shapes, feeds, run):
-    """`run(chunk)` over row chunks of `feeds` of the exported batch size, the outputs concatenated.
-
-    `shapes`: `(name, exported shape)` of each input, in the order of `feeds`.
-    """
-    if len(shapes) != len(feeds):
-        raise ValueError(f"The {kind} model has {len(shapes)} inputs, got {len(feeds)} arrays.")
-    rows = int(shapes[0][1][0])
-    for (name, shape), feed in zip(shapes, feeds):
-        if tuple(shape[1:]) != feed.shape[1:] or len(feed) % rows:
-            raise ValueError(f"Input '{name}' of shape {feed.shape} does not fit the exported "
-                             f"shape {shape} (same length, batch a multiple of it).")
-        if len(feed) != len(feeds[0]):
-            raise ValueError(f"Input '{name}' has {len(feed)} rows, input '{shapes[0][0]}' {len(feeds[0])}: "
-                             "every input needs one row per token row.")
-    return np.concatenate([run([feed[start:start + rows] for feed in feeds])
-                           for start in range(0, len(feeds[0]), rows)])
-
-
-
-def interpreter_class():
-    """ai-edge-litert's `Interpreter` where it is installed (TF >= 2.16), else `tf.lite.Interpreter`.
-
-    `tf.lite.Interpreter` is deprecated from TF 2.20 on in favour of LiteRT's, which runs the
-    same flatbuffers; the TF 2.12 stack has no ai-edge-litert wheel and keeps TensorFlow's.
-
-    Example:
-
-    >>> interpreter_class().__name__
-    'Interpreter'
-    """
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        return tf.lite.Interpreter
-    return Interpreter
-
-
-def _in_role_order(details, name_of, roles):
-    """Runtime input details in the order of `roles` (default: token ids, language ids, ...)."""
-    found = {role_of(name_of(detail)): detail for detail in details}
-    roles = roles or ROLES[:len(details)]
-    if len(found) != len(details) or set(found) != set(roles):
-        return list(details)  # unnamed inputs: the converter's order
-    return [found[role] for role in roles]
 
 
 def weight_bytes(model):
@@ -305,8 +188,8 @@ def sample_batch(spec, *, rows=4, seed=0):
 
 
 
-def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, target="gpu", embedding="graph",
-                     embedding_table=None):
+def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, target=DEFAULT_TARGET,
+                     embedding="graph", embedding_table=None):
     """What a runtime-only runner needs to feed the exported model (`export/jetson/run_tflite.py` reads it).
 
     Args:
@@ -334,11 +217,11 @@ def runtime_metadata(model, sequence_length, batch_size=1, *, quantize=None, tar
                          embedding=embedding, embedding_table=embedding_table)
 
 
-def spec_metadata(spec, *, quantize=None, target="gpu", embedding="graph", embedding_table=None):
+def spec_metadata(spec, *, quantize=None, target=DEFAULT_TARGET, embedding="graph", embedding_table=None):
     """`runtime_metadata` for a `ModelSpec` (its sequence length and batch size)."""
     languages = [layer.num_languages for layer in spec.position_layers if layer.num_languages]
     return {
-        "kind": contract.KINDS["window"],
+        "kind": WINDOW.contract_kind,
         "sequence_length": spec.sequence_length,
         "batch_size": spec.batch_size,
         "vocab_size": spec.vocab_size,
@@ -355,7 +238,7 @@ def spec_metadata(spec, *, quantize=None, target="gpu", embedding="graph", embed
 
 
 
-def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="gpu"):
+def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target=DEFAULT_TARGET):
     """Everything the `keras-posenc export` command prints, as a dict.
 
     Args:
@@ -388,7 +271,7 @@ def export_report(model, tflite_bytes, token_ids, language_ids=None, *, target="
     return report_of(spec, tflite, parity(spec, tflite, token_ids, language_ids), target=target)
 
 
-def report_of(spec, tflite, parities, *, target="gpu"):
+def report_of(spec, tflite, parities, *, target=DEFAULT_TARGET):
     """The `export_report` dict of a decoded file (`TfliteFile`) and its `parity` pair."""
     ops = op_counts(tflite)
     backends = target_of(target).backends
@@ -473,31 +356,3 @@ def format_report(report):
     return lines
 
 
-FLOAT_TYPES = {"tensor(float)": np.float32}
-
-
-def run_onnx(onnx_bytes, feeds, roles=None):
-    """Runs an ONNX model with onnxruntime (CPU) on `feeds` (token ids, language ids), row chunks.
-
-    Args:
-        onnx_bytes: the model from `to_onnx`.
-        feeds: numpy arrays as in `run_interpreter` (int ids; the float rows
-            `embeddings` of an `embedding="host"` file).
-
-    Returns:
-        The output `logits` (`contract.TENSORS`; the first output of a file without it) for all
-        rows, concatenated.
-    """
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(bytes(onnx_bytes), providers=["CPUExecutionProvider"])
-    inputs = _in_role_order(session.get_inputs(), lambda detail: detail.name, roles)
-    outputs = [detail.name for detail in session.get_outputs()]
-    output = contract.TENSORS["logits"] if contract.TENSORS["logits"] in outputs else outputs[0]
-
-    def run(chunk):
-        feeds_by_name = {detail.name: np.asarray(feed, FLOAT_TYPES.get(detail.type, np.int32))
-                         for detail, feed in zip(inputs, chunk)}
-        return session.run([output], feeds_by_name)[0]
-
-    return _run_in_chunks("ONNX", [(detail.name, tuple(detail.shape)) for detail in inputs], feeds, run)

@@ -1,52 +1,93 @@
-"""One export pass, window or prefill/decode: convert, check, cost, metadata, each once; one `ExportResult`.
+"""The one export pass: every kind (`kinds`) and target (`targets`), one `ExportResult`.
 
-`export_and_check` (a fixed window) and `export_generation` (prefill + decode with the key/value
-cache) run the same steps: inspect the model (`ModelSpec`), rebuild and formulate it for the
-target and convert (`conversion`, `generator`), check the file against Keras (`parity`,
-`generator.check_generator_parity`), cost it (`cost`), and gather the runtime metadata; both
-return an `ExportResult` (`result`), whose `failures()` is the pass/fail rule and whose
-`save(out)` writes the files.
+`export(model, kind, target=...)` checks the options once, runs the kind's build (convert the
+model for the target, check the files against Keras, cost them and gather their metadata:
+`window_export`, `generation_export`, `litertlm_bundle`, `genai`) and adds what every kind
+shares: the quantizer's line, the quality measured against float32 and its gate (`ExportResult.
+failures`), the recipe and quality in FILE.json. `export_and_check`, `export_generation`,
+`export_litertlm` and `export_genai` are `export` of one kind, with that kind's arguments.
 """
 
-import numpy as np
-
-from keras_posenc.export import contract, generator
-from keras_posenc.export.conversion import (
-    EMBEDDINGS,
-    ModelSpec,
-    convert_onnx,
-    convert_tflite,
-    default_embedding,
-    host_embedding_table,
-    onnx_opset,
-)
-from keras_posenc.export.cost import onnx_cost
-from keras_posenc.export.flatbuffer import TfliteFile
-from keras_posenc.export.host_table import dequantized_table
-from keras_posenc.export.parity import (
-    cost_summary,
-    format_cost,
-    format_report,
-    parity,
-    report_of,
-    sample_batch,
-    spec_metadata,
-    weight_bytes,
-)
-from keras_posenc.export.quality import DEFAULT_MAX_LOSS_INCREASE, format_quality, quantization_quality
-from keras_posenc.export.quantization import interpreter_for, precision_of, recipe_for, stored_host_table
+from keras_posenc.export import contract
+from keras_posenc.export.conversion import ONNX_OPSET
+from keras_posenc.export.genai import build_genai
+from keras_posenc.export.generation_export import build_generation
+from keras_posenc.export.kinds import GENAI, LITERTLM, PREFILL_DECODE, WINDOW, kind_of
+from keras_posenc.export.litertlm_bundle import build_litertlm
+from keras_posenc.export.quality import DEFAULT_MAX_LOSS_INCREASE
+from keras_posenc.export.quantization import precision_of
 from keras_posenc.export.result import EXPORT_TOLERANCE, ExportResult
-from keras_posenc.export.targets import target_of
-from keras_posenc.validation import check_choice
+from keras_posenc.export.targets import DEFAULT_TARGET
+from keras_posenc.export.window_export import build_window
 
-__all__ = ["EXPORT_TOLERANCE", "ExportResult", "export_and_check", "export_generation"]
+__all__ = ["EXPORT_TOLERANCE", "ExportResult", "export", "export_and_check", "export_genai",
+           "export_generation", "export_generator", "export_litertlm"]
 
-# The prefill/decode export: the same steps, in `generator` (conversion of two signatures).
-export_generation = generator.export_generation
+# Each kind's build: `(model, *, target, precision, litert_python, **options) -> result.Built`.
+_BUILDS = {WINDOW: build_window, PREFILL_DECODE: build_generation, LITERTLM: build_litertlm,
+           GENAI: build_genai}
 
 
-def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quantize=None, embedding=None,
-                     token_ids=None, language_ids=None, eval_token_ids=None,
+def export(model, kind=WINDOW, *, target=None, quantize=None, max_loss_increase=DEFAULT_MAX_LOSS_INCREASE,
+           litert_python=None, **options):
+    """Exports `model` as `kind` for `target` and checks the files: the one pass of every export.
+
+    Args:
+        model: a built Keras model with keras_posenc layers (a `CausalLM` for the generating kinds).
+        kind: a `Kind` or its name (`kinds.KINDS`): "window", "prefill_decode", "litertlm", "genai".
+        target: a `Target` or its name; default `targets.DEFAULT_TARGET` ("gpu"). `genai` takes none
+            (onnxruntime-genai's CPU provider runs its folder).
+        quantize: None (float32), "float16", "int8" or "int4": the recipe of
+            `quantization.RECIPES[(target, kind)]`, refused before anything is converted where the
+            runtime cannot run it.
+        max_loss_increase: float >= 0, the largest relative rise of the held-out cross-entropy a
+            quantized export may cost (default 1 %); `ExportResult.failures` applies it.
+        litert_python: the Python with LiteRT's tools (LiteRT Quantizer, litert-lm-builder; default
+            `litert_python.runtime_python`).
+        **options: the kind's own arguments: see `export_and_check`, `export_generation`,
+            `export_litertlm` (`sp_model`, ...) and `export_genai`.
+
+    Returns:
+        An `ExportResult` of `kind`.
+
+    Raises:
+        ValueError: an unknown kind, target or precision, a target given to `genai`, a negative
+            `max_loss_increase`, and what the kind's checks refuse (each names the argument).
+
+    Example:
+
+    >>> from keras_posenc.backend import keras
+    >>> from keras_posenc.layers import TokenAndPositionEmbedding
+    >>> ids = keras.Input(shape=(None,), dtype="int32")
+    >>> model = keras.Model(ids, TokenAndPositionEmbedding(50, 8, max_length=16)(ids))
+    >>> result = export(model, "window", target="cpu", sequence_length=6)
+    >>> result.kind.name, result.target, result.failures()
+    ('window', 'cpu', [])
+    """
+    kind = kind_of(kind)
+    if not kind.takes_target and target is not None:
+        raise ValueError(f"A {kind.name} export runs on its own runtime and takes no target, got "
+                         f"target={target!r}.")
+    if not max_loss_increase >= 0:
+        raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
+    precision = precision_of(quantize)
+    built = _BUILDS[kind](model, target=DEFAULT_TARGET if target is None else target, precision=precision,
+                          litert_python=litert_python, **options)
+    result = built.result()
+    recipe = built.recipe
+    if recipe is not None:
+        result.lines.insert(0, f"Quantized by {recipe.tool}: {recipe.weights}{built.quantized_note}")
+        result.report.update(quality=built.quality, max_loss_increase=max_loss_increase)
+        result.lines.append(built.format_quality(built.quality, max_loss_increase))
+        result.metadata[contract.KEYS["quantization"]] = recipe.describe()
+        if built.quality is not None:
+            result.metadata[contract.KEYS["quality"]] = built.quality
+    result.lines.extend(built.notes)
+    return result
+
+
+def export_and_check(model, *, sequence_length, target=DEFAULT_TARGET, batch_size=1, quantize=None,
+                     embedding=None, token_ids=None, language_ids=None, eval_token_ids=None,
                      max_loss_increase=DEFAULT_MAX_LOSS_INCREASE, litert_python=None):
     """Exports `model` and checks the file, every analysis once.
 
@@ -98,103 +139,129 @@ def export_and_check(model, *, sequence_length, target="gpu", batch_size=1, quan
     >>> result.parity < 1e-5, result.failures(), result.metadata["inputs"], "GATHER" in result.report["ops"]
     (True, [], ['token_ids'], True)
     """
-    target = target_of(target)
-    if not max_loss_increase >= 0:
-        raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
-    precision = precision_of(quantize)
-    recipe = recipe_for(target, precision, "window", litert_python=litert_python)
-    spec = ModelSpec.of(model, sequence_length, batch_size)
-    token_ids, language_ids = _parity_batch(spec, token_ids, language_ids)
-    embedding = embedding or ("graph" if target.file_format == "onnx" else default_embedding(model, target))
-    check_choice("embedding", embedding, EMBEDDINGS)
-    stored = stored_host_table(host_embedding_table(model), recipe) if embedding == "host" else None
-    rows = None if stored is None else dequantized_table(stored)
-    if target.file_format == "onnx":
-        exported = convert_onnx(spec, embedding=embedding, recipe=recipe, calibration=token_ids)
-        parities = parity(spec, exported, token_ids, language_ids, runtime="onnx", table=rows)
-        report = {"parity": parities[0], "parity_all": parities[1], "verdicts": {},
-                  "cost": cost_summary(onnx_cost(exported), weight_bytes(model)), "file_bytes": len(exported)}
-        lines = [f"ONNX opset {onnx_opset(exported)}, static shapes, int32 ids (trtexec --onnx=FILE"
-                 f"{'' if recipe else ' --fp16'})",
-                 f"Parity onnxruntime vs Keras: max abs diff {parities[0]:.3g} on real tokens",
-                 format_cost(report["cost"])]
-        runtime = "onnx"
-    else:
-        exported = convert_tflite(spec, target=target, quantize=precision, embedding=embedding,
-                                  litert_python=litert_python)
-        with interpreter_for(recipe, litert_python) as interpreter:
-            tflite = TfliteFile(exported)
-            report = report_of(spec, tflite, parity(spec, tflite, token_ids, language_ids, table=rows,
-                                                    interpreter=interpreter), target=target)
-        lines = format_report(report)
-        runtime = "tflite"
-    if recipe is not None:
-        lines.insert(0, f"Quantized by {recipe.tool}: {recipe.weights}")
-        report["quality"] = _quantization_quality(spec, target, embedding, exported, eval_token_ids, runtime,
-                                                  rows, recipe, litert_python)
-        report["max_loss_increase"] = max_loss_increase
-        lines.append(_quality_line(report["quality"], max_loss_increase))
-    if stored is not None:
-        lines.append(f"Embedding: host ({_table_words(stored)}); the runner feeds the rows of "
-                     f"{_table_name(stored)}[token_ids] as `embeddings` (export/jetson/run_tflite.py and "
-                     "run_tensorrt.py do)")
-    metadata = dict(spec_metadata(spec, quantize=precision, target=target, embedding=embedding),
-                    cost=report["cost"])
-    if recipe is not None:
-        metadata[contract.KEYS["quantization"]] = recipe.describe()
-    if report.get("quality") is not None:
-        metadata[contract.KEYS["quality"]] = report["quality"]
-    description = (f"target {target.name}, quantize={precision or 'none'}, batch {batch_size} x length "
-                   f"{sequence_length}")
-    return ExportResult(target.name, precision, embedding, (exported,), report, lines, metadata, description,
-                        stored)
+    return export(model, WINDOW, target=target, quantize=quantize, max_loss_increase=max_loss_increase,
+                  litert_python=litert_python, sequence_length=sequence_length, batch_size=batch_size,
+                  embedding=embedding, token_ids=token_ids, language_ids=language_ids,
+                  eval_token_ids=eval_token_ids)
 
 
-def _table_words(stored):
-    if isinstance(stored, dict):
-        return f"int{int(stored['bits'])} rows, {int(stored['block'])} values a scale"
-    return f"{stored.dtype} rows"
+def export_generation(model, *, prompt_length, cache_length, target=DEFAULT_TARGET, embedding=None,
+                      check_prompt=None, check_tokens=16, quantize=None, eval_token_ids=None,
+                      max_loss_increase=DEFAULT_MAX_LOSS_INCREASE, litert_python=None):
+    """Exports a `CausalLM` as prefill + decode and checks the file against `model.generate`.
 
+    `cpu` and `gpu` give one `.tflite` with two signatures, `gl` one file per signature, and
+    `tensorrt` the two ONNX models (checked on onnxruntime); `gpu`/`gl` with `embedding="host"`
+    also the table the runner reads (`host_table`, in the export's precision).
 
-def _table_name(stored):
-    return "FILE.embeddings.npz" if isinstance(stored, dict) else "FILE.embeddings.npy"
+    Args:
+        model: a built `CausalLM`.
+        prompt_length, cache_length, target, embedding: as in `to_tflite_generator`.
+        check_prompt: optional list of int, the prompt of the check (default: ids 5, 6, 7 clipped
+            to the vocabulary).
+        check_tokens: int, the tokens generated by the check (fewer if the cache is shorter).
+        quantize: None, "float16", "int8" or "int4" (`quantization.RECIPES`).
+        eval_token_ids: int `[n, T]` held-out rows: the quantized file's prefill cross-entropy
+            against float32's, and their first tokens as more greedy prompts.
+        max_loss_increase: float >= 0, the largest relative rise of that cross-entropy.
+        litert_python: the Python with LiteRT Quantizer (int4).
 
-
-def _quantization_quality(spec, target, embedding, quantized, eval_token_ids, runtime, rows, recipe,
-                          litert_python):
-    """The quantized file against a float32 export of the same target on held-out rows, or None.
-
-    The float32 file is fed the float32 table's rows, the quantized one its own (dequantized).
+    Returns:
+        An `ExportResult`: `report` has `same_tokens`, `parity` (max abs logit difference),
+        `tokens_checked` and, quantized, `quality`; `metadata` what `export/jetson/run_generate.py`
+        reads.
     """
-    if eval_token_ids is None:
-        return None
-    eval_token_ids, eval_language_ids = _parity_batch(spec, eval_token_ids, None)
-    if runtime == "onnx":
-        reference = convert_onnx(spec, embedding=embedding)
-        return quantization_quality(spec, reference, quantized, eval_token_ids, eval_language_ids,
-                                    runtime="onnx", quantized_table=rows)
-    reference = convert_tflite(spec, target=target, quantize=None, embedding=embedding)
-    with interpreter_for(recipe, litert_python) as interpreter:
-        return quantization_quality(spec, reference, quantized, eval_token_ids, eval_language_ids,
-                                    quantized_table=rows, interpreter=interpreter)
+    return export(model, PREFILL_DECODE, target=target, quantize=quantize,
+                  max_loss_increase=max_loss_increase, litert_python=litert_python,
+                  prompt_length=prompt_length, cache_length=cache_length, embedding=embedding,
+                  check_prompt=check_prompt, check_tokens=check_tokens, eval_token_ids=eval_token_ids)
 
 
-def _quality_line(quality, max_loss_increase):
-    if quality is None:
-        return ("Held-out loss of the quantized file: not measured (pass eval_token_ids; the CLI reads the "
-                "run's eval split or --eval-corpus; a model whose output is not next-token logits has none)")
-    return format_quality(quality, max_loss_increase)
+def export_generator(model, out, **options):
+    """`export_generation(model, **options).save(out)`, as a dict (the form earlier releases returned).
+
+    Returns:
+        dict: `files` (the model files written), `bytes`, `metadata`, `same_tokens` (bool),
+        `parity` (max abs logit difference), `tokens_checked`, and `result` (the `ExportResult`).
+    """
+    result = export_generation(model, **options)
+    result.save(out)
+    return {"files": result.model_paths(out), "bytes": sum(len(content) for content in result.models),
+            "metadata": result.metadata, "same_tokens": result.report["same_tokens"], "parity": result.parity,
+            "tokens_checked": result.report["tokens_checked"], "result": result}
 
 
-def _parity_batch(spec, token_ids, language_ids):
-    """The parity batch: the given ids (shape checked) or a sample, and language ids when needed."""
-    if token_ids is None:
-        return sample_batch(spec, rows=4 * spec.batch_size)
-    token_ids = np.asarray(token_ids)
-    if token_ids.ndim != 2 or token_ids.shape[1] != spec.sequence_length:
-        raise ValueError(f"`token_ids` must be an int array [n, {spec.sequence_length}], "
-                         f"got shape {token_ids.shape}.")
-    if language_ids is None and spec.needs_languages:
-        shape = token_ids.shape if spec.language_rank == 2 else token_ids.shape[:1]
-        language_ids = np.zeros(shape, np.int32)
-    return token_ids.astype(np.int32), language_ids
+def export_litertlm(model, sp_model, *, prompt_length, cache_length, target=DEFAULT_TARGET, probes=None,
+                    max_new_tokens=8, python=None, check_tokens=16, activation=None, engine_env=None,
+                    quantize=None, eval_token_ids=None, max_loss_increase=DEFAULT_MAX_LOSS_INCREASE):
+    """Exports a `CausalLM` as a `.litertlm` bundle and checks it against `CausalLM.generate`.
+
+    Args:
+        model: a built `CausalLM` (causal, no language ids).
+        sp_model: bytes, the run's serialized SentencePiece model.
+        prompt_length, cache_length, target: as in `litertlm.to_litertlm_tflite`.
+        probes: sessions of turns (list of lists of str) for the engine check (default
+            `probe_texts`: one prompt longer than `P`, and a second turn).
+        max_new_tokens: int, tokens per turn of the engine check.
+        python: the LiteRT Python, with `litert-lm-builder` / `litert-lm-api` (default
+            `litert_python.runtime_python`); LiteRT Quantizer too for int4.
+        check_tokens: int, tokens of the emulated-engine check.
+        activation: "fp32" or "fp16", the activation type the bundle asks the engine for
+            (default: the target's `litertlm_activation`).
+        engine_env: optional environment of the engine check's process (`gpu`: where Vulkan
+            finds the GPU driver; default this process's).
+        quantize: None (float32), "float16", "int8" or "int4" (`quantization.RECIPES`).
+        eval_token_ids: int `[n, T]` held-out rows: with `quantize`, the model's cross-entropy
+            fed them one token a step, as the engine decodes, against the float32 model's.
+        max_loss_increase: float >= 0, the largest relative rise of that cross-entropy.
+
+    Returns:
+        An `ExportResult` with the bundle; `report` has `same_tokens` (the emulated engine's
+        tokens, with a chunked prefill and a second turn, equal Keras'), `parity` (0.0 or 1.0:
+        the emulated check compares tokens), `engine_same_text` (None without the engine),
+        `engine` (the texts, or why it did not run) and, quantized, `quality`
+        (`bundle_quality`); a quantized bundle's engine text is compared with the text its
+        own model generates on LiteRT's interpreter, and where they part, must be a greedy
+        run of that model through near-ties (`near_greedy`, `ENGINE_NEAR_TIE`).
+
+    Raises:
+        ValueError: as `to_litertlm_tflite`, a probe that does not fit in the cache
+            (`check_probes`), or no Python with `litert-lm-builder` (the bundle cannot be built
+            without it).
+        RuntimeError: the builder's process failed (its last log lines in the message).
+    """
+    return export(model, LITERTLM, target=target, quantize=quantize, max_loss_increase=max_loss_increase,
+                  litert_python=python, sp_model=sp_model, prompt_length=prompt_length,
+                  cache_length=cache_length, probes=probes, max_new_tokens=max_new_tokens,
+                  check_tokens=check_tokens, activation=activation, engine_env=engine_env,
+                  eval_token_ids=eval_token_ids)
+
+
+def export_genai(model, sp_model, *, cache_length, prompt_length, check_texts=(), probes=None,
+                 max_new_tokens=8, opset=ONNX_OPSET):
+    """Exports a `CausalLM` as an onnxruntime-genai folder and checks it against `CausalLM.generate`.
+
+    Args:
+        model: a built `CausalLM` (causal, no language ids).
+        sp_model: bytes, the run's serialized SentencePiece model (Unigram).
+        cache_length: int, `C`: the caches' slots and `search.max_length`.
+        prompt_length: int, `P <= C`: `search.chunk_size`, the prefill chunk.
+        check_texts: texts on which tokenizer.json's ids must equal SentencePiece's (the probes'
+            texts are checked too).
+        probes: sessions of turns (lists of str) run through the decoder as onnxruntime-genai runs
+            them (default `litertlm_bundle.probe_texts`: a short prompt, one longer than `P`, and
+            a second turn).
+        max_new_tokens: int, greedy tokens per turn.
+        opset: int >= 17.
+
+    Returns:
+        An `ExportResult` of kind `genai` (`save(out)` writes the folder `out`).
+
+    Raises:
+        ValueError: as `to_genai_onnx`, a SentencePiece model `tokenizer_files` does not take, or a
+            probe that does not fit in the cache.
+        ImportError: tokenizers is not installed (the message says how).
+        ToolEnvironmentError: tf2onnx or onnxruntime is not installed.
+    """
+    return export(model, GENAI, sp_model=sp_model, cache_length=cache_length, prompt_length=prompt_length,
+                  check_texts=check_texts, probes=probes, max_new_tokens=max_new_tokens, opset=opset)

@@ -11,13 +11,8 @@ runs it for every quantized export of a model that outputs next-token logits, an
 
 import numpy as np
 
-from keras_posenc.export.parity import (
-    onnx_input_names,
-    run_interpreter,
-    run_onnx,
-    with_host_rows,
-    with_host_rows_of,
-)
+from keras_posenc.export.parity import run_file
+from keras_posenc.export.targets import TFLITE
 
 __all__ = ["DEFAULT_MAX_LOSS_INCREASE", "format_generation_quality", "format_quality",
            "next_token_cross_entropy", "outputs_next_token_logits", "quality_prompts", "quantization_quality"]
@@ -62,26 +57,18 @@ def next_token_cross_entropy(logits, token_ids, pad_id):
     return float(losses.mean()), int(real.sum())
 
 
-def _logits(spec, exported, feeds, runtime, table=None, interpreter=None):
-    if runtime == "onnx":
-        feeds, roles = with_host_rows_of(spec.model, onnx_input_names(exported), feeds, spec.roles, table)
-        return run_onnx(exported, feeds, roles)
-    feeds, roles = with_host_rows(spec.model, exported, feeds, spec.roles, table)
-    return run_interpreter(exported, feeds, roles, interpreter=interpreter)
-
-
-def quantization_quality(spec, float_file, quantized_file, token_ids, language_ids=None, *, runtime="tflite",
-                         quantized_table=None, interpreter=None):
+def quantization_quality(spec, float_file, quantized_file, token_ids, language_ids=None, *,
+                         file_format=TFLITE, quantized_table=None, interpreter=None):
     """The quantized file against the float32 file on held-out rows: losses, greedy agreement, logit error.
 
     Args:
         spec: the `ModelSpec` both files were exported from.
         float_file, quantized_file: the two files (TFLite flatbuffers, or ONNX models with
-            `runtime="onnx"`), of the same inputs.
+            `file_format=ONNX`), of the same inputs.
         token_ids: int array `[n, spec.sequence_length]` of real text, right-padded with
             `spec.pad_id` (the run's eval split).
         language_ids: as `spec.feeds` needs them.
-        runtime: "tflite" or "onnx".
+        file_format: their `FileFormat` (`parity.run_file` runs them).
         quantized_table: the float32 rows an `embedding="host"` quantized file is fed (its
             table dequantized); the float32 file gets `host_embedding_table(spec.model)`.
         interpreter: the interpreter class for both files (`quantization.interpreter_for`).
@@ -97,11 +84,12 @@ def quantization_quality(spec, float_file, quantized_file, token_ids, language_i
         raise ValueError(f"`token_ids` must be an int array [n, {spec.sequence_length}], "
                          f"got shape {token_ids.shape}.")
     feeds = spec.feeds(token_ids, language_ids=language_ids)
-    float_logits = _logits(spec, float_file, feeds, runtime, interpreter=interpreter).astype(np.float64)
+    float_logits = run_file(spec, float_file, feeds, file_format=file_format,
+                            interpreter=interpreter).astype(np.float64)
     if not outputs_next_token_logits(spec, float_logits.shape):
         return None
-    quantized_logits = _logits(spec, quantized_file, feeds, runtime, quantized_table,
-                               interpreter).astype(np.float64)
+    quantized_logits = run_file(spec, quantized_file, feeds, file_format=file_format, table=quantized_table,
+                                interpreter=interpreter).astype(np.float64)
     loss_float, tokens = next_token_cross_entropy(float_logits, token_ids, spec.pad_id)
     loss_quantized, _ = next_token_cross_entropy(quantized_logits, token_ids, spec.pad_id)
     real = token_ids != spec.pad_id

@@ -38,17 +38,17 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.export import host_table, onnx_graph
+from keras_posenc.export.kinds import LITERTLM, PREFILL_DECODE, WINDOW, kind_of
 from keras_posenc.export.litert_python import INSTALL_HINT, RemoteRuntime, run_script, runtime_python
+from keras_posenc.export.targets import TARGETS, target_of
 
-__all__ = ["ALIASES", "KINDS", "LITERT_QUANTIZER", "ONNXRUNTIME", "PRECISIONS", "QUANTIZE_MODES",
+__all__ = ["ALIASES", "LITERT_QUANTIZER", "ONNXRUNTIME", "PRECISIONS", "QUANTIZE_MODES",
            "RECIPES", "Recipe", "TFLITE_CONVERTER", "interpreter_for", "precision_of", "quantize_onnx",
-           "quantize_tflite", "recipe_for", "stored_host_table"]
+           "quantize_tflite", "recipe_for", "recipes_of", "stored_host_table"]
 
 PRECISIONS = ("float16", "int8", "int4")
 ALIASES = {"dynamic_int8": "int8"}
 QUANTIZE_MODES = (None, *PRECISIONS, *ALIASES)
-# The file kinds: a fixed window, the prefill/decode file, the model of a .litertlm bundle.
-KINDS = ("window", "prefill_decode", "litertlm")
 
 TFLITE_CONVERTER = "TFLite converter"
 LITERT_QUANTIZER = "LiteRT Quantizer 0.11"
@@ -137,17 +137,19 @@ _NO_INT4_CPU_GENERATION = ("LiteRT Quantizer's int4 prefill/decode file does not
 _NO_INT4_GPU_GENERATION = ("LiteRT Quantizer's int4 weights break the shader prefill/decode graph's constant "
                            "matrices (prefill logits of 1e7 on LiteRT 2.3): use --quantize int8")
 
+# {(Target, Kind): {precision: Recipe, or why the runtime cannot run it}}; a missing key: not available.
 RECIPES = {
-    ("cpu", "window"): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
-    ("gpu", "window"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _INT4_GPU},
-    ("gl", "window"): {"float16": _FLOAT16, "int8": _INT8_GL, "int4": _GL_INT4},
-    ("tensorrt", "window"): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
-    ("cpu", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8, "int4": _NO_INT4_CPU_GENERATION},
-    ("gpu", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
-    ("gl", "prefill_decode"): {"float16": _FLOAT16, "int8": _INT8_GL, "int4": _GL_INT4},
-    ("tensorrt", "prefill_decode"): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
-    ("cpu", "litertlm"): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
-    ("gpu", "litertlm"): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
+    (TARGETS["cpu"], WINDOW): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
+    (TARGETS["gpu"], WINDOW): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _INT4_GPU},
+    (TARGETS["gl"], WINDOW): {"float16": _FLOAT16, "int8": _INT8_GL, "int4": _GL_INT4},
+    (TARGETS["tensorrt"], WINDOW): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
+    (TARGETS["cpu"], PREFILL_DECODE): {"float16": _FLOAT16, "int8": _INT8, "int4": _NO_INT4_CPU_GENERATION},
+    (TARGETS["gpu"], PREFILL_DECODE): {"float16": _FLOAT16, "int8": _INT8_SHADER,
+                                       "int4": _NO_INT4_GPU_GENERATION},
+    (TARGETS["gl"], PREFILL_DECODE): {"float16": _FLOAT16, "int8": _INT8_GL, "int4": _GL_INT4},
+    (TARGETS["tensorrt"], PREFILL_DECODE): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
+    (TARGETS["cpu"], LITERTLM): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
+    (TARGETS["gpu"], LITERTLM): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
 }
 
 
@@ -169,8 +171,18 @@ def precision_of(quantize):
     return ALIASES.get(quantize, quantize)
 
 
-def recipe_for(target, quantize, kind="window", *, litert_python=None):
-    """The `Recipe` of `quantize` for `target` and file `kind`, None for float32.
+def recipes_of(target, kind):
+    """`RECIPES[(target, kind)]` for a target and a kind given as objects or names; None where a
+    `kind` export of `target` has no recipes (the kind makes no file of that target).
+
+    >>> recipes_of("gl", "window")["int8"].precision, recipes_of("tensorrt", "litertlm")
+    ('int8', None)
+    """
+    return RECIPES.get((target_of(target), kind_of(kind)))
+
+
+def recipe_for(target, quantize, kind=WINDOW, *, litert_python=None):
+    """The `Recipe` of `quantize` for `target` and `kind` (objects or names), None for float32.
 
     Refused combinations raise before any conversion: a precision the target's runtime cannot
     run, or a LiteRT Quantizer recipe without the LiteRT Python (`litert_python.INSTALL_HINT`).
@@ -181,10 +193,12 @@ def recipe_for(target, quantize, kind="window", *, litert_python=None):
     precision = precision_of(quantize)
     if precision is None:
         return None
-    name = getattr(target, "name", target)
-    recipes = RECIPES.get((name, kind))
+    target, kind = target_of(target), kind_of(kind)
+    name = target.name
+    recipes = recipes_of(target, kind)
     if recipes is None:
-        raise ValueError(f"--quantize {quantize} is not available for a {kind} export of target={name!r}.")
+        raise ValueError(f"--quantize {quantize} is not available for a {kind.name} export of "
+                         f"target={name!r}.")
     recipe = recipes[precision]
     if isinstance(recipe, str):
         raise ValueError(f"--quantize {quantize} is refused for target={name!r}: {recipe}.")

@@ -1,10 +1,10 @@
 """What one export produced and measured (`ExportResult`), its pass/fail rule and its save step.
 
-One result type for a window export (`export_and_check`) and a prefill/decode export
-(`export_generation`): the model file(s), the report, the runtime metadata and the host
-embedding table; `failures()` names every failed check, `save(out)` writes every file atomically
+One result type for every export kind (`keras_posenc.export.kinds`), made by the one pass
+(`pipeline.export`): the model file(s), the report, the runtime metadata and the host embedding
+table; `failures()` names every failed check, `save(out)` writes every file atomically
 (`keras_posenc.files`) with `FILE.json` recording each file's size and sha256, and the contract
-(`keras_posenc.export.contract`) beside them.
+(`keras_posenc.export.contract`) beside them; a folder kind's files go into the folder `out`.
 """
 
 import dataclasses
@@ -12,11 +12,12 @@ import os
 
 from keras_posenc import files
 from keras_posenc.export import contract
+from keras_posenc.export.kinds import WINDOW
 from keras_posenc.export.quantization import precision_of
 from keras_posenc.export.targets import target_of
 from keras_posenc.export.verdicts import BACKENDS
 
-__all__ = ["EXPORT_TOLERANCE", "MIN_GENERATION_AGREEMENT", "ExportResult"]
+__all__ = ["EXPORT_TOLERANCE", "MIN_GENERATION_AGREEMENT", "Built", "ExportResult"]
 
 # The largest parity error accepted per precision (int8 and int4 weights: reported, not checked;
 # their gate is the held-out loss, `quality.DEFAULT_MAX_LOSS_INCREASE`).
@@ -31,18 +32,21 @@ class ExportResult:
     """What one export produced and measured.
 
     Attributes:
-        target, quantize, embedding: the export options ("graph" or "host").
+        target, quantize, embedding: the export options ("graph" or "host"); `target` is None
+            for a kind that takes none (`genai`).
         models: tuple of the model files' bytes: one file, or one per signature (`prefill`,
-            `decode`) where the target writes one file per signature.
+            `decode`) where the target writes one file per signature; a folder kind's files, in
+            the order of `names`.
         report: dict of the checks: `parity` (max abs diff on real tokens) and `verdicts` for
-            every export; `same_tokens` and `tokens_checked` for a prefill/decode export; the
+            every file export; `same_tokens` and `tokens_checked` for a generating kind; the
             rest of `export_report` for a window `.tflite`.
         lines: the report as printable lines (file names as `FILE`, see `report_lines`).
         metadata: the runtime metadata written as `FILE.json`.
         description: what the model files hold, for the `Wrote ...` line.
         host_table: for `embedding="host"`, the token table as stored: float32 (or float16)
             `[vocab, d_model]`, or the int rows of `host_table.quantize_table`; else None.
-        suffix: the model file's name ending when it is not the target's (`.litertlm`), else None.
+        kind: the export's `Kind` (`keras_posenc.export.kinds`).
+        names: a folder kind's file names (`models` in the same order), else empty.
     """
 
     target: str
@@ -54,7 +58,8 @@ class ExportResult:
     metadata: dict
     description: str = ""
     host_table: object = None
-    suffix: object = None
+    kind: object = WINDOW
+    names: tuple = ()
 
     @property
     def exported(self):
@@ -67,7 +72,8 @@ class ExportResult:
 
     @property
     def generation(self):
-        return "same_tokens" in self.report
+        """Whether the files generate tokens (the kind's), so greedy tokens that differ fail."""
+        return self.kind.generates
 
     def failures(self, *, tolerance=None, require_gpu=False):
         """Lines naming each failed check, `[]` when all hold: parity over `tolerance` (default
@@ -80,8 +86,8 @@ class ExportResult:
         agreement = (quality or {}).get("generation_agreement")
         if self.generation and not self.report["same_tokens"]:
             if agreement is None:
-                failed.append("FAILED: the file does not generate what the model generates (greedy tokens "
-                              "differ from CausalLM.generate).")
+                failed.append(f"FAILED: {self.kind.checked_as} does not generate what the model generates "
+                              "(greedy tokens differ from CausalLM.generate).")
             elif not agreement >= MIN_GENERATION_AGREEMENT:
                 failed.append(f"FAILED: the quantized file's greedy tokens differ from float32's, and fed "
                               f"float32's tokens it picks the same token at {agreement:.1%} of the steps "
@@ -90,6 +96,8 @@ class ExportResult:
             failed.append("FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
                           "(a quantized bundle: its model on LiteRT's interpreter), or did not run "
                           "the bundle.")
+        if self.report.get("tokenizer_same_ids") is False:
+            failed.append("FAILED: tokenizer.json does not give SentencePiece's ids.")
         if tolerance is not None and not self.parity <= tolerance:
             failed.append(f"FAILED: parity {self.parity:.3g} exceeds the tolerance {tolerance:g}.")
         if quality is not None and limit is not None and "loss_increase" in quality and not (
@@ -105,8 +113,10 @@ class ExportResult:
         return failed
 
     def model_paths(self, out):
-        """The model files that `save(out)` writes."""
-        suffix = self.suffix or target_of(self.target).suffix
+        """The model files that `save(out)` writes (a folder kind: every file of the folder)."""
+        if self.kind.folder:
+            return [os.path.join(out, name) for name in self.names]
+        suffix = self.kind.suffix or target_of(self.target).suffix
         return contract.model_paths(out, suffix, per_signature=len(self.models) > 1)
 
     def save(self, out):
@@ -116,13 +126,19 @@ class ExportResult:
         (`keras_posenc.files`): an interrupted or failed save leaves no partial file under a
         final name. `out.json` records the size and sha256 of each file beside it.
 
+        A folder kind (`genai`) writes its files into the folder `out` (made if missing), each
+        atomically, and nothing beside them.
+
         Returns:
             The paths written, model files first.
 
         Raises:
             keras_posenc.files.FileWriteError: a file could not be written (the message names it
                 and the free space).
+            ValueError: a folder kind's `out` is a file.
         """
+        if self.kind.folder:
+            return self._save_folder(out)
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         keys = contract.KEYS
         paths = self.model_paths(out)
@@ -146,6 +162,15 @@ class ExportResult:
         files.write_json(contract.metadata_path(out), metadata)
         return paths + [contract.metadata_path(out), contract.contract_path(out)]
 
+    def _save_folder(self, out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise ValueError(f"--format {self.kind.name} writes a folder: --out {out} is a file.")
+        os.makedirs(out, exist_ok=True)
+        paths = self.model_paths(out)
+        for path, content in zip(paths, self.models):
+            files.write_bytes(path, content)
+        return paths
+
     def headline(self, paths):
         """`Wrote ...`: the files written and what the model files hold."""
         size = sum(len(content) for content in self.models)
@@ -162,3 +187,29 @@ class ExportResult:
                 line = line.replace(placeholder, name)
             rendered.append(line)
         return rendered
+
+
+@dataclasses.dataclass
+class Built(ExportResult):
+    """What one kind's build made and checked: its `ExportResult` before the quantization's part, which
+    the pass (`pipeline.export`) adds.
+
+    Attributes:
+        recipe: the quantization `Recipe`, or None (float32).
+        quality: what the quantized files cost against float32's (None without a recipe, or when
+            not measured).
+        format_quality: `(quality, max_loss_increase) -> line`, the quality's line.
+        quantized_note: words the quantizer's line ends with.
+        notes: lines after the quality's.
+    """
+
+    recipe: object = None
+    quality: object = None
+    format_quality: object = None
+    quantized_note: str = ""
+    notes: tuple = ()
+
+    def result(self):
+        """The `ExportResult` this holds (its own fields only)."""
+        fields = dataclasses.fields(ExportResult)
+        return ExportResult(**{field.name: getattr(self, field.name) for field in fields})

@@ -15,7 +15,27 @@ target names.
 
 import dataclasses
 
-__all__ = ["TARGETS", "Target", "target_of"]
+from keras_posenc.validation import check_choice
+
+__all__ = ["DEFAULT_TARGET", "FILE_FORMATS", "ONNX", "TARGETS", "TFLITE", "FileFormat", "Target", "target_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FileFormat:
+    """A model file format: its name and file ending; what runs it is keyed by the object.
+
+    Attributes:
+        name: str, "tflite" or "onnx".
+        suffix: str, the file ending.
+    """
+
+    name: str
+    suffix: str
+
+
+TFLITE = FileFormat("tflite", ".tflite")
+ONNX = FileFormat("onnx", ".onnx")
+FILE_FORMATS = (TFLITE, ONNX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +44,7 @@ class Target:
 
     Attributes:
         name: str, the `--target` value.
-        file_format: "tflite" or "onnx".
+        file_format: the `FileFormat` of its files (`TFLITE`, `ONNX`).
         input_dtype: "int32" or "float32" (`gl`: the GL backend has no CAST shader).
         max_batch: None (any batch) or the largest batch size the runtime takes.
         one_hot_lookup: bool, the token lookup is a one-hot product on the GPU (no GATHER), so
@@ -48,7 +68,7 @@ class Target:
     """
 
     name: str
-    file_format: str
+    file_format: FileFormat
     input_dtype: str
     max_batch: object
     one_hot_lookup: bool
@@ -66,7 +86,7 @@ class Target:
     @property
     def suffix(self):
         """The file name ending of this target's exports."""
-        return "." + self.file_format
+        return self.file_format.suffix
 
     def default_embedding(self, has_token_table):
         """"host" where the lookup is a one-hot product and the model has a token table, else "graph".
@@ -81,23 +101,26 @@ class Target:
 _FLOAT16_INTEGERS = 2048  # float16's last exact integer: positions and slots are floats on a GPU
 
 TARGETS = {
-    "gpu": Target("gpu", "tflite", "int32", None, one_hot_lookup=True, host_embedding=True,
+    "gpu": Target("gpu", TFLITE, "int32", None, one_hot_lookup=True, host_embedding=True,
                   generation_host_embedding=True, keep_batch_matmul=True, backends=("webgpu", "opencl", "gl"),
                   shader_generation=True, file_per_signature=False, max_cache_length=_FLOAT16_INTEGERS,
                   runs_on=("gpu", "cpu"), litertlm_backend="gpu", litertlm_activation="fp16"),
-    "gl": Target("gl", "tflite", "float32", 1, one_hot_lookup=True, host_embedding=True,
+    "gl": Target("gl", TFLITE, "float32", 1, one_hot_lookup=True, host_embedding=True,
                  generation_host_embedding=True, keep_batch_matmul=False, backends=("gl", "webgpu"),
                  shader_generation=True, file_per_signature=True, max_cache_length=_FLOAT16_INTEGERS,
                  runs_on=("gpu", "cpu")),
-    "cpu": Target("cpu", "tflite", "int32", None, one_hot_lookup=False, host_embedding=False,
+    "cpu": Target("cpu", TFLITE, "int32", None, one_hot_lookup=False, host_embedding=False,
                   generation_host_embedding=False, keep_batch_matmul=False, backends=("gl", "webgpu"),
                   shader_generation=False, file_per_signature=False, max_cache_length=None,
                   runs_on=("cpu",), litertlm_backend="cpu", litertlm_activation="fp32"),
-    "tensorrt": Target("tensorrt", "onnx", "int32", None, one_hot_lookup=False, host_embedding=True,
+    "tensorrt": Target("tensorrt", ONNX, "int32", None, one_hot_lookup=False, host_embedding=True,
                        generation_host_embedding=False, keep_batch_matmul=False, backends=(),
                        shader_generation=False, file_per_signature=True, max_cache_length=None,
                        runs_on=("gpu", "cpu")),
 }
+
+# The target of every export that names none: the CLI's, the pass's and each converter's.
+DEFAULT_TARGET = "gpu"
 
 
 def target_of(target):
@@ -114,6 +137,5 @@ def target_of(target):
     """
     if isinstance(target, Target):
         return target
-    if target not in TARGETS:
-        raise ValueError(f"`target` must be one of {tuple(TARGETS)}, got target={target!r}.")
+    check_choice("target", target, TARGETS)
     return TARGETS[target]

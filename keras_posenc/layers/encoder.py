@@ -269,7 +269,7 @@ class Encoder(keras.layers.Layer):
         return x, ops.stack([ops.stack(pair, axis=1) for pair in zip(keys, values)], axis=1)
 
     def cached_step(self, token_ids, key_caches, value_caches, cache_index, position_ids=None,
-                    language_ids=None):
+                    language_ids=None, embeddings=None):
         """Causal decoding of one chunk against per-layer key and value caches.
 
         What `call(..., cache=, cache_index=)` runs, with the cache as one
@@ -285,6 +285,9 @@ class Encoder(keras.layers.Layer):
                 real tokens numbered from `cache_index` (rows with no padding
                 before the chunk).
             language_ids: as in `call`.
+            embeddings: optional float `[batch, length, d_model]`, the chunk's rows as
+                `self.embedding` would give them (an export computes them with its target's
+                lookup); default: `self.embedding(token_ids, ...)`.
 
         Returns:
             `(outputs [batch, length, d_model], key_caches, value_caches)`.
@@ -293,9 +296,11 @@ class Encoder(keras.layers.Layer):
             raise ValueError("`cache` needs `cache_index`, the slot of the chunk's first token.")
         if position_ids is None:
             position_ids = derive_position_ids(ops.not_equal(token_ids, self.pad_id), offset=cache_index)
-        in_attention = self.position in ATTENTION_POSITIONS
-        x = self.embedding(token_ids, position_ids=None if in_attention else position_ids,
-                           language_ids=language_ids, training=False)
+        x = embeddings
+        if x is None:
+            in_attention = self.position in ATTENTION_POSITIONS
+            x = self.embedding(token_ids, position_ids=None if in_attention else position_ids,
+                               language_ids=language_ids, training=False)
         keys, values = [], []
         for layer, key_cache, value_cache in zip(self.encoder_layers, key_caches, value_caches):
             x, key_cache, value_cache, _ = layer.cached_step(x, key_cache, value_cache, cache_index,

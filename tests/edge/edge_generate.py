@@ -12,7 +12,7 @@ import pytest
 from float16_rules import check_half_generation
 
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import generator
+from keras_posenc.export import generator, pipeline
 from keras_posenc.models import CausalLM
 
 KIT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -31,7 +31,8 @@ def causal_lm(**config):
 def test_the_kit_on_litert_generates_the_keras_tokens(edge, tmp_path):
     model = causal_lm(position="rope", scaling="yarn", scaling_factor=2.0, original_length=24)
     path = str(tmp_path / "gen.tflite")
-    result = generator.export_generator(model, path, prompt_length=8, cache_length=40, check_tokens=32)
+    result = pipeline.export_generator(model, path, prompt_length=8, cache_length=40, check_tokens=32,
+                                       target="cpu")
     assert result["same_tokens"] and result["parity"] <= 1e-4
     litert = os.path.join(edge.CACHE, "venv-litert", "bin", "python")
     with tempfile.TemporaryDirectory() as scratch:
@@ -46,7 +47,7 @@ def test_the_kit_on_litert_generates_the_keras_tokens(edge, tmp_path):
 def test_the_onnx_pair_generates_the_keras_tokens(edge, tmp_path):
     model = causal_lm(position="alibi")
     out = str(tmp_path / "gen.onnx")
-    result = generator.export_generator(model, out, prompt_length=8, cache_length=40, target="tensorrt",
+    result = pipeline.export_generator(model, out, prompt_length=8, cache_length=40, target="tensorrt",
                                         check_tokens=32)
     assert result["files"] == [str(tmp_path / "gen.prefill.onnx"), str(tmp_path / "gen.decode.onnx")]
     assert result["same_tokens"] and result["tokens_checked"] == 32 and result["parity"] <= 1e-4
@@ -95,7 +96,7 @@ def generation_case(request, tmp_path_factory):
     paths = {}
     for target in ("gpu", "gl"):
         paths[target] = str(folder / f"{target}.tflite")
-        result = generator.export_generator(model, paths[target], prompt_length=8, cache_length=40,
+        result = pipeline.export_generator(model, paths[target], prompt_length=8, cache_length=40,
                                             target=target, check_tokens=1)  # the tests check 32
         assert result["same_tokens"]
         assert result["metadata"]["embedding"] == "host"  # the gpu/gl default

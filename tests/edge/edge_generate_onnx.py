@@ -1,7 +1,7 @@
 """The tensorrt prefill/decode pair on a two-layer model, run by onnxruntime: inputs, opset, recipes.
 
 tests/edge/edge_generate.py runs a larger pair for 32 tokens through the kit; these tests pin what
-`generator.to_onnx_generator` and `generator.OnnxSession` give on a model small enough to convert in
+`generator.to_onnx_generator` and `runners.OnnxSession` give on a model small enough to convert in
 a few seconds.
 """
 
@@ -10,13 +10,13 @@ import onnx
 import pytest
 
 from keras_posenc.backend import keras
-from keras_posenc.export import generator, quantization
+from keras_posenc.export import generator, pipeline, quantization, runners
 from keras_posenc.export.conversion import ONNX_OPSET
 from keras_posenc.models import CausalLM
 
 TINY = {"num_layers": 2, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20, "max_length": 16,
         "dropout": 0.0}
-RECIPES = quantization.RECIPES[("tensorrt", "prefill_decode")]
+RECIPES = quantization.recipes_of("tensorrt", "prefill_decode")
 
 
 def _model(**config):
@@ -57,19 +57,19 @@ def test_the_pair_has_the_tflite_signatures_names_and_static_shapes(pair):
     for proto in pair:
         outputs = sorted(o.name for o in onnx.load_from_string(proto).graph.output)
         assert outputs == OUTPUTS and _opsets(proto) == [ONNX_OPSET]
-    session = generator.OnnxSession(*pair)
+    session = runners.OnnxSession(*pair)
     assert (session.prompt_length, session.cache_length, session.vocab_size) == (4, 8, 20)
 
 
 def test_the_pair_fills_its_cache_with_the_keras_tokens(model, pair):
-    session = generator.OnnxSession(*pair)
-    ids, logits = generator.greedy_generate(session, [6, 7, 8], 6)
+    session = runners.OnnxSession(*pair)
+    ids, logits = runners.greedy_generate(session, [6, 7, 8], 6)
     assert ids == model.generate([6, 7, 8], 6).ids[0].tolist()
     full = np.asarray(model(np.array([[6, 7, 8] + ids[:-1]], np.int32)))[0, 2:]
     np.testing.assert_allclose(logits, full, atol=1e-5, rtol=0)
     outputs = session.run("decode", {"token_id": np.array([[ids[0]]], np.int32),
                                      "position": np.array([3], np.int32),
-                                     **generator.past(session.run("prefill", {
+                                     **runners.past(session.run("prefill", {
                                          "token_ids": np.array([[6, 7, 8, 0]], np.int32)}))})
     assert sorted(outputs) == OUTPUTS
     assert outputs["logits"].shape == (1, 20) and outputs["present_key_0"].shape == (1, 8, 2, 4)
@@ -77,9 +77,9 @@ def test_the_pair_fills_its_cache_with_the_keras_tokens(model, pair):
 
 def test_a_one_layer_pair_reads_its_lengths_from_its_one_cache():
     one = _model(num_layers=1)
-    session = generator.OnnxSession(*generator.to_onnx_generator(one, prompt_length=4, cache_length=8))
+    session = runners.OnnxSession(*generator.to_onnx_generator(one, prompt_length=4, cache_length=8))
     assert (session.prompt_length, session.cache_length, session.vocab_size) == (4, 8, 20)
-    ids, _ = generator.greedy_generate(session, [6, 7, 8], 5)
+    ids, _ = runners.greedy_generate(session, [6, 7, 8], 5)
     assert ids == one.generate([6, 7, 8], 5).ids[0].tolist()
 
 
@@ -98,7 +98,7 @@ def test_a_float16_pair_holds_float16_weights_and_keeps_float32_inputs(model, pa
         graph = onnx.load_from_string(proto).graph
         assert {i.data_type for i in graph.initializer} >= {onnx.TensorProto.FLOAT16}
         assert _inputs(proto) == _inputs(float32)
-    ids, _ = generator.greedy_generate(generator.OnnxSession(*half), [6, 7, 8], 3)
+    ids, _ = runners.greedy_generate(runners.OnnxSession(*half), [6, 7, 8], 3)
     assert len(ids) == 3
 
 
@@ -127,7 +127,7 @@ def test_int8_calibrates_on_the_float32_pairs_greedy_runs(model, monkeypatch):
 
 
 def test_the_checked_tensorrt_export_reports_both_files(model):
-    result = generator.export_generation(model, prompt_length=4, cache_length=8, target="tensorrt",
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, target="tensorrt",
                                          check_tokens=3, quantize="float16")
     assert (result.target, result.quantize, result.embedding) == ("tensorrt", "float16", "graph")
     assert len(result.models) == 2 and result.host_table is None

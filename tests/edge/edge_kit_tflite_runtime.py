@@ -27,7 +27,7 @@ from keras_posenc import export
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import generator
+from keras_posenc.export import pipeline
 from keras_posenc.models import CausalLM
 
 pytestmark = once_on_keras2("the kit runs files of the same graphs whichever stack exported them; "
@@ -74,7 +74,7 @@ def workspace(tmp_path_factory, corpus):
         assert result.failures() == [], result.failures()
         result.save(str(folder / out))
     for out, target in (("gen.tflite", "cpu"), ("gen_gl.tflite", "gl")):
-        result = generator.export_generator(model, str(folder / out), prompt_length=PROMPT_LENGTH,
+        result = pipeline.export_generator(model, str(folder / out), prompt_length=PROMPT_LENGTH,
                                             cache_length=CACHE_LENGTH, target=target, check_tokens=1)
         assert result["same_tokens"], out
     os.symlink(os.path.join(ROOT, "export"), folder / "export")

@@ -14,7 +14,7 @@ from stacks import once_on_keras2, once_on_keras3
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import litert_python, litertlm, litertlm_bundle
+from keras_posenc.export import litert_python, litertlm, litertlm_bundle, pipeline
 from keras_posenc.models import CausalLM
 
 VOCAB = 120
@@ -63,7 +63,7 @@ def sessions(sp_model):
 def bundle(request, tmp_path_factory, sp_model, edge):
     model = tied_lm(POSITIONS[request.param])
     out = str(tmp_path_factory.mktemp(f"litertlm-{request.param}") / "gen.litertlm")
-    result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
+    result = pipeline.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
                                              cache_length=CACHE_LENGTH, target="cpu",
                                              probes=sessions(sp_model), max_new_tokens=NEW_TOKENS,
                                              python=edge.litertlm_python())
@@ -135,7 +135,7 @@ def test_the_export_command_writes_a_bundle_the_engine_runs(tmp_path, sp_model, 
 def test_the_gpu_bundle_runs_fully_on_the_engine_gpu_backend(tmp_path, sp_model, edge, activation):
     model = tied_lm(POSITIONS["rope-yarn"])
     probes = sessions(sp_model)
-    result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
+    result = pipeline.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
                                              cache_length=CACHE_LENGTH, target="gpu", probes=probes,
                                              max_new_tokens=NEW_TOKENS, python=edge.litertlm_python(),
                                              activation=activation,
@@ -181,7 +181,7 @@ def test_quantized_bundles_run_on_the_engine_as_on_litert(tmp_path, sp_model, co
     float32 = litertlm_bundle.pack_bundle(
         float32_model, sp_model, cache_length=CACHE_LENGTH, pad_id=model.encoder.pad_id, activation="fp32",
         python=edge.litertlm_python())
-    result = litertlm_bundle.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
+    result = pipeline.export_litertlm(model, sp_model, prompt_length=PROMPT_LENGTH,
                                              cache_length=CACHE_LENGTH, target=target, probes=probes,
                                              max_new_tokens=NEW_TOKENS, python=edge.litertlm_python(),
                                              activation="fp32", quantize=quantize,

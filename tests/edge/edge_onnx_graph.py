@@ -19,7 +19,7 @@ SMALL = {"num_layers": 2, "d_model": 16, "num_heads": 2, "dff": 32, "vocab_size"
          "dropout": 0.0}
 MODELS = {"sinusoidal": {}, "rope": {"position": "rope"}, "languages": {"num_languages": 2}}
 HEAD_DIM = SMALL["d_model"] // SMALL["num_heads"]
-GENERATION_RECIPES = quantization.RECIPES[("tensorrt", "prefill_decode")]
+GENERATION_RECIPES = quantization.recipes_of("tensorrt", "prefill_decode")
 # name: (model, to_onnx keywords)
 WINDOW_FILES = {
     "sinusoidal": ("sinusoidal", {}),

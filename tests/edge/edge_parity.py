@@ -33,7 +33,7 @@ from test_export_parity import (  # noqa: E402
 from tiny_lm import tiny_lm  # noqa: E402
 
 from keras_posenc import export  # noqa: E402
-from keras_posenc.export import parity  # noqa: E402
+from keras_posenc.export import parity, runners  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +160,9 @@ def test_onnx_input_names_are_onnxruntime_s_on_the_cpu_without_a_warning(host_on
     """On the CPU provider: onnxruntime's default would put CUDA first where a GPU build is installed."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an unknown execution provider warns and falls back
-        assert parity.onnx_input_names(host_onnx) == ["token_ids", "embeddings"]
-        assert parity.onnx_input_names(inputs_onnx) == INPUT_ROLES
-    assert parity.onnx_input_names(host_onnx) == [detail.name for detail in _session(host_onnx).get_inputs()]
+        assert runners.onnx_input_names(host_onnx) == ["token_ids", "embeddings"]
+        assert runners.onnx_input_names(inputs_onnx) == INPUT_ROLES
+    assert runners.onnx_input_names(host_onnx) == [detail.name for detail in _session(host_onnx).get_inputs()]
     assert providers == [["CPUExecutionProvider"]] * 4
 
 

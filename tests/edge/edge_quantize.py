@@ -15,7 +15,7 @@ from edge_targets import DEMO, LENGTH, bigram_language, bigram_rows, demo_model,
 from stacks import once_on_keras2, once_on_keras3
 
 from keras_posenc import export
-from keras_posenc.export import generator, host_table
+from keras_posenc.export import generator, host_table, runners
 from keras_posenc.export.quality import next_token_cross_entropy
 
 MAX_INT8_RATIO = 0.35
@@ -206,7 +206,7 @@ def test_int8_tensorrt_prefill_decode_keeps_the_keras_tokens_on_onnxruntime(trai
     quality = result.report["quality"]
     assert quality["loss_increase"] <= 0.01 and quality["generation_agreement"] >= 0.95
     keras_ids = trained.generate(PROMPT, NEW_TOKENS).ids[0].tolist()
-    picks, _ = generator.greedy_generate(generator.OnnxSession(*result.models), PROMPT, NEW_TOKENS,
+    picks, _ = runners.greedy_generate(runners.OnnxSession(*result.models), PROMPT, NEW_TOKENS,
                                          forced_ids=keras_ids)
     logits = np.asarray(trained(np.array([PROMPT + keras_ids], np.int32)), np.float64)[0, len(PROMPT) - 1:-1]
     assert logits.argmax(axis=-1).tolist() == keras_ids

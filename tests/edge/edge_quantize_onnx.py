@@ -69,7 +69,7 @@ def _ids(seed, large):
     return np.random.default_rng(seed).integers(low, high, size=LENGTH).astype(np.int32)
 
 
-RECIPES = quantization.RECIPES[("tensorrt", "window")]
+RECIPES = quantization.recipes_of("tensorrt", "window")
 
 
 def test_without_a_recipe_the_model_is_returned_as_it_is(edge):
