@@ -16,7 +16,8 @@ from stacks import once_on_keras2
 from keras_posenc.app import cli
 from keras_posenc.app import dataset as data
 from keras_posenc.app import train as train_lib
-from keras_posenc.app.train import STRATEGIES, TrainConfig
+from keras_posenc.app.train import TrainConfig
+from keras_posenc.app.train_strategy import JIT_COMPILE, STRATEGIES
 from keras_posenc.backend import keras
 from keras_posenc.export import TARGETS
 from keras_posenc.layers.encoder import NAMED_POSITIONS
@@ -123,7 +124,7 @@ def test_every_config_field_is_a_flag_with_the_modules_own_choices():
         assert _actions(command)["runtime_logs"].option_strings == ["--verbose"]
     del actions["runtime_logs"]
     assert set(actions) == {f.name for f in dataclasses.fields(TrainConfig)}
-    assert actions["jit_compile"].choices == list(train_lib.JIT_COMPILE) == ["auto", "on", "off"]
+    assert actions["jit_compile"].choices == list(JIT_COMPILE) == ["auto", "on", "off"]
     assert actions["position"].choices == list(NAMED_POSITIONS)
     assert actions["table"].choices == list(TABLE_KINDS)
     assert actions["corpus_format"].choices == list(data.FORMATS)

@@ -1,6 +1,8 @@
 """The application built on the library: the `keras-posenc` command and what it runs.
 
-- `train`: the language-model trainer (`keras-posenc train` / `demo`);
+- `train`: the trainer (`keras-posenc train` / `demo`), with its parts `train_config` (the settings),
+  `train_strategy`, `checkpoints`, `train_steps` (the step functions and the loop), `train_logs` and
+  `stop_on_signal`;
 - `dataset`: the SentencePiece tokenizer and the tf.data pipelines, with the embedded corpora in `data/`;
 - `ablation`: the position-encoding ablation (`keras-posenc ablate`);
 - `diagnostics`: the probes of `keras-posenc inspect`;
