@@ -111,9 +111,10 @@ def test_model_config_of_the_settings(position, table, corpus_format, expected):
 ])
 def test_the_position_default_follows_the_task(flags, expected):
     from keras_posenc.app import cli
+    from keras_posenc.app.cli_flags import config_from_flags
 
     args = cli.build_parser().parse_args(["train", *flags])
-    config = cli._train_config(args, _train_lib().TrainConfig())
+    config = config_from_flags(args, _train_lib().TrainConfig())
     assert config.position == expected
     assert dataclasses.asdict(config)["position"] == expected  # what report.json and a resume compare
     if "translate" in flags:
@@ -121,7 +122,7 @@ def test_the_position_default_follows_the_task(flags, expected):
 
 
 def test_the_fields_name_their_flags():
-    # keras_posenc.app.cli builds `keras-posenc train`'s flags from this metadata.
+    # keras_posenc.app.cli_flags builds `keras-posenc train`'s flags from this metadata.
     train_lib = _train_lib()
     fields = {field.name: field for field in dataclasses.fields(train_lib.TrainConfig)}
     assert all(set(field.metadata) == {"group", "help", "flag", "choices", "type", "const"}

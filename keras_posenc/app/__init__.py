@@ -9,7 +9,8 @@
 - `text_generation`: `keras-posenc generate` (SentencePiece in, text out);
 - `run_folder`: the files of a run folder (model, tokenizer, report, held-out split);
 - `translation`, `translation_ablation`: `keras-posenc translate` and `ablate --task translate`;
-- `cli`: the command line.
+- `cli`: the command line, its subcommands in `cli_train`, `cli_trained_run`, `cli_export` and
+  `cli_ablate`, what they share in `cli_flags`.
 
 The library (`keras_posenc.tables`, `positions`, `layers`, `models`, `export`) never imports this package.
 """

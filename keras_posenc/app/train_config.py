@@ -35,8 +35,8 @@ DEFAULT_POSITIONS = {"lm": "sinusoidal", "translate": "rope"}
 def _option(default, group, help, *, flag=None, choices=None, type=None, const=None):
     """A config field and its command-line flag: the one place for its name, default and help.
 
-    `keras_posenc.app.cli` builds the flags of `keras-posenc train` from these
-    fields: the flag is `--<name with dashes>` unless `flag` is given; a
+    `cli_flags.add_config_flags` builds the flags of `keras-posenc train` from
+    these fields: the flag is `--<name with dashes>` unless `flag` is given; a
     bool field is a switch that flips its default (`--norm-first`,
     `--no-bos`), a field with `const` a switch that sets it (`--quiet`
     sets `verbose` to 0); an int field takes a positive int unless `type`
