@@ -3,6 +3,7 @@
 tables -> positions -> layers (position layers, attention, encoder) -> models -> export -> app
 (`backend`, `validation` and `special_ids` sit below everything). The application package
 (`keras_posenc.app`: trainer, data, ablation, diagnostics, CLI) is never imported by the library.
+The benchmarks use the package's public names only, as a user would.
 """
 
 import ast
@@ -101,3 +102,39 @@ def test_application_modules_stay_within_500_lines():
     assert too_long == {}, f"split these by job (at most {MAX_APP_MODULE_LINES} lines each): {too_long}"
     short_now = sorted(name for name in LONG_APP_MODULES if lines.get(name, 0) <= MAX_APP_MODULE_LINES)
     assert short_now == [], f"no longer long (or gone): remove them from LONG_APP_MODULES: {short_now}"
+
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def _private_names_used(path):
+    """`(line, name)` of each private name of `keras_posenc` that the script at `path` imports or reads."""
+    tree = ast.parse(path.read_text())
+    package_names, used = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras_posenc"):
+            for alias in node.names:
+                package_names.add(alias.asname or alias.name)
+                name = f"{node.module}.{alias.name}"
+                if any(part.startswith("_") for part in name.split(".")):
+                    used.append((node.lineno, name))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("keras_posenc"):
+                    package_names.add(alias.asname or alias.name.split(".")[0])
+                    if any(part.startswith("_") for part in alias.name.split(".")):
+                        used.append((node.lineno, alias.name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in package_names:
+                used.append((node.lineno, ast.unparse(node)))
+    return sorted(used)
+
+
+@pytest.mark.parametrize("path", sorted(BENCHMARKS.glob("*.py")), ids=lambda path: path.name)
+def test_benchmarks_use_only_public_names_of_the_package(path):
+    # A benchmark measures what users call: a private name it needs is made public where it lives.
+    assert _private_names_used(path) == [], f"{path.name} uses private names of keras_posenc"
