@@ -233,7 +233,7 @@ def precision_study():
 
 
 def demo_losses(steps, d_models):
-    from keras_posenc.app.cli import DEMO_SETTINGS
+    from keras_posenc.app.cli_train import DEMO_SETTINGS
     from keras_posenc.app.train import TrainConfig, train
 
     print(f"## 5. Training demo (`keras-posenc demo` settings), {steps} steps, seed 0\n")

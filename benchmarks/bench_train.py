@@ -11,7 +11,7 @@ Two models, both causal LMs trained with Adam on the warmup schedule:
 Variants, each in its own process (so stacks and settings never share a
 process; the driver alternates them round by round and reports medians):
 
-- `ours`: the train step of `keras-posenc train` (`train._Steps`, the
+- `ours`: the train step of `keras-posenc train` (`train_steps.TrainSteps`, the
   `CausalLM` train step under the default strategy), XLA off and on, on
   Keras 2 (TF 2.12) and Keras 3 (TF 2.21, TensorFlow backend);
 - `hub-fit` (Keras 3 only): the same architecture from keras-hub layers, as
@@ -86,7 +86,8 @@ def _batches(spec, steps):
 def _ours(spec, element_spec, warm, timed, jit_compile):
     import tensorflow as tf
 
-    from keras_posenc.app.train import TrainConfig, _Steps
+    from keras_posenc.app.train import TrainConfig
+    from keras_posenc.app.train_steps import TrainSteps
     from keras_posenc.models import CausalLM, transformer_adam
 
     config = TrainConfig(**{k: spec[k] for k in ("num_layers", "d_model", "num_heads", "dff", "max_length")},
@@ -96,7 +97,7 @@ def _ours(spec, element_spec, warm, timed, jit_compile):
     optimizer = transformer_adam(spec["d_model"], 4000)
     optimizer.build(model.trainable_variables)
     model.compile(optimizer=optimizer)
-    steps = _Steps(model, tf.distribute.get_strategy(), element_spec, jit_compile)
+    steps = TrainSteps(model, tf.distribute.get_strategy(), element_spec, jit_compile)
     for batch in warm:
         steps.train(batch)["loss"].numpy()
     start = _clocks()

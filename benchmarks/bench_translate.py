@@ -28,7 +28,7 @@ side), over several seeds:
    order), trains with the same loss normalisation (`TokenLossTraining`:
    cross-entropy summed over the non-pad labels / their count), the same
    optimizer (`transformer_adam(128, warmup)`, the warmup `train` used), the
-   same steps, step function (`train._Steps`) and dev-BLEU checkpoint
+   same steps, step function (`train_steps.TrainSteps`) and dev-BLEU checkpoint
    selection as `ours`; decoded greedily as keras-io does (the decoder re-run
    over the whole prefix at every step, in a `tf.function`), stopping at
    `</s>`. Departures from keras-io, for equal training: 2 + 2 layers instead
@@ -78,7 +78,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_posenc.app import dataset as data_lib  # noqa: E402
-from keras_posenc.app.train import TrainConfig, _Steps, list_checkpoints, train  # noqa: E402
+from keras_posenc.app.checkpoints import list_checkpoints  # noqa: E402
+from keras_posenc.app.train import TrainConfig, train  # noqa: E402
+from keras_posenc.app.train_steps import TrainSteps  # noqa: E402
 from keras_posenc.app.translation import (  # noqa: E402
     DEFAULT_LENGTH_PENALTY,
     corpus_scores,
@@ -318,7 +320,8 @@ def _train_hub(cfg, ours_report, sp_model, train_examples, dev_pairs, reuse):
             return model, translator, report
     train_ds = cfg.dataset(train_examples, sp_model, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
                            repeat=True, drop_remainder=True)
-    steps_fn = _Steps(model, tf.distribute.get_strategy(), train_ds.element_spec, ours_report["jit_compile"])
+    steps_fn = TrainSteps(model, tf.distribute.get_strategy(), train_ds.element_spec,
+                          ours_report["jit_compile"])
     batches = iter(train_ds)
     sources, references = [s for s, _ in dev_pairs], [r for _, r in dev_pairs]
     losses, tokens, seconds, dev_seconds, history = [], 0, 0.0, 0.0, []
@@ -441,8 +444,9 @@ def _timing(args, cfg, sp_model, train_examples, warmup_steps, jit_compile):
     optimizer.build(ours.trainable_variables)
     ours.compile(optimizer=optimizer)
     strategy = tf.distribute.get_strategy()
-    steps = {"ours": _Steps(ours, strategy, ds.element_spec, jit_compile),
-             "keras-hub": _Steps(_hub_model(cfg.seed, warmup_steps), strategy, ds.element_spec, jit_compile)}
+    steps = {"ours": TrainSteps(ours, strategy, ds.element_spec, jit_compile),
+             "keras-hub": TrainSteps(_hub_model(cfg.seed, warmup_steps), strategy, ds.element_spec,
+                                     jit_compile)}
     for name in steps:
         for batch in warm:
             steps[name].train(batch)["loss"].numpy()

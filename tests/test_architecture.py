@@ -3,6 +3,7 @@
 tables -> positions -> layers (position layers, attention, encoder) -> models -> export -> app
 (`backend`, `validation` and `special_ids` sit below everything). The application package
 (`keras_posenc.app`: trainer, data, ablation, diagnostics, CLI) is never imported by the library.
+The benchmarks use the package's public names only, as a user would.
 """
 
 import ast
@@ -80,3 +81,62 @@ def test_only_the_attention_layer_reads_multi_head_attention_internals(module, p
                    if isinstance(node, ast.Attribute) and node.attr in MHA_INTERNALS
                    and ast.unparse(node.value) != "self"})
     assert read == [], f"{module} reads MultiHeadAttention internals {read}: use {ATTENTION_MODULE}"
+
+
+# A module of the application or the export wing over this many lines has more than one job: split
+# it by job.
+MAX_APP_MODULE_LINES = 500
+# The long modules not split yet, each with its reason; a module leaves this list once it is split.
+LONG_APP_MODULES = {
+    "app/ablation.py": "not split yet (issue #51 names train.py and cli.py)",
+    "app/translation_ablation.py": "not split yet (issue #51 names train.py and cli.py)",
+    "app/dataset.py": "not split yet (issue #51 names train.py and cli.py)",
+}
+
+
+@pytest.mark.parametrize("folder", ["app", "export"])
+def test_application_and_export_modules_stay_within_500_lines(folder):
+    lines = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
+             for path in sorted((PACKAGE / folder).rglob("*.py"))}
+    too_long = {name: count for name, count in lines.items()
+                if count > MAX_APP_MODULE_LINES and name not in LONG_APP_MODULES}
+    assert too_long == {}, f"split these by job (at most {MAX_APP_MODULE_LINES} lines each): {too_long}"
+    listed = [name for name in LONG_APP_MODULES if name.startswith(folder + "/")]
+    short_now = sorted(name for name in listed if lines.get(name, 0) <= MAX_APP_MODULE_LINES)
+    assert short_now == [], f"no longer long (or gone): remove them from LONG_APP_MODULES: {short_now}"
+
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def _private_names_used(path):
+    """`(line, name)` of each private name of `keras_posenc` that the script at `path` imports or reads."""
+    tree = ast.parse(path.read_text())
+    package_names, used = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras_posenc"):
+            for alias in node.names:
+                package_names.add(alias.asname or alias.name)
+                name = f"{node.module}.{alias.name}"
+                if any(part.startswith("_") for part in name.split(".")):
+                    used.append((node.lineno, name))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("keras_posenc"):
+                    package_names.add(alias.asname or alias.name.split(".")[0])
+                    if any(part.startswith("_") for part in alias.name.split(".")):
+                        used.append((node.lineno, alias.name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in package_names:
+                used.append((node.lineno, ast.unparse(node)))
+    return sorted(used)
+
+
+@pytest.mark.parametrize("path", sorted(BENCHMARKS.glob("*.py")), ids=lambda path: path.name)
+def test_benchmarks_use_only_public_names_of_the_package(path):
+    # A benchmark measures what users call: a private name it needs is made public where it lives.
+    assert _private_names_used(path) == [], f"{path.name} uses private names of keras_posenc"

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 from stacks import once_on_keras2
 
-from keras_posenc.app import cli
+from keras_posenc.app import cli, cli_train
 from keras_posenc.app import dataset as data
 from keras_posenc.app import train as train_lib
-from keras_posenc.app.train import STRATEGIES, TrainConfig
+from keras_posenc.app.cli_flags import config_from_flags
+from keras_posenc.app.train import TrainConfig
+from keras_posenc.app.train_strategy import JIT_COMPILE, STRATEGIES
 from keras_posenc.backend import keras
 from keras_posenc.export import TARGETS
 from keras_posenc.layers.encoder import NAMED_POSITIONS
@@ -94,8 +96,8 @@ def test_argument_errors_are_argparse_errors(capsys):
 
 def test_demo_defaults_use_the_embedded_corpus_and_a_small_model():
     args = cli.build_parser().parse_args(["demo"])
-    assert args.out == os.path.join("runs", "demo") and args.steps == cli.DEMO_SETTINGS["steps"]
-    assert cli.DEMO_SETTINGS["d_model"] <= 64 and cli.DEMO_SETTINGS["num_layers"] <= 2
+    assert args.out == os.path.join("runs", "demo") and args.steps == cli_train.DEMO_SETTINGS["steps"]
+    assert cli_train.DEMO_SETTINGS["d_model"] <= 64 and cli_train.DEMO_SETTINGS["num_layers"] <= 2
     assert os.path.isfile(data.default_corpus_path())
 
 
@@ -103,12 +105,12 @@ def test_train_flags_map_to_the_config(tmp_path):
     args = cli.build_parser().parse_args(
         ["train", "--corpus", "c.tsv", "--format", "tsv", "--position", "learned", "--table", "factorized",
          "--no-bos", "--strategy", "mirrored", "--seed", "7", "--out", str(tmp_path), "--resume", "--quiet"])
-    config = cli._train_config(args, TrainConfig())
+    config = config_from_flags(args, TrainConfig())
     assert (config.corpus, config.corpus_format, config.position, config.table) == (
         "c.tsv", "tsv", "learned", "factorized")
     assert (config.add_bos, config.add_eos, config.strategy, config.seed, config.resume, config.verbose) == (
         False, True, "mirrored", 7, True, 0)
-    assert cli._train_config(cli.build_parser().parse_args(["train"]), TrainConfig()) == TrainConfig()
+    assert config_from_flags(cli.build_parser().parse_args(["train"]), TrainConfig()) == TrainConfig()
 
 
 def _actions(argv):
@@ -123,7 +125,7 @@ def test_every_config_field_is_a_flag_with_the_modules_own_choices():
         assert _actions(command)["runtime_logs"].option_strings == ["--verbose"]
     del actions["runtime_logs"]
     assert set(actions) == {f.name for f in dataclasses.fields(TrainConfig)}
-    assert actions["jit_compile"].choices == list(train_lib.JIT_COMPILE) == ["auto", "on", "off"]
+    assert actions["jit_compile"].choices == list(JIT_COMPILE) == ["auto", "on", "off"]
     assert actions["position"].choices == list(NAMED_POSITIONS)
     assert actions["table"].choices == list(TABLE_KINDS)
     assert actions["corpus_format"].choices == list(data.FORMATS)
@@ -131,7 +133,8 @@ def test_every_config_field_is_a_flag_with_the_modules_own_choices():
     assert _actions("export")["target"].choices == TARGETS
     demo = _actions("demo")
     assert set(demo) == {"out", "steps", "seed", "verbose", "runtime_logs"}
-    assert (demo["out"].default, demo["steps"].default) == (cli.DEMO_OUT, cli.DEMO_SETTINGS["steps"])
+    assert demo["out"].default == cli_train.DEMO_OUT
+    assert demo["steps"].default == cli_train.DEMO_SETTINGS["steps"]
 
 
 def _help_entries(text):
@@ -236,16 +239,16 @@ def test_demo_trains_the_demo_config_and_calls_the_exporter(monkeypatch, tmp_pat
         calls["generate"] = (run, prompt, generation)
 
     monkeypatch.setattr(train_lib, "train", fake_train)
-    monkeypatch.setattr(cli, "_export_command", fake_export)
-    monkeypatch.setattr(cli, "_print_generation", fake_generation)
+    monkeypatch.setattr(cli_train, "export_command", fake_export)
+    monkeypatch.setattr(cli_train, "print_generation", fake_generation)
     out = str(tmp_path / "demo")
     assert cli.main(["demo", "--out", out, "--steps", "7", "--quiet"]) == 0
-    expected = dataclasses.replace(TrainConfig(**cli.DEMO_SETTINGS), out=out, steps=7, verbose=0)
+    expected = dataclasses.replace(TrainConfig(**cli_train.DEMO_SETTINGS), out=out, steps=7, verbose=0)
     assert calls["config"] == expected
     assert calls["export"] == (os.path.join(out, "model.keras"), os.path.join(out, "model.tflite"),
-                               cli.DEMO_SETTINGS["max_length"], {"require_gpu": True})
-    assert calls["generate"] == (out, cli.DEMO_PROMPT, {"max_new_tokens": cli.DEMO_NEW_TOKENS})
-    assert "argparse.Namespace" not in inspect.getsource(cli)
+                               cli_train.DEMO_SETTINGS["max_length"], {"require_gpu": True})
+    assert calls["generate"] == (out, cli_train.DEMO_PROMPT, {"max_new_tokens": cli_train.DEMO_NEW_TOKENS})
+    assert all("argparse.Namespace" not in inspect.getsource(module) for module in (cli, cli_train))
 
 
 def test_a_run_that_does_not_beat_the_unigram_baseline_is_flagged(tsv_corpus, tmp_path, capsys):

@@ -4,7 +4,8 @@ Every subcommand runs through `cli.main(argv)` with the work below it (training,
 generation, the ablation, the diagnostics) replaced by stand-ins that record what they are called
 with and return canned results: these tests check what the command line itself does (parse, check,
 pass on, print), in well under a second each, so that `make mutation MODULE=keras_posenc/app/cli.py`
-can run them per mutant. The real runs behind the stand-ins are tested in tests/test_cli.py,
+(and `cli_flags.py`, `cli_train.py`, `cli_trained_run.py`, `cli_export.py`, `cli_ablate.py`) can run
+them per mutant. The real runs behind the stand-ins are tested in tests/test_cli.py,
 tests/test_export*.py, tests/test_train*.py and tests/test_ablation.py.
 """
 
@@ -21,7 +22,7 @@ import sentencepiece
 import tensorflow as tf
 
 from keras_posenc import _startup, backend, export
-from keras_posenc.app import ablation, cli, diagnostics, text_generation
+from keras_posenc.app import ablation, cli, cli_train, diagnostics, text_generation
 from keras_posenc.app import dataset as data
 from keras_posenc.app import train as train_lib
 from keras_posenc.app.run_lock import LOCK_FILE
@@ -619,7 +620,7 @@ def test_demo_trains_then_exports_and_generates_in_its_folder(trainer, exports, 
     code, out, err = run(capsys, "demo")
     folder = os.path.join("runs", "demo")
     assert (code, err) == (1, [])  # the export's status
-    assert trainer["configs"] == [TrainConfig(**cli.DEMO_SETTINGS)]
+    assert trainer["configs"] == [TrainConfig(**cli_train.DEMO_SETTINGS)]
     assert trainer["holders"] == [os.getpid()] and exports["holder"] == os.getpid()
     assert exports["load_model"] == os.path.join(folder, "model.keras")
     assert exports["export_and_check"] == ((), window_options(sequence_length=48))
@@ -641,8 +642,8 @@ def test_demo_flags_replace_only_their_own_settings(trainer, exports, generator,
     out_dir = str(tmp_path / "d")
     code, out, _ = run(capsys, "demo", "--out", out_dir, "--steps", "7", "--seed", "3", "--quiet")
     assert code == 0 and exports["saved"] == os.path.join(out_dir, "model.tflite")
-    assert trainer["configs"] == [dataclasses.replace(TrainConfig(**cli.DEMO_SETTINGS), out=out_dir, steps=7,
-                                                      seed=3, verbose=0)]
+    demo_config = TrainConfig(**cli_train.DEMO_SETTINGS)
+    assert trainer["configs"] == [dataclasses.replace(demo_config, out=out_dir, steps=7, seed=3, verbose=0)]
     assert out[0] == f"Training a causal LM on the embedded corpus for 7 steps; writing to {out_dir}"
 
 

@@ -22,11 +22,11 @@ import pytest
 from checkpoint_files import truncate_checkpoint
 from stacks import once_on_keras2
 
-from keras_posenc.app import cli
+from keras_posenc.app import checkpoints, cli, train_logs
 from keras_posenc.app import dataset as data
 from keras_posenc.app import train as train_lib
+from keras_posenc.app.checkpoints import list_checkpoints
 from keras_posenc.app.run_lock import LOCK_FILE, RunLockedError, run_lock
-from keras_posenc.app.train import list_checkpoints
 from keras_posenc.backend import is_tensorflow
 
 pytestmark = pytest.mark.skipif(not is_tensorflow(), reason="the trainer and the CLI run on TensorFlow")
@@ -225,13 +225,13 @@ def test_a_full_disk_is_one_line_and_keeps_the_earlier_run(corpus, earlier_run, 
     shutil.copytree(earlier_run[0], out)
     before = _snapshot(out)
     if where == "checkpoint":
-        original = train_lib._CheckpointCallback._write
+        original = checkpoints.CheckpointCallback._write
 
         def write(self):
             _fill(tmpfs)
             original(self)
 
-        monkeypatch.setattr(train_lib._CheckpointCallback, "_write", write)
+        monkeypatch.setattr(checkpoints.CheckpointCallback, "_write", write)
         failed = os.path.join(out, "checkpoints", "ckpt-5")
     else:
         from keras_posenc.backend import save_model
@@ -373,14 +373,14 @@ def test_resume_with_no_readable_checkpoint_names_the_folder(corpus, run_copy, c
 def test_sigint_saves_a_checkpoint_then_exits_130_and_resumes_exactly(corpus, earlier_run, tmp_path,
                                                                       monkeypatch, capsys,
                                                                       python_sigint_handler):
-    original = train_lib.StepLog.on_train_batch_end
+    original = train_logs.StepLog.on_train_batch_end
 
     def interrupt_after_step_3(self, batch, logs=None):
         original(self, batch, logs)
         if len(self.losses) == 3:
             signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(train_lib.StepLog, "on_train_batch_end", interrupt_after_step_3)
+    monkeypatch.setattr(train_logs.StepLog, "on_train_batch_end", interrupt_after_step_3)
     out = str(tmp_path / "run")
     assert _train(corpus, out, "--steps", "100") == 128 + signal.SIGINT
     ckpt = os.path.join(out, "checkpoints", "ckpt-3")

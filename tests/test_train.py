@@ -17,9 +17,10 @@ from checkpoint_files import truncate_checkpoint
 from stacks import once_on_keras3
 from tiny_lm import TINY_TRAINER_MODEL
 
+from keras_posenc.app import checkpoints, train_config, train_strategy
 from keras_posenc.app import dataset as data
-from keras_posenc.app import train as train_lib
-from keras_posenc.app.train import TrainConfig, list_checkpoints, train
+from keras_posenc.app.checkpoints import list_checkpoints
+from keras_posenc.app.train import TrainConfig, train
 from keras_posenc.backend import keras
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,10 +92,10 @@ def test_jit_compile_on_needs_one_replica():
         num_replicas_in_sync = 2
 
     with pytest.raises(ValueError, match=r"jit_compile='on' \(--jit-compile on\) needs one replica, got 2"):
-        train_lib._use_jit_compile("on", TwoReplicas())
-    assert train_lib._use_jit_compile("auto", TwoReplicas()) is False
+        train_strategy.use_jit_compile("on", TwoReplicas())
+    assert train_strategy.use_jit_compile("auto", TwoReplicas()) is False
     with pytest.raises(ValueError, match=r"`jit_compile` must be one of \('auto', 'on', 'off'\), got"):
-        train_lib._use_jit_compile("yes", TwoReplicas())
+        train_strategy.use_jit_compile("yes", TwoReplicas())
 
 
 @once_on_keras3("the seed's plumbing is the package's; on Keras 2, test_resume_after_killed_process_matches_"
@@ -222,7 +223,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     # 5 examples in batches of 4: the last batch's one row goes to replica 0, replica 1 gets none.
     import numpy as np
     from keras_posenc.models import CausalLM
-    from keras_posenc.app.train import _evaluate, _Steps
+    from keras_posenc.app.train_steps import TrainSteps, evaluate
     rng = np.random.default_rng(0)
     features = rng.integers(1, 30, (5, 6)).astype(np.int32)
     labels = rng.integers(0, 30, (5, 6)).astype(np.int32)
@@ -231,7 +232,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
         model = CausalLM(dict(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=30, max_length=16))
         model.build_on_dummy()
     ragged = tf.data.Dataset.from_tensor_slices((features, labels)).batch(4)
-    ragged_eval = _evaluate(_Steps(model, strategy, ragged.element_spec, jit_compile=False), ragged)
+    ragged_eval = evaluate(TrainSteps(model, strategy, ragged.element_spec, jit_compile=False), ragged)
     logits = model(tf.constant(features)).numpy().astype(np.float64)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     picked = np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
@@ -276,9 +277,9 @@ def test_mirrored_strategy_on_two_devices_matches_single_device(corpus, one_devi
 def test_strategy_and_config_errors(corpus, tmp_path, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="needs the TF_CONFIG environment variable"):
-        train_lib.make_strategy("multiworker")
+        train_strategy.make_strategy("multiworker")
     with pytest.raises(ValueError, match=r"`strategy` must be one of .* got strategy='tpu'"):
-        train_lib.make_strategy("tpu")
+        train_strategy.make_strategy("tpu")
     with pytest.raises(ValueError, match="`steps` must be a positive int, got steps=0"):
         train(TrainConfig(corpus=corpus, out=str(tmp_path), **dict(TINY, steps=0)))
 
@@ -322,7 +323,7 @@ def test_multiworker_on_localhost_matches_single_device(corpus, one_device, tmp_
 def test_warmup_defaults_to_half_the_steps_and_a_resume_keeps_it(corpus, tmp_path):
     out = str(tmp_path / "run")
     first = train(TrainConfig(corpus=corpus, out=out, **dict(TINY, steps=8, warmup_steps=None)))
-    assert first["warmup_steps"] == train_lib.default_warmup_steps(8) == 4
+    assert first["warmup_steps"] == train_config.default_warmup_steps(8) == 4
     resumed = train(TrainConfig(corpus=corpus, out=out, resume=True,
                                 **dict(TINY, steps=16, warmup_steps=None)))
     assert resumed["start_step"] == 8 and resumed["warmup_steps"] == 4  # not 16 // 2: same schedule
@@ -372,7 +373,7 @@ def test_checkpoint_write_errors_are_one_line_naming_the_checkpoint(tmp_path):
         (OSError(28, "No space left on device"), "No space left on device"),
     ]
     for error, reason in cases:
-        written = train_lib._checkpoint_write_error(folder, 7, error)
+        written = checkpoints._checkpoint_write_error(folder, 7, error)
         assert isinstance(written, OSError)
         free = written.strerror.rsplit("(", 1)[1]
         assert written.strerror == f"cannot write {folder}/ckpt-7: {reason} ({free}", error

@@ -37,7 +37,8 @@ def _config(corpus, out, **overrides):
 
 
 def _three_runs(corpus, root):
-    from keras_posenc.app.train import list_checkpoints, train
+    from keras_posenc.app.checkpoints import list_checkpoints
+    from keras_posenc.app.train import train
 
     run, reference = root / "run", root / "reference"
     first = train(_config(corpus, run, steps=5))
@@ -75,7 +76,7 @@ def _framed(processor, text):
 
 
 def _check_the_last_step_is_saved_when_the_steps_are_not_a_multiple_of_the_interval(runs):
-    from keras_posenc.app.train import list_checkpoints
+    from keras_posenc.app.checkpoints import list_checkpoints
 
     # Saves at 2 and 4, then at the end (5); keep_checkpoints=2 keeps the newest two.
     assert runs["first_checkpoints"] == [4, 5]
@@ -269,8 +270,8 @@ def test_a_short_run_its_resume_and_a_fresh_run_over_it(corpus, tmp_path, monkey
     # only, and not the checks of the others.
     from keras_posenc.app import train as train_lib
 
-    plotted, plot = [], train_lib._plot_losses
-    monkeypatch.setattr(train_lib, "_plot_losses",
+    plotted, plot = [], train_lib.plot_losses
+    monkeypatch.setattr(train_lib, "plot_losses",
                         lambda *args, **kwargs: plotted.append((args, kwargs)) or plot(*args, **kwargs))
     runs = _three_runs(corpus, tmp_path)
     _check_the_loss_plot_starts_at_the_runs_first_step_and_draws_its_baselines(runs, plotted)
@@ -355,8 +356,8 @@ def test_the_report_names_the_corpus_its_format_and_split_and_xla_compiles_when_
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])) + "no tab here\n",
                      encoding="utf-8")
-    made, make_steps = [], train_lib._Steps
-    monkeypatch.setattr(train_lib, "_Steps", lambda *args: made.append(make_steps(*args)) or made[-1])
+    made, make_steps = [], train_lib.TrainSteps
+    monkeypatch.setattr(train_lib, "TrainSteps", lambda *args: made.append(make_steps(*args)) or made[-1])
     short = {"steps": 2, "warmup_steps": 1}
     embedded_config = dataclasses.replace(_config(corpus, tmp_path / "default", **short), corpus=None)
     embedded = train_lib.train(embedded_config)

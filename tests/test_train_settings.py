@@ -6,6 +6,7 @@ what a signal does, the loss plot's content.
 """
 
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -23,6 +24,11 @@ def _train_lib():
     from keras_posenc.app import train as train_lib
 
     return train_lib
+
+
+def _app(module):
+    """A module of `keras_posenc.app` (imported in the tests: the trainer runs on TensorFlow only)."""
+    return importlib.import_module(f"keras_posenc.app.{module}")
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -105,9 +111,10 @@ def test_model_config_of_the_settings(position, table, corpus_format, expected):
 ])
 def test_the_position_default_follows_the_task(flags, expected):
     from keras_posenc.app import cli
+    from keras_posenc.app.cli_flags import config_from_flags
 
     args = cli.build_parser().parse_args(["train", *flags])
-    config = cli._train_config(args, _train_lib().TrainConfig())
+    config = config_from_flags(args, _train_lib().TrainConfig())
     assert config.position == expected
     assert dataclasses.asdict(config)["position"] == expected  # what report.json and a resume compare
     if "translate" in flags:
@@ -115,7 +122,7 @@ def test_the_position_default_follows_the_task(flags, expected):
 
 
 def test_the_fields_name_their_flags():
-    # keras_posenc.app.cli builds `keras-posenc train`'s flags from this metadata.
+    # keras_posenc.app.cli_flags builds `keras-posenc train`'s flags from this metadata.
     train_lib = _train_lib()
     fields = {field.name: field for field in dataclasses.fields(train_lib.TrainConfig)}
     assert all(set(field.metadata) == {"group", "help", "flag", "choices", "type", "const"}
@@ -130,29 +137,30 @@ def test_the_fields_name_their_flags():
 
 
 def test_default_warmup_is_half_the_steps_within_1_and_4000():
-    train_lib = _train_lib()
-    assert [train_lib.default_warmup_steps(n) for n in (1, 2, 3, 301, 7999, 8000, 8002, 10**6)] == \
+    train_config = _app("train_config")
+    assert [train_config.default_warmup_steps(n) for n in (1, 2, 3, 301, 7999, 8000, 8002, 10**6)] == \
         [1, 1, 1, 150, 3999, 4000, 4000, 4000]
 
 
 def test_strategies_and_xla_settings(monkeypatch):
     import tensorflow as tf
 
-    train_lib = _train_lib()
-    assert isinstance(train_lib.make_strategy("mirrored"), tf.distribute.MirroredStrategy)
-    assert train_lib.make_strategy("default") is tf.distribute.get_strategy()
+    train_strategy = _app("train_strategy")
+    assert isinstance(train_strategy.make_strategy("mirrored"), tf.distribute.MirroredStrategy)
+    assert train_strategy.make_strategy("default") is tf.distribute.get_strategy()
     monkeypatch.setenv("TF_CONFIG", "")
     with pytest.raises(ValueError) as error:
-        train_lib.make_strategy("multiworker")
+        train_strategy.make_strategy("multiworker")
     assert str(error.value) == ("strategy='multiworker' needs the TF_CONFIG environment variable describing "
                                 "the cluster and this worker's task.")
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1"]},
                                                 "task": {"type": "worker", "index": 0}}))
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", lambda: "the cluster's strategy")
-    assert train_lib.make_strategy("multiworker") == "the cluster's strategy"
+    assert train_strategy.make_strategy("multiworker") == "the cluster's strategy"
     one = tf.distribute.get_strategy()
-    assert train_lib._use_jit_compile("on", one) is True and train_lib._use_jit_compile("off", one) is False
-    assert train_lib._use_jit_compile("auto", one) is bool(tf.config.list_logical_devices("GPU"))
+    assert train_strategy.use_jit_compile("on", one) is True
+    assert train_strategy.use_jit_compile("off", one) is False
+    assert train_strategy.use_jit_compile("auto", one) is bool(tf.config.list_logical_devices("GPU"))
 
     class TwoReplicas:
         num_replicas_in_sync = 2
@@ -162,26 +170,26 @@ def test_strategies_and_xla_settings(monkeypatch):
                                         (["a GPU"], TwoReplicas(), False)):
         monkeypatch.setattr(tf.config, "list_logical_devices",
                             lambda kind, devices=devices: devices if kind == "GPU" else ["a CPU"])
-        assert train_lib._use_jit_compile("auto", replicas) is expected
+        assert train_strategy.use_jit_compile("auto", replicas) is expected
 
     with pytest.raises(ValueError) as error:
-        train_lib._use_jit_compile("on", TwoReplicas())
+        train_strategy.use_jit_compile("on", TwoReplicas())
     assert str(error.value) == (
         "jit_compile='on' (--jit-compile on) needs one replica, got 2: XLA compiles the step onto one "
         "device, and the replicas' variables live on several. Use --jit-compile off or auto.")
 
 
 def test_a_resume_names_every_setting_that_differs(tmp_path):
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     folder = str(tmp_path)
     with pytest.raises(ValueError) as error:
-        train_lib._check_checkpoint_config(folder, {"d_model": 16})
+        checkpoints.check_checkpoint_config(folder, {"d_model": 16})
     assert str(error.value) == f"Cannot resume from {folder}: it has no config.json with the model config."
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump({"d_model": 16, "dff": 32, "table": "full"}, f)
-    train_lib._check_checkpoint_config(folder, {"d_model": 16, "dff": 32, "table": "full"})
+    checkpoints.check_checkpoint_config(folder, {"d_model": 16, "dff": 32, "table": "full"})
     with pytest.raises(ValueError) as error:
-        train_lib._check_checkpoint_config(folder, {"d_model": 24, "dff": 32, "norm_first": True})
+        checkpoints.check_checkpoint_config(folder, {"d_model": 24, "dff": 32, "norm_first": True})
     assert str(error.value) == (
         f"Cannot resume from {folder}: it was trained with a different model config (d_model: checkpoint 16 "
         "vs now 24; norm_first: checkpoint None vs now True; table: checkpoint 'full' vs now None). Use the "
@@ -191,7 +199,7 @@ def test_a_resume_names_every_setting_that_differs(tmp_path):
 def test_list_checkpoints_reads_steps_of_complete_checkpoints_only(tmp_path):
     import tensorflow as tf
 
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     step = tf.Variable(0, dtype=tf.int64)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path), max_to_keep=5,
                                          step_counter=step)
@@ -199,22 +207,22 @@ def test_list_checkpoints_reads_steps_of_complete_checkpoints_only(tmp_path):
         step.assign(value)
         manager.save(checkpoint_number=value)
     os.remove(os.path.join(str(tmp_path), "ckpt-12.index"))  # a checkpoint whose files are gone
-    assert train_lib.list_checkpoints(str(tmp_path)) == [(3, os.path.join(str(tmp_path), "ckpt-3")),
-                                                         (100, os.path.join(str(tmp_path), "ckpt-100"))]
+    assert checkpoints.list_checkpoints(str(tmp_path)) == [(3, os.path.join(str(tmp_path), "ckpt-3")),
+                                                           (100, os.path.join(str(tmp_path), "ckpt-100"))]
 
 
 def test_an_unknown_checkpoint_write_error_is_its_type_and_first_line(tmp_path):
     import tensorflow as tf
 
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     folder = str(tmp_path)
     error = tf.errors.InternalError(None, None, "{{node SaveV2}} the device broke\nsecond line")
-    written = train_lib._checkpoint_write_error(folder, 3, error)
+    written = checkpoints._checkpoint_write_error(folder, 3, error)
     assert written.errno == 5 and written.strerror.startswith(
         f"cannot write {folder}/ckpt-3: InternalError: the device broke (")
-    os_error = train_lib._checkpoint_write_error(folder, 3, OSError(13, "Permission denied"))
+    os_error = checkpoints._checkpoint_write_error(folder, 3, OSError(13, "Permission denied"))
     assert os_error.errno == 13 and "/ckpt-3: Permission denied (" in os_error.strerror
-    blank = train_lib._checkpoint_write_error(folder, 3, tf.errors.InternalError(None, None, ""))
+    blank = checkpoints._checkpoint_write_error(folder, 3, tf.errors.InternalError(None, None, ""))
     assert blank.errno == 5 and f"{folder}/ckpt-3: InternalError:  (" in blank.strerror
 
 
@@ -228,8 +236,9 @@ def test_an_unknown_checkpoint_write_error_is_its_type_and_first_line(tmp_path):
 def test_tensorflows_file_errors_are_named_by_their_type_or_their_text(tmp_path, kind, text, errno_, reason):
     import tensorflow as tf
 
+    checkpoints = _app("checkpoints")
     error = getattr(tf.errors, kind)(None, None, text)
-    written = _train_lib()._checkpoint_write_error(str(tmp_path), 8, error)
+    written = checkpoints._checkpoint_write_error(str(tmp_path), 8, error)
     assert written.errno == errno_
     assert written.strerror.startswith(f"cannot write {tmp_path}/ckpt-8: {reason} (")
 
@@ -237,7 +246,7 @@ def test_tensorflows_file_errors_are_named_by_their_type_or_their_text(tmp_path,
 def test_an_unreadable_checkpoint_is_named_by_the_errors_type_and_first_line():
     import tensorflow as tf
 
-    first_line = _train_lib()._first_line
+    first_line = _app("checkpoints")._first_line
     error = tf.errors.DataLossError(None, None, "{{function_node __inference}} {{node RestoreV2}} Checksum "
                                                 "does not match\nstored 1, computed 2")
     assert first_line(error) == "DataLossError: Checksum does not match"
@@ -249,15 +258,15 @@ def test_an_unreadable_checkpoint_is_named_by_the_errors_type_and_first_line():
 def test_the_checkpoint_folders_json_is_sorted_and_indented_for_a_diff(tmp_path):
     # config.json and schedule.json of two runs compare line by line
     path = str(tmp_path / "config.json")
-    _train_lib()._write_json_atomically(path, {"vocab_size": 150, "d_model": 16, "heads": [2, 4]})
+    _app("checkpoints").write_json_atomically(path, {"vocab_size": 150, "d_model": 16, "heads": [2, 4]})
     with open(path) as f:
         assert f.read() == '{\n "d_model": 16,\n "heads": [\n  2,\n  4\n ],\n "vocab_size": 150\n}'
 
 
 def test_training_interrupted_names_the_signal_step_and_checkpoint():
-    train_lib = _train_lib()
+    stop_on_signal = _app("stop_on_signal")
     prefix = "runs/x/checkpoints/ckpt-12"
-    stopped = train_lib.TrainingInterrupted(signal.SIGTERM, 12, prefix)
+    stopped = stop_on_signal.TrainingInterrupted(signal.SIGTERM, 12, prefix)
     assert (stopped.signum, stopped.step, stopped.checkpoint) == (signal.SIGTERM, 12, prefix)
     assert str(stopped) == ("stopped by SIGTERM at step 12: saved the checkpoint runs/x/checkpoints/ckpt-12; "
                             "continue with --resume.")
@@ -274,9 +283,9 @@ def sigterm_recorded():
 
 def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back(python_sigint_handler,
                                                                               sigterm_recorded):
-    train_lib = _train_lib()
+    stop_on_signal = _app("stop_on_signal")
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    with train_lib._StopOnSignal() as stop:
+    with stop_on_signal.StopOnSignal() as stop:
         assert stop.active and stop.received is None
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.received == signal.SIGTERM and sigterm_recorded == []  # recorded, not passed on
@@ -284,25 +293,25 @@ def test_a_first_signal_is_recorded_a_second_acts_and_the_handlers_come_back(pyt
             os.kill(os.getpid(), signal.SIGINT)
         assert stop.received == signal.SIGTERM
     assert {signum: signal.getsignal(signum) for signum in before} == before
-    with train_lib._StopOnSignal() as stop:
+    with stop_on_signal.StopOnSignal() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.received == signal.SIGINT
     assert {signum: signal.getsignal(signum) for signum in before} == before
-    with train_lib._StopOnSignal() as stop:
+    with stop_on_signal.StopOnSignal() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)  # the second: to the handler from before, at once
         assert stop.received == signal.SIGTERM and sigterm_recorded == [signal.SIGTERM]
         assert {signum: signal.getsignal(signum) for signum in before} == before
-    with train_lib._StopOnSignal(active=False) as stop:
+    with stop_on_signal.StopOnSignal(active=False) as stop:
         assert not stop.active and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
 
 
 def test_a_signal_the_process_ignores_stays_ignored(sigterm_recorded):
     """Started with `nohup` or as a shell's background job: SIGINT stays ignored, SIGTERM stops."""
-    train_lib = _train_lib()
+    stop_on_signal = _app("stop_on_signal")
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with train_lib._StopOnSignal() as stop:
+        with stop_on_signal.StopOnSignal() as stop:
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGINT)
             assert stop.received is None
@@ -314,10 +323,10 @@ def test_a_signal_the_process_ignores_stays_ignored(sigterm_recorded):
 
 
 def test_step_log_sums_tokens_and_keeps_every_loss(monkeypatch):
-    train_lib = _train_lib()
-    log = train_lib.StepLog()
+    train_logs = _app("train_logs")
+    log = train_logs.StepLog()
     assert (log.losses, log.tokens, log.seconds) == ([], 0, 0.0)
-    monkeypatch.setattr(train_lib.time, "perf_counter", iter([100.0, 103.5]).__next__)
+    monkeypatch.setattr(train_logs.time, "perf_counter", iter([100.0, 103.5]).__next__)
     log.on_train_begin()
     for loss, tokens in ((3.5, 7), (3.25, 9), (3.0, 11)):
         log.on_train_batch_end(0, {"loss": np.float32(loss), "tokens": np.int32(tokens)})
@@ -336,7 +345,7 @@ def test_each_replica_takes_its_share_of_a_global_batch_in_order(monkeypatch, re
     in order. The rows are longer or shorter than the batch is deep: the share counts rows only."""
     import tensorflow as tf
 
-    train_lib = _train_lib()
+    train_steps = _app("train_steps")
     for rows in range(1, 10):
         features = np.arange(rows * 3, dtype=np.int32).reshape(rows, 3)
         labels = np.arange(rows * 2, dtype=np.int32).reshape(rows, 2)
@@ -344,7 +353,7 @@ def test_each_replica_takes_its_share_of_a_global_batch_in_order(monkeypatch, re
         for replica in range(replicas):
             context = _ReplicaContext(replicas, replica)
             monkeypatch.setattr(tf.distribute, "get_replica_context", lambda context=context: context)
-            share = train_lib._replica_slice((tf.constant(features), tf.constant(labels)))
+            share = train_steps._replica_slice((tf.constant(features), tf.constant(labels)))
             shares.append([t.numpy() for t in share])
         size = -(-rows // replicas)
         assert [len(f) for f, _ in shares] == [max(0, min(size, rows - r * size)) for r in range(replicas)]
@@ -353,18 +362,18 @@ def test_each_replica_takes_its_share_of_a_global_batch_in_order(monkeypatch, re
 
 
 def _plotted(monkeypatch, tmp_path, losses, **kwargs):
-    """The figure `_plot_losses` saves: its axes' lines, labels and title, and the PNG's size."""
-    train_lib = _train_lib()
+    """The figure `plot_losses` saves: its axes' lines, labels and title, and the PNG's size."""
+    train_logs = _app("train_logs")
     figures = []
-    save = train_lib.save_figure
+    save = train_logs.save_figure
 
     def recording(fig, path):
         figures.append(fig)
         return save(fig, path)
 
-    monkeypatch.setattr(train_lib, "save_figure", recording)
+    monkeypatch.setattr(train_logs, "save_figure", recording)
     path = str(tmp_path / "loss.png")
-    assert train_lib._plot_losses(losses, path, **kwargs) == path
+    assert train_logs.plot_losses(losses, path, **kwargs) == path
     with open(path, "rb") as f:
         header = f.read(24)
     from matplotlib.colors import to_hex
@@ -459,7 +468,7 @@ def test_the_steps_get_the_split_in_the_runs_seeded_shuffle_repeated_past_an_epo
         seen.extend(next(batches) for _ in range(steps))
         raise _BatchesSeen
 
-    monkeypatch.setattr(train_lib, "_fit", record)
+    monkeypatch.setattr(train_lib, "fit", record)
     cfg = _cfg(tmp_path, corpus=corpus, steps=STEPS_PAST_AN_EPOCH, seed=5, **TINY_TRAINER_MODEL)
     with pytest.raises(_BatchesSeen):
         train_lib.train(cfg)
@@ -556,9 +565,9 @@ class _Recorder:
 
 
 def test_fit_runs_the_steps_in_order_and_tells_every_callback():
-    train_lib = _train_lib()
+    train_steps = _app("train_steps")
     steps, first, second = _ScriptedSteps(), _Recorder(), _Recorder()
-    train_lib._fit(steps, iter([3, 4, 5, 6]), 3, [first, second], verbose=0)
+    train_steps.fit(steps, iter([3, 4, 5, 6]), 3, [first, second], verbose=0)
     assert steps.fed == [3, 4, 5]
     expected = [("set_model", "the model"), ("begin",), ("batch", 0, {"loss": 7.0, "tokens": 3}),
                 ("batch", 1, {"loss": 6.0, "tokens": 4}), ("batch", 2, {"loss": 5.0, "tokens": 5}),
@@ -567,37 +576,38 @@ def test_fit_runs_the_steps_in_order_and_tells_every_callback():
 
 
 def test_fit_of_no_steps_touches_nothing_and_a_signal_ends_it_after_its_step(capsys):
-    train_lib = _train_lib()
+    stop_on_signal = _app("stop_on_signal")
+    train_steps = _app("train_steps")
     steps, recorder = _ScriptedSteps(), _Recorder()
-    train_lib._fit(steps, iter([1, 2]), 0, [recorder], verbose=1)  # a resume already at its steps
-    train_lib._fit(steps, iter([1, 2]), -2, [recorder], verbose=1)
+    train_steps.fit(steps, iter([1, 2]), 0, [recorder], verbose=1)  # a resume already at its steps
+    train_steps.fit(steps, iter([1, 2]), -2, [recorder], verbose=1)
     assert steps.fed == [] and recorder.calls == [] and capsys.readouterr().out == ""
-    stop = train_lib._StopOnSignal(active=False)
+    stop = stop_on_signal.StopOnSignal(active=False)
     recorder = _Recorder(stop=stop, at=1)
-    train_lib._fit(steps, iter([1, 2, 3, 4]), 4, [recorder], verbose=0, stop=stop)
+    train_steps.fit(steps, iter([1, 2, 3, 4]), 4, [recorder], verbose=0, stop=stop)
     assert steps.fed == [1, 2]  # the step in progress ends, then the loop; the callbacks still end
     assert recorder.calls[-1] == ("end", {"loss": 8.0, "tokens": 2})
 
 
 def test_fit_shows_a_progress_bar_only_when_verbose(capsys):
-    train_lib = _train_lib()
-    train_lib._fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=0)
+    train_steps = _app("train_steps")
+    train_steps.fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=0)
     assert capsys.readouterr().out == ""
-    train_lib._fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=1)
+    train_steps.fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=1)
     shown = capsys.readouterr().out
     assert "1/2" in shown and "loss: 9.0000" in shown and "2/2" in shown  # the first step: 10 - 1
-    train_lib._fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=2)  # Keras's one line at the end
+    train_steps.fit(_ScriptedSteps(), iter([1, 2]), 2, [], verbose=2)  # Keras's one line at the end
     shown = capsys.readouterr().out
     assert "1/2" not in shown and shown.count("2/2") == 1
 
 
 def test_evaluate_is_the_sum_of_losses_over_the_sum_of_labels():
-    train_lib = _train_lib()
+    train_steps = _app("train_steps")
     steps = _ScriptedSteps()
-    assert train_lib._evaluate(steps, [(6.0, 4.0), (3.0, 2.0)]) == 1.5  # 9 / 6, not the mean of 1.5s
-    assert train_lib._evaluate(steps, [(7.0, 4.0), (2.0, 1.0)]) == 9.0 / 5.0
-    assert train_lib._evaluate(steps, []) == 0.0  # no batch: no division by zero
-    assert train_lib._evaluate(steps, [(0.25, 0.5)]) == 0.25  # fewer than one label counts as one
+    assert train_steps.evaluate(steps, [(6.0, 4.0), (3.0, 2.0)]) == 1.5  # 9 / 6, not the mean of 1.5s
+    assert train_steps.evaluate(steps, [(7.0, 4.0), (2.0, 1.0)]) == 9.0 / 5.0
+    assert train_steps.evaluate(steps, []) == 0.0  # no batch: no division by zero
+    assert train_steps.evaluate(steps, [(0.25, 0.5)]) == 0.25  # fewer than one label counts as one
 
 
 class _SummingModel:
@@ -616,11 +626,11 @@ class _SummingModel:
 
 
 def _steps(model, jit_compile=False):
-    """`_Steps` on the default strategy for (features, labels) batches of any shape."""
+    """`TrainSteps` on the default strategy for (features, labels) batches of any shape."""
     import tensorflow as tf
 
     spec = (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32))
-    return _train_lib()._Steps(model, tf.distribute.get_strategy(), spec, jit_compile=jit_compile)
+    return _app("train_steps").TrainSteps(model, tf.distribute.get_strategy(), spec, jit_compile=jit_compile)
 
 
 def test_the_steps_trace_once_and_record_every_batch_shape_they_see():
@@ -685,7 +695,7 @@ def test_a_checkpoint_of_another_input_pipeline_restores_all_but_the_batches(tmp
 
     from keras_posenc.backend import dropout_state, keras, make_deterministic
 
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     make_deterministic(7)
     saved, saved_optimizer = _dropout_model(), keras.optimizers.Adam()
     saved_optimizer.iterations.assign(7)
@@ -701,7 +711,7 @@ def test_a_checkpoint_of_another_input_pipeline_restores_all_but_the_batches(tmp
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, dropout_rng=state,
                                      data=iter(tf.data.Dataset.range(8).shuffle(4, seed=1)))
     with pytest.warns(UserWarning) as caught:
-        assert train_lib._restore(checkpoint, path, model, optimizer) is False
+        assert checkpoints._restore(checkpoint, path, model, optimizer) is False
     assert [str(w.message) for w in caught if "pipeline" in str(w.message)] == [
         f"{path} holds the state of another input pipeline (written by an earlier keras-posenc): resumed "
         "the model, optimizer and dropout state; the batches restart from a fresh shuffle of the corpus, "
@@ -715,7 +725,7 @@ def test_a_checkpoint_of_another_input_pipeline_restores_all_but_the_batches(tmp
     # The same pipeline: everything restored, no warning.
     same = tf.train.Checkpoint(model=model, optimizer=optimizer, dropout_rng=state,
                                data=iter(tf.data.Dataset.range(8)))
-    assert train_lib._restore(same, path, model, optimizer) is True
+    assert checkpoints._restore(same, path, model, optimizer) is True
 
 
 class _Manager:
@@ -736,9 +746,9 @@ class _Optimizer:
 
 
 def test_the_checkpoint_callback_saves_every_interval_and_the_last_step_once():
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     manager, optimizer = _Manager(), _Optimizer()
-    callback = train_lib._CheckpointCallback(manager, 3, optimizer)
+    callback = checkpoints.CheckpointCallback(manager, 3, optimizer)
     for step in range(1, 8):
         optimizer.iterations.value = step
         callback.on_train_batch_end(step - 1)
@@ -754,12 +764,12 @@ def test_the_checkpoint_callback_saves_every_interval_and_the_last_step_once():
 def test_a_failed_checkpoint_save_is_a_file_write_error_naming_the_checkpoint(tmp_path):
     import errno
 
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     optimizer = _Optimizer()
     optimizer.iterations.value = 4
     manager = _Manager(fail=OSError(errno.EACCES, "Permission denied"))
     manager.directory = str(tmp_path)
-    callback = train_lib._CheckpointCallback(manager, 2, optimizer)
+    callback = checkpoints.CheckpointCallback(manager, 2, optimizer)
     with pytest.raises(OSError) as error:
         callback.on_train_end()
     assert error.value.errno == errno.EACCES and f"{tmp_path}/ckpt-4" in str(error.value)
@@ -784,24 +794,24 @@ class _Checkpoint:
 
 
 def test_a_checkpoint_holding_another_step_than_its_name_is_refused():
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     optimizer = _Optimizer()
     checkpoint = _Checkpoint(optimizer, {"run/ckpt-4": 5})
     with pytest.raises(ValueError) as error:
-        train_lib._restore_newest_readable([(4, "run/ckpt-4")], "run", ("batches", checkpoint), None,
-                                           "model", optimizer)
+        checkpoints.restore_newest_readable([(4, "run/ckpt-4")], "run", ("batches", checkpoint), None,
+                                            "model", optimizer)
     assert str(error.value) == "Checkpoint run/ckpt-4 holds optimizer step 5, not 4."
 
 
 def test_an_unreadable_newest_checkpoint_gives_way_to_the_one_before_with_a_warning():
-    train_lib = _train_lib()
+    checkpoints = _app("checkpoints")
     optimizer = _Optimizer()
     first = _Checkpoint(optimizer, {}, failures=("run/ckpt-6",))
     second = _Checkpoint(optimizer, {"run/ckpt-4": 4})
     with pytest.warns(UserWarning) as caught:
-        found = train_lib._restore_newest_readable([(4, "run/ckpt-4"), (6, "run/ckpt-6")], "run",
-                                                   ("batches", first), lambda: ("fresh", second), "model",
-                                                   optimizer)
+        found = checkpoints.restore_newest_readable([(4, "run/ckpt-4"), (6, "run/ckpt-6")], "run",
+                                                    ("batches", first), lambda: ("fresh", second), "model",
+                                                    optimizer)
     assert found == ("run/ckpt-4", "fresh", second) and first.restored == ["run/ckpt-6"]
     assert [str(w.message) for w in caught] == [
         "the newest checkpoint run/ckpt-6 is unreadable: ckpt-6 (IndexError: Read less bytes than "
@@ -811,17 +821,17 @@ def test_an_unreadable_newest_checkpoint_gives_way_to_the_one_before_with_a_warn
     tries = iter([("second", third), ("third", second)])
     newest = _Checkpoint(optimizer, {}, failures=("run/ckpt-8",))
     with pytest.warns(UserWarning) as caught:
-        found = train_lib._restore_newest_readable([(4, "run/ckpt-4"), (6, "run/ckpt-6"), (8, "run/ckpt-8")],
-                                                   "run", ("batches", newest), lambda: next(tries), "model",
-                                                   optimizer)
+        found = checkpoints.restore_newest_readable([(4, "run/ckpt-4"), (6, "run/ckpt-6"), (8, "run/ckpt-8")],
+                                                    "run", ("batches", newest), lambda: next(tries), "model",
+                                                    optimizer)
     assert found == ("run/ckpt-4", "third", second)
     assert [str(w.message) for w in caught] == [
         "the newest checkpoint run/ckpt-8 is unreadable: ckpt-8 (IndexError: Read less bytes than "
         "requested); ckpt-6 (IndexError: Read less bytes than requested); resuming from the previous "
         "readable one, run/ckpt-4 (step 4)."]
     with pytest.raises(ValueError) as error:
-        train_lib._restore_newest_readable([(6, "run/ckpt-6")], "run", ("batches", first), None, "model",
-                                           optimizer)
+        checkpoints.restore_newest_readable([(6, "run/ckpt-6")], "run", ("batches", first), None, "model",
+                                            optimizer)
     assert str(error.value) == ("Cannot resume from run: none of its 1 checkpoints is readable (ckpt-6 "
                                 "(IndexError: Read less bytes than requested)). Start a fresh run (without "
                                 "--resume) or use another --out.")

@@ -68,7 +68,7 @@ import tensorflow as tf
 from keras_posenc.app import dataset as data
 from keras_posenc.app import diagnostics
 from keras_posenc.app._plotting import pyplot, save_figure
-from keras_posenc.app.train import StepLog
+from keras_posenc.app.train_logs import StepLog
 from keras_posenc.backend import keras, make_deterministic
 from keras_posenc.files import write_text
 from keras_posenc.models import CausalLM, transformer_adam

@@ -50,7 +50,7 @@ import numpy as np
 
 from keras_posenc.app import dataset as data_lib
 from keras_posenc.app._plotting import pyplot, save_figure
-from keras_posenc.app.train import StepLog
+from keras_posenc.app.train_logs import StepLog
 from keras_posenc.app.translation import corpus_scores
 from keras_posenc.app.translation_data import pad_rows, source_ids, translation_dataset
 from keras_posenc.backend import inference_function, keras, make_deterministic, ops

@@ -28,7 +28,7 @@ Read in this order:
 from keras_posenc.export.conversion import EMBEDDINGS, ONNX_OPSET, QUANTIZE_MODES, to_onnx, to_tflite
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.export.flatbuffer import TfliteFile, op_counts, operators
-from keras_posenc.export.kinds import KINDS, Kind, kind_of
+from keras_posenc.export.kinds import GENAI, KINDS, LITERTLM, PREFILL_DECODE, WINDOW, Kind, kind_of
 from keras_posenc.export.model_spec import (
                                             HOST_EMBEDDINGS,
                                             ModelSpec,
@@ -70,7 +70,8 @@ from keras_posenc.export.verdicts import (
 )
 
 __all__ = [
-    "BACKENDS", "DEFAULT_TARGET", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "KINDS", "Kind",
+    "BACKENDS", "DEFAULT_TARGET", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "GENAI", "KINDS", "Kind",
+    "LITERTLM", "PREFILL_DECODE", "WINDOW",
     "TfliteFile", "export", "export_and_check", "export_genai", "export_generation", "export_litertlm",
     "kind_of",
     "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",

@@ -34,7 +34,10 @@ class Kind:
         folder: bool, the files go into the folder `out` under their own names (no FILE.json,
             no contract).
         checked_as: how the check fed the files, for the line naming tokens that differ.
-        takes_target: bool, the kind is made for one `--target` (else for its own runtime only).
+        takes_target: bool, the kind is made for one `--target` (else for `own_runtime` only).
+        own_runtime: what runs a kind that takes no target, in words, else None.
+        tokenizer: bool, the files hold the run's tokenizer (a bundle, a folder).
+        description: what the files are, in words.
     """
 
     name: str
@@ -44,12 +47,19 @@ class Kind:
     folder: bool = False
     checked_as: str = "the file"
     takes_target: bool = True
+    own_runtime: object = None
+    tokenizer: bool = False
+    description: str = ""
 
 
-WINDOW = Kind("window", contract.KINDS["window"], generates=False)
-PREFILL_DECODE = Kind("prefill_decode", contract.KINDS["prefill_decode"], generates=True)
-LITERTLM = Kind("litertlm", contract.KINDS["prefill_decode"], generates=True, suffix=contract.LITERTLM_SUFFIX)
+WINDOW = Kind("window", contract.KINDS["window"], generates=False, description="a file of a fixed window")
+PREFILL_DECODE = Kind("prefill_decode", contract.KINDS["prefill_decode"], generates=True,
+                      description="prefill and decode files with a key/value cache")
+LITERTLM = Kind("litertlm", contract.KINDS["prefill_decode"], generates=True, suffix=contract.LITERTLM_SUFFIX,
+                tokenizer=True, description="a prefill/decode bundle")
 GENAI = Kind("genai", None, generates=True, folder=True, takes_target=False,
+             own_runtime="onnxruntime-genai's CPU provider", tokenizer=True,
+             description="an onnxruntime-genai decoder folder",
              checked_as="the decoder, fed as onnxruntime-genai feeds it,")
 
 KINDS = {kind.name: kind for kind in (WINDOW, PREFILL_DECODE, LITERTLM, GENAI)}
