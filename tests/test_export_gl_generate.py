@@ -95,6 +95,45 @@ def test_host_rows_and_a_right_padded_prompt_give_the_same_steps(name):
     assert tokens == graph_tokens
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_chunks_at_offsets_equal_the_keras_full_pass_and_write_only_their_slots(name):
+    """LiteRT-LM's prefill: chunks of 4 at slots 0, 4 and 8 (the last runs past the cache's 10 slots)."""
+    model = _model(**CASES[name])
+    dtype = tf.int32 if name == "vocab-3000" else tf.float32
+    clone = rebuild(model, ModelSpec.of(model, 10, 1))
+    heads = clone.encoder.num_heads
+    keys = values = [tf.zeros([1, 10, heads, BASE["d_model"] // heads])] * 2
+    ids = [2, 9, 17, 5, 11, 30, 7, 21, 13, 6]
+    logits = []
+    for first in (0, 4, 8):
+        chunk = ids[first:first + 4]
+        padded = _ids(chunk + [0] * (4 - len(chunk)), dtype)
+        step, new_keys, new_values = gl_generate.chunk_graph(clone, padded, tf.constant([first], dtype), keys,
+                                                             values)
+        for old, new in zip(keys + values, new_keys + new_values):
+            old, new = np.asarray(old), np.asarray(new)
+            written = np.arange(first, min(first + 4, 10))
+            others = np.ones(10, bool)
+            others[written] = False
+            np.testing.assert_array_equal(new[:, others], old[:, others])  # bit for bit
+            assert np.abs(new[:, written]).max(axis=(0, 2, 3)).all()  # each written slot was zero before
+        keys, values = new_keys, new_values
+        logits.append(np.asarray(step, np.float64)[0, :len(chunk)])
+    np.testing.assert_allclose(np.concatenate(logits), _full_pass(model, ids), atol=2e-5, rtol=0)
+
+
+def test_one_token_chunk_is_the_decode_step():
+    clone = _clone(_model(position="rope"))
+    rng = np.random.default_rng(0)
+    keys = [tf.constant(rng.normal(size=[1, CACHE, 2, 8]).astype(np.float32)) for _ in range(2)]
+    values = [tf.constant(rng.normal(size=[1, CACHE, 2, 8]).astype(np.float32)) for _ in range(2)]
+    chunk = gl_generate.chunk_graph(clone, _ids([9], tf.float32), tf.constant([5.0]), keys, values)
+    decode = gl_generate.decode_graph(clone, _ids([9], tf.float32), tf.constant([5.0]), keys, values)
+    np.testing.assert_allclose(np.asarray(chunk[0])[0], np.asarray(decode[0]), atol=1e-6, rtol=0)
+    for a, b in zip(chunk[1] + chunk[2], decode[1] + decode[2]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_the_prefill_cache_holds_the_prompt_values_and_zeros_after_it():
     model = _model(position="alibi")
     clone = _clone(model)
