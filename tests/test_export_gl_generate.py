@@ -1,10 +1,11 @@
 """The `gpu`/`gl` prefill and decode graphs (`gl_generate`), run eagerly against the Keras `CausalLM`.
 
 No conversion: the graphs of `prefill_graph` and `decode_graph` are the ones the generation export
-freezes, here called op by op on the float32 clone the export builds. Each decode step's logits
-must equal the Keras model's full pass at that position, and each cache write must change only its
-own slot. The converted files run on the interpreter and the GPU runtimes in
-tests/test_export_generator.py and tests/edge/edge_generate.py.
+freezes (and `chunk_graph` the `.litertlm` gpu bundle's prefill), here called op by op on the
+float32 clone the export builds. Each decode step's and chunk's logits must equal the Keras
+model's full pass at those positions, and each cache write must change only its own slots. The
+converted files run on the interpreter and the GPU runtimes in tests/test_export_generator.py,
+tests/test_export_litertlm.py and tests/edge/edge_generate.py.
 """
 
 import numpy as np

@@ -120,7 +120,7 @@ class _ShaderEngineGraphs(EngineGraphs):
         values = [tf.reshape(buffer, self.own_spec) for buffer in cache[1::2]]
         ids = tf.cast(tokens, tf.float32)
         first = tf.cast(input_pos[:1], tf.float32)
-        if tokens.shape[1] == 1:  # the slice and `+ 0.0` keep the decode's file as it was
+        if tokens.shape[1] == 1:  # the decode; its slice and `+ 0.0` kept, its graph stays byte for byte
             logits, keys, values = gl_generate.decode_graph(self.clone, ids[:, 0:1], first + 0.0, keys,
                                                             values)
         else:
