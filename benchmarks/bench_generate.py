@@ -19,11 +19,17 @@ venv-litertlm) and `--litert PYTHON` (ai-edge-litert, venv-litert): LiteRT-LM's 
 `.litertlm` bundle against `export/jetson/run_generate.py` (LiteRT `CompiledModel`) on the
 `--generate --target cpu` file of the same model, both on the CPU backend with one thread
 (`--backend gpu`: the `--target gpu` files on the GPU backends, LiteRT-LM's and LiteRT's):
-decode tokens/s and time to first token of one text prompt (BOS + about 24 pieces, 64 new
-tokens, greedy; "same text" compares the two), median of `--repetitions` runs of a fresh
-process each. run_generate.py takes the prompt's ids (the venv of ai-edge-litert has no
-sentencepiece). Both models use a SentencePiece vocabulary of 1000 here (trained on the
-embedded corpus: the bundle holds the tokenizer, whose size must be the model's).
+decode tokens/s, time to first token and prefill tokens/s of one text prompt of 32 tokens (BOS +
+31 pieces, the prefill length P = 32; 64 new tokens, greedy; "same text" compares the two),
+median of `--repetitions` runs of a fresh process each, and per model the engine's TTFT over the
+runner's and its prefill rate over its decode rate (`--models demo`: the demo's rows only). The
+engine's figures are its own benchmark info; each run holds two sessions with the prompt: the
+first session's TTFT ("TTFT") includes the backend's first-use costs, the second's ("2nd TTFT")
+and the rates are the engine serving a prompt. The runner's TTFT is its first prefill call (after
+its model's compilation), its prefill rate the prompt's tokens over that TTFT. run_generate.py
+takes the prompt's ids (the venv of ai-edge-litert has no sentencepiece).
+Both models use a SentencePiece vocabulary of 1000 here (trained on the embedded corpus: the
+bundle holds the tokenizer, whose size must be the model's).
 
 Usage:
     python benchmarks/bench_generate.py [--repetitions 5] [--calls 20] [--cache-lengths 128 512]
@@ -107,7 +113,7 @@ def measure(pair, repetitions, calls):
     return float(np.median(decode_ms)), float(np.median(window_ms)), float(np.median(ratios))
 
 
-ENGINE_PROMPT_PIECES, ENGINE_NEW_TOKENS, ENGINE_PROMPT_LENGTH, ENGINE_VOCAB = 24, 64, 32, 1000
+ENGINE_NEW_TOKENS, ENGINE_PROMPT_LENGTH, ENGINE_VOCAB = 64, 32, 1000
 KIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "export", "jetson",
                    "run_generate.py")
 
@@ -122,14 +128,16 @@ def engine_vs_runner(args):
     sp_model = data.train_sentencepiece(data.read_text_corpus(data.default_corpus_path()), ENGINE_VOCAB)
     processor = spm.SentencePieceProcessor()
     processor.LoadFromSerializedProto(sp_model)
-    pieces = [i for i in range(5, ENGINE_VOCAB) if not processor.IsControl(i)][:ENGINE_PROMPT_PIECES * 3:3]
-    prompt = processor.DecodeIds(pieces)
-    prompt_ids = ",".join(str(i) for i in [2] + list(processor.EncodeAsIds(prompt)))  # BOS + pieces
-    print(f"prompt: BOS + {len(processor.EncodeAsIds(prompt))} pieces, {ENGINE_NEW_TOKENS} new tokens, "
+    prompt = _prompt_text(processor, ENGINE_PROMPT_LENGTH - 1)
+    prompt_ids = [2] + list(processor.EncodeAsIds(prompt))  # BOS + pieces: the prompt's 32 tokens
+    print(f"prompt: BOS + {len(prompt_ids) - 1} pieces, {ENGINE_NEW_TOKENS} new tokens, "
           f"prefill length {ENGINE_PROMPT_LENGTH}, backend {args.backend}, 1 CPU thread")
-    print(f"{'model':14} {'C':>4} {'runtime':24} {'TTFT ms':>8} {'decode tok/s':>12} {'same text':>9}")
+    print(f"{'model':14} {'C':>4} {'runtime':24} {'TTFT ms':>8} {'2nd TTFT':>8} {'prefill tok/s':>13} "
+          f"{'decode tok/s':>12} {'same text':>9}")
     with tempfile.TemporaryDirectory() as folder:
         for name, config in MODELS.items():
+            if name.split()[0] not in args.models:
+                continue
             model = CausalLM({**config, "vocab_size": ENGINE_VOCAB, "max_length": max(args.cache_lengths),
                               "dropout": 0.0})
             model.build_on_dummy()
@@ -146,24 +154,47 @@ def engine_vs_runner(args):
                                                 python=args.litertlm).save(bundle)
                 engine, runner = [], []
                 for _ in range(args.repetitions):
-                    texts, info, _ = litertlm_bundle.engine_texts(bundle, [[prompt]], ENGINE_NEW_TOKENS,
-                                                                  backend=args.backend, python=args.litertlm,
-                                                                  benchmark=True, threads=1)
-                    engine.append((info[0]["time_to_first_token_in_second"] * 1e3,
-                                   info[0]["last_decode_tokens_per_second"], texts[0][0]))
-                    done = subprocess.run([args.litert, KIT, tflite, "--prompt-ids", prompt_ids,
+                    # Two sessions of one engine: the first pays the backend's first-use costs (its
+                    # "cold" TTFT), the second is the engine serving a prompt (rates from it).
+                    texts, info, _ = litertlm_bundle.engine_texts(
+                        bundle, [[prompt], [prompt]], ENGINE_NEW_TOKENS, backend=args.backend,
+                        python=args.litertlm, benchmark=True, threads=1)
+                    cold, warm = info
+                    engine.append((cold["time_to_first_token_in_second"] * 1e3,
+                                   warm["time_to_first_token_in_second"] * 1e3,
+                                   warm["last_prefill_tokens_per_second"],
+                                   warm["last_decode_tokens_per_second"], texts[1][0]))
+                    done = subprocess.run([args.litert, KIT, tflite, "--prompt-ids",
+                                           ",".join(str(i) for i in prompt_ids),
                                            "--max-new-tokens", str(ENGINE_NEW_TOKENS), "--runtime", "litert",
                                            "--threads", "1", "--accelerator", args.backend, "--json"],
                                           capture_output=True, text=True, check=True)
                     result = json.loads(done.stdout.strip().splitlines()[-1])
                     text = processor.DecodeIds([i for i in result["ids"] if i >= 5])  # specials dropped
-                    runner.append((result["ttft_ms"], result["decode_tokens_per_s"], text))
-                same = all(e[2].strip() == r[2].strip() for e, r in zip(engine, runner))
+                    runner.append((result["ttft_ms"], float("nan"), len(prompt_ids) / result["ttft_ms"] * 1e3,
+                                   result["decode_tokens_per_s"], text))
+                same = all(e[4].strip() == r[4].strip() for e, r in zip(engine, runner))
+                medians = {}
                 for runtime, rows in (("LiteRT-LM Engine", engine), ("run_generate.py (LiteRT)", runner)):
-                    ttft = float(np.median([row[0] for row in rows]))
-                    rate = float(np.median([row[1] for row in rows]))
-                    print(f"{name:14} {cache_length:4d} {runtime:24} {ttft:8.2f} {rate:12.1f} {str(same):>9}",
-                          flush=True)
+                    medians[runtime] = [float(np.median([row[i] for row in rows])) for i in range(4)]
+                    cold, warm, prefill, decode = medians[runtime]
+                    print(f"{name:14} {cache_length:4d} {runtime:24} {cold:8.2f} {warm:8.2f} {prefill:13.1f} "
+                          f"{decode:12.1f} {str(same):>9}", flush=True)
+                cold, warm, prefill, decode = medians["LiteRT-LM Engine"]
+                runner_ttft = medians["run_generate.py (LiteRT)"][0]
+                print(f"{'':19} engine TTFT / runner TTFT {cold / runner_ttft:.2f}x (first session), "
+                      f"{warm / runner_ttft:.2f}x (second); engine prefill / decode tokens/s "
+                      f"{prefill / decode:.1f}x", flush=True)
+
+
+def _prompt_text(processor, pieces):
+    """A text that the tokenizer splits into exactly `pieces` pieces (every third vocabulary piece)."""
+    candidates = [i for i in range(5, ENGINE_VOCAB) if not processor.IsControl(i)][::3]
+    for count in range(pieces // 2, len(candidates)):
+        text = processor.DecodeIds(candidates[:count])
+        if len(processor.EncodeAsIds(text)) == pieces:
+            return text
+    raise ValueError(f"no prefix of the vocabulary's pieces encodes as {pieces} pieces")
 
 
 def main():
@@ -171,6 +202,9 @@ def main():
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--cache-lengths", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--models", nargs="+", choices=[name.split()[0] for name in MODELS],
+                        default=[name.split()[0] for name in MODELS],
+                        help="with --litertlm: the models whose rows are measured")
     parser.add_argument("--litertlm", help="a Python with litert-lm-api: the engine-vs-runner rows only")
     parser.add_argument("--litert", help="with --litertlm: a Python with ai-edge-litert for run_generate.py")
     parser.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",

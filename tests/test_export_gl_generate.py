@@ -1,10 +1,11 @@
 """The `gpu`/`gl` prefill and decode graphs (`gl_generate`), run eagerly against the Keras `CausalLM`.
 
 No conversion: the graphs of `prefill_graph` and `decode_graph` are the ones the generation export
-freezes, here called op by op on the float32 clone the export builds. Each decode step's logits
-must equal the Keras model's full pass at that position, and each cache write must change only its
-own slot. The converted files run on the interpreter and the GPU runtimes in
-tests/test_export_generator.py and tests/edge/edge_generate.py.
+freezes (and `chunk_graph` the `.litertlm` gpu bundle's prefill), here called op by op on the
+float32 clone the export builds. Each decode step's and chunk's logits must equal the Keras
+model's full pass at those positions, and each cache write must change only its own slots. The
+converted files run on the interpreter and the GPU runtimes in tests/test_export_generator.py,
+tests/test_export_litertlm.py and tests/edge/edge_generate.py.
 """
 
 import numpy as np
@@ -93,6 +94,45 @@ def test_host_rows_and_a_right_padded_prompt_give_the_same_steps(name):
     np.testing.assert_allclose(logits, _full_pass(model, tokens), atol=2e-5, rtol=0)
     graph_tokens, _ = _run(model, "graph", tf.float32, prompt_length=len(PROMPT))
     assert tokens == graph_tokens
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_chunks_at_offsets_equal_the_keras_full_pass_and_write_only_their_slots(name):
+    """LiteRT-LM's prefill: chunks of 4 at slots 0, 4 and 8 (the last runs past the cache's 10 slots)."""
+    model = _model(**CASES[name])
+    dtype = tf.int32 if name == "vocab-3000" else tf.float32
+    clone = rebuild(model, ModelSpec.of(model, 10, 1))
+    heads = clone.encoder.num_heads
+    keys = values = [tf.zeros([1, 10, heads, BASE["d_model"] // heads])] * 2
+    ids = [2, 9, 17, 5, 11, 30, 7, 21, 13, 6]
+    logits = []
+    for first in (0, 4, 8):
+        chunk = ids[first:first + 4]
+        padded = _ids(chunk + [0] * (4 - len(chunk)), dtype)
+        step, new_keys, new_values = gl_generate.chunk_graph(clone, padded, tf.constant([first], dtype), keys,
+                                                             values)
+        for old, new in zip(keys + values, new_keys + new_values):
+            old, new = np.asarray(old), np.asarray(new)
+            written = np.arange(first, min(first + 4, 10))
+            others = np.ones(10, bool)
+            others[written] = False
+            np.testing.assert_array_equal(new[:, others], old[:, others])  # bit for bit
+            assert np.abs(new[:, written]).max(axis=(0, 2, 3)).all()  # each written slot was zero before
+        keys, values = new_keys, new_values
+        logits.append(np.asarray(step, np.float64)[0, :len(chunk)])
+    np.testing.assert_allclose(np.concatenate(logits), _full_pass(model, ids), atol=2e-5, rtol=0)
+
+
+def test_one_token_chunk_is_the_decode_step():
+    clone = _clone(_model(position="rope"))
+    rng = np.random.default_rng(0)
+    keys = [tf.constant(rng.normal(size=[1, CACHE, 2, 8]).astype(np.float32)) for _ in range(2)]
+    values = [tf.constant(rng.normal(size=[1, CACHE, 2, 8]).astype(np.float32)) for _ in range(2)]
+    chunk = gl_generate.chunk_graph(clone, _ids([9], tf.float32), tf.constant([5.0]), keys, values)
+    decode = gl_generate.decode_graph(clone, _ids([9], tf.float32), tf.constant([5.0]), keys, values)
+    np.testing.assert_allclose(np.asarray(chunk[0])[0], np.asarray(decode[0]), atol=1e-6, rtol=0)
+    for a, b in zip(chunk[1] + chunk[2], decode[1] + decode[2]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_the_prefill_cache_holds_the_prompt_values_and_zeros_after_it():

@@ -5,6 +5,7 @@ TensorFlow's interpreter through `litertlm.EngineFeeder` (chunked prefill from `
 held-back last token, zero padding, a second turn), and the bad inputs are refused by name.
 """
 
+import collections
 import functools
 import os
 
@@ -18,7 +19,7 @@ from keras_posenc import special_ids
 from keras_posenc.app import cli
 from keras_posenc.backend import is_keras3, keras
 from keras_posenc.export import contract, litert_python, litertlm, litertlm_bundle, pipeline
-from keras_posenc.export.flatbuffer import op_counts
+from keras_posenc.export.flatbuffer import TfliteFile, op_counts
 from keras_posenc.layers.rope_scaling import ROTARY_SCALINGS
 from keras_posenc.models import CausalLM
 
@@ -109,10 +110,12 @@ def test_fed_as_the_engine_feeds_it_every_position_kind_generates_the_keras_toke
     _generates_the_keras_tokens(name, "cpu", SAME_GRAPH_AS)
 
 
-GPU_SAME_GRAPH_AS = {"learned": "sinusoidal-factorized", "rope-llama3": "rope-yarn"}
+GPU_SAME_GRAPH_AS = {"learned": "sinusoidal-factorized", "sinusoidal-full": "sinusoidal-factorized",
+                     "rope-llama3": "rope-yarn"}
 
 
-GPU_KINDS = ["sinusoidal-factorized", "learned", "alibi", "rope-yarn", "rope-llama3"]
+GPU_KINDS = ["sinusoidal-full", "sinusoidal-factorized", "learned", "alibi", "rope-plain", "rope-yarn",
+             "rope-llama3"]
 
 
 @pytest.mark.parametrize("name", _kinds(GPU_KINDS, GPU_SAME_GRAPH_AS, on_keras3=("learned",)))
@@ -146,10 +149,48 @@ def test_the_file_is_in_the_engine_contract():
     assert list(decode.get_output_details()["logits"]["shape"]) == [1, 1, 40]
 
 
-def test_a_prefill_from_an_offset_leaves_the_earlier_slots_bit_for_bit():
+def _signature_ops(flat, key):
+    """The op names of one signature's subgraph and how often each occurs."""
+    flat = TfliteFile(flat)
+    sizes = [len(graph.operators or []) for graph in flat.model.subgraphs]
+    [index] = [signature.subgraphIndex for signature in flat.model.signatureDefs
+               if signature.signatureKey.decode() == key]
+    start = sum(sizes[:index])
+    return collections.Counter(op.name for op in flat.operators[start:start + sizes[index]])
+
+
+def test_the_gpu_prefill_is_one_parallel_step_whose_ops_do_not_grow_with_the_chunk():
+    model = _model(position="alibi")  # 2 layers, 2 heads
+    flats = {length: litertlm.to_litertlm_tflite(model, prompt_length=length, cache_length=32, target="gpu")
+             for length in (8, 16)}
+    prefill = {length: _signature_ops(flat, "prefill") for length, flat in flats.items()}
+    decode = _signature_ops(flats[8], "decode")
+    assert decode == _signature_ops(flats[16], "decode")
+    # The prefill returns no logits: the last layer's attention output is pruned, its keys and values
+    # are written. Layer 0 repeats the cache's keys and values over the queries: one doubling more for 16.
+    assert prefill[16].pop("CONCATENATION") - prefill[8].pop("CONCATENATION") == 2
+    assert prefill[8] == prefill[16]
+    assert prefill[8]["SOFTMAX"] == 2 and decode["SOFTMAX"] == 2 * 2  # one per head, not per token
+    # The written slots (shared by the layers), each layer's key and value writes, layer 0's attention sum.
+    assert prefill[8]["AVERAGE_POOL_2D"] == 1 + 2 * 2 + 1 and "AVERAGE_POOL_2D" in decode
+    assert not {"FULLY_CONNECTED", "BATCH_MATMUL"} & set(prefill[8])
+    assert prefill[8]["CONV_2D"] <= decode["CONV_2D"] + 1
+
+
+def test_a_gpu_chunk_running_past_the_cache_writes_nothing_there_and_decodes_the_keras_token():
+    model = _model(position="rope")
+    feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=10,
+                                                               target="gpu"))
+    ids = [2, 9, 17, 5, 11, 30, 7, 21, 13, 6]  # chunks at 0, 4 and 8: the last one's padding at 9..11
+    assert litertlm.engine_greedy(feeder, [ids], 1) == [model.generate(ids, 1).ids[0].tolist()]
+    assert feeder.step == 10
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_a_prefill_from_an_offset_leaves_the_earlier_slots_bit_for_bit(target):
     model = _model(position="alibi")
     feeder = litertlm.EngineFeeder(litertlm.to_litertlm_tflite(model, prompt_length=4, cache_length=16,
-                                                               target="cpu"))
+                                                               target=target))
     feeder.prefill([2, 9, 17, 5, 11, 30])  # slots 0..4 written, 30 held back
     before = {name: value.copy() for name, value in feeder.cache.items()}
     feeder.prefill([7, 21])  # slots 5, 6 (30, 7), 21 held back

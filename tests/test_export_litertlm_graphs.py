@@ -30,6 +30,7 @@ CASES = {
     "gpu-sinusoidal-factorized": ("gpu", {"table": "factorized"}),
     "gpu-rope": ("gpu", {"position": "rope"}),
     "gpu-learned-pre-ln": ("gpu", {"position": "learned", "norm_first": True}),
+    "gpu-alibi": ("gpu", {"position": "alibi", "num_heads": 4}),
 }
 
 

@@ -7,19 +7,26 @@ CAST per int32 input, and with `embedding="graph"` and ids above 2048 the FLOOR_
 of `shader_ops.token_one_hot`): no GATHER, no broadcasting MUL, constants finite in float16. The
 attention weights are read through `shader_ops.attention_projections` only.
 
-- The position `p` of the decoded token (its slot: prompts are right-padded, so slot and
-  position agree) arrives as a float. Table lookups by offset (position tables, RoPE cos/sin)
-  are its one-hot row `relu(1 - |p - classes|)` times the table.
-- The cache write is a one-hot blend `cache * (1 - onehot(p)) + new * onehot(p)`: every other
-  slot is kept bit for bit (x * 1 + 0).
-- Cached attention, per head: the query repeated over the `C` slots by CONCATENATION, times the
-  cached keys, summed over the head's features by a 1x1 CONV_2D, reshaped to keys-in-channels
-  for SOFTMAX; the mask is `min(relu(p - slot + 1), 1)` (slots `0 .. p`), as the finite bias
-  `(keep - 1) * 1e4`; ALiBi adds `-slope * (p - slot)`. The weighted sum of the cached values is
-  an AVERAGE_POOL_2D over the slots times `C`.
+- Cached steps (`decode_graph`: one token; `chunk_graph`: `T` tokens at slots `first ..
+  first + T - 1`, LiteRT-LM's prefill of a chunk at an offset) are one function of the `T`
+  positions: the slot `p` of each token (prompts are right-padded, so slot and position agree)
+  arrives as a float. Table lookups by offset (position tables, RoPE cos/sin) are its one-hot
+  row `relu(1 - |p - classes|)` times the table.
+- The cache write is a one-hot blend `cache * (1 - written) + sum_t new_t * onehot(p_t)`: every
+  other slot is kept bit for bit (x * 1 + 0). Over `T > 1` tokens the sum is an AVERAGE_POOL_2D
+  over the chunk of the rows scaled by `T`.
+- Cached attention, per head: each query repeated over the `C` slots by CONCATENATION, times the
+  cached keys (the chunk's own written first), summed over the head's features by a 1x1
+  CONV_2D, reshaped to keys-in-channels for SOFTMAX; the mask of query `t` is
+  `min(relu(p_t - slot + 1), 1)` (slots `0 .. p_t`: the cache before the chunk and the chunk
+  causally), as the finite bias `(keep - 1) * 1e4`; ALiBi adds `-slope * (p_t - slot)`. The
+  weighted sum of the cached values is an AVERAGE_POOL_2D over each query's `C` slots times `C`.
+  The ops do not grow with `T` but for the CONCATENATIONs repeating the cache per query (by
+  doubling: log2 T); the attention's tensors are `[1, T * C, heads * head_dim]`.
 - RoPE rotates each key once, when it is written (keys are cached rotated).
-- Prefill is the fixed-window causal `gl` attention over the `P` prompt slots; its keys and
-  values fill slots `0 .. P-1` of the returned cache (PAD with zeros after them).
+- `prefill_graph` (the `--generate` files' prefill, always from slot 0) is the fixed-window
+  causal `gl` attention over the `P` prompt slots; its keys and values fill slots `0 .. P-1` of
+  the returned cache (PAD with zeros after them).
 
 Token ids: with `embedding="host"` the file takes the rows `table[ids]` as a float input
 `embeddings` (`[1, P, d_model]`, `[1, 1, d_model]`), which the runner looks up; with "graph" a
@@ -37,7 +44,7 @@ import tensorflow as tf
 from keras_posenc.export import shader_ops as ops
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 
-__all__ = ["MAX_CACHE_LENGTH", "decode_graph", "prefill_graph"]
+__all__ = ["MAX_CACHE_LENGTH", "chunk_graph", "decode_graph", "prefill_graph"]
 
 MAX_CACHE_LENGTH = ops.FLOAT16_INTEGERS  # positions and slots are floats on the GPU
 
@@ -70,58 +77,92 @@ def _rotation(layer, cache_length, heads):
     return np.tile(cos, [1, heads]), np.tile(sin, [1, heads]), np.kron(np.eye(heads, dtype=np.float32), turn)
 
 
-def _decode_attention(layer, x, position, slot_row, key_cache, value_cache):
-    """One query at slot `position` against the cache; returns `(output, key_cache, value_cache)`.
+def _cached_attention(layer, x, positions, slot_rows, key_cache, value_cache):
+    """`T` queries at slots `positions` against the cache; returns `(output, key_cache, value_cache)`.
 
-    `x` `[1, 1, D]`; `position` `[1, 1, 1]` float; `slot_row` `[1, 1, C]` its one-hot row; the
-    caches `[1, C, heads, head_dim]`.
+    The chunk's keys and values are written first (slot `positions[t]` takes token `t`'s), then
+    query `t` attends to every slot `c <= positions[t]`: the cache before the chunk and the chunk
+    causally. `x` `[1, T, D]`; `positions` `[1, T, 1]` float; `slot_rows` `[1, T, C]` their one-hot
+    rows (a zero row past the cache writes nothing); the caches `[1, C, heads, head_dim]`. Pairs
+    (query, slot) are rows `t * C + c` of `[1, T * C, width]` tensors. With `T = 1` the helpers
+    below add no op: one decode step.
     """
     weights = ops.attention_projections(layer.attention, x.shape[-1])
     heads, head_dim, output = weights.heads, weights.head_dim, weights.output
     projections = (weights.query, weights.key, weights.value)
     width = heads * head_dim
-    cache_length = key_cache.shape[1]
+    length, cache_length = x.shape[1], key_cache.shape[1]
     query, key, value = (ops.linear(x, tf.reshape(kernel, [-1, width]), tf.reshape(bias, [width]))
                          for kernel, bias in projections)
     rotation = _rotation(layer, cache_length, heads)
     if rotation is not None:
-        cos, sin = ops.linear(slot_row, rotation[0]), ops.linear(slot_row, rotation[1])  # [1, 1, width]
+        cos, sin = ops.linear(slot_rows, rotation[0]), ops.linear(slot_rows, rotation[1])  # [1, T, width]
         query, key = ops.rotate(query, cos, sin, rotation[2]), ops.rotate(key, cos, sin, rotation[2])
-    # The one-hot blend: slot `position` takes the new key and value, every other keeps its own.
-    write = tf.reshape(ops.linear(tf.reshape(slot_row, [1, cache_length, 1]),
-                                  np.ones([1, width], np.float32)), [1, cache_length, width])
-    keep = 1.0 - write
+    # The one-hot blend: a written slot takes its token's key and value, every other keeps its own
+    # bit for bit. `write` is T (not 1) at (t, slot_t): the mean over the chunk is then the sum.
+    write = tf.reshape(ops.linear(tf.reshape(slot_rows, [1, length * cache_length, 1]),
+                                  np.full([1, width], float(length), np.float32)),
+                       [1, length * cache_length, width])
+    keep = 1.0 - _chunk_mean(write, length)
     keys = (tf.reshape(key_cache, [1, cache_length, width]) * keep
-            + ops.broadcast_rows(key, cache_length, 1) * write)
+            + _chunk_mean(_repeat_rows(key, cache_length) * write, length))
     values = (tf.reshape(value_cache, [1, cache_length, width]) * keep
-              + ops.broadcast_rows(value, cache_length, 1) * write)
+              + _chunk_mean(_repeat_rows(value, cache_length) * write, length))
     # Slots 0 .. position: keep = min(relu(position - slot + 1), 1), exact for integer floats.
     slots = np.arange(cache_length, dtype=np.float32)
-    spread = ops.linear(position, np.ones([1, cache_length], np.float32))  # [1, 1, C]: position per slot
+    spread = ops.linear(positions, np.ones([1, cache_length], np.float32))  # [1, T, C]: position per slot
     allowed = tf.minimum(tf.nn.relu(spread - (slots - 1.0)), 1.0)
-    bias = tf.reshape(allowed * -ops.MASKED + ops.MASKED, [1, 1, 1, cache_length])
-    distance = tf.reshape(spread - slots, [1, 1, 1, cache_length]) if layer.slopes is not None else None
-    products = ops.broadcast_rows(query, cache_length, 1) * keys  # [1, C, width]
+    bias = tf.reshape(allowed * -ops.MASKED + ops.MASKED, [1, length, 1, cache_length])
+    distance = (tf.reshape(spread - slots, [1, length, 1, cache_length]) if layer.slopes is not None
+                else None)
+    products = _repeat_rows(query, cache_length) * _per_query(keys, length)  # [1, T * C, width]
     scale = 1.0 / math.sqrt(float(head_dim))
     spread_weights = None
     for head in range(heads):
         column = np.zeros([width, 1], np.float32)
         column[head * head_dim:(head + 1) * head_dim] = scale
-        scores = tf.reshape(ops.linear(products, column), [1, 1, 1, cache_length]) + bias
+        scores = tf.reshape(ops.linear(products, column), [1, length, 1, cache_length]) + bias
         if distance is not None:
             scores = scores + distance * float(-layer.slopes[head])
-        weights = tf.reshape(tf.nn.softmax(scores, axis=-1), [1, cache_length, 1])
+        weights = tf.reshape(tf.nn.softmax(scores, axis=-1), [1, length * cache_length, 1])
         block = np.zeros([1, width], np.float32)
         block[0, head * head_dim:(head + 1) * head_dim] = 1.0
         spread_head = ops.linear(weights, block)  # the head's weights over its features, 0 elsewhere
         spread_weights = spread_head if spread_weights is None else spread_weights + spread_head
-    weighted = tf.reshape(spread_weights * values, [1, cache_length, 1, width])
-    summed = tf.nn.avg_pool2d(weighted, ksize=[cache_length, 1], strides=[1, 1], padding="VALID") * float(
-        cache_length)
+    weighted = tf.reshape(spread_weights * _per_query(values, length),
+                          [1, length * cache_length, 1, width])
+    # Each query's window of C slots (one query: stride 1, the decode's).
+    stride = cache_length if length > 1 else 1
+    summed = tf.nn.avg_pool2d(weighted, ksize=[cache_length, 1], strides=[stride, 1],
+                              padding="VALID") * float(cache_length)
     kernel, bias_out = output
-    attended = ops.linear(tf.reshape(summed, [1, 1, width]), tf.reshape(kernel, [width, -1]), bias_out)
+    attended = ops.linear(tf.reshape(summed, [1, length, width]), tf.reshape(kernel, [width, -1]), bias_out)
     shape = [1, cache_length, heads, head_dim]
     return attended, tf.reshape(keys, shape), tf.reshape(values, shape)
+
+
+def _repeat_rows(x, copies):
+    """`[1, T, n]` -> `[1, T * copies, n]`, each row `copies` times in a row (CONCATENATION)."""
+    length, width = x.shape[1], x.shape[-1]
+    if length == 1:
+        return ops.broadcast_rows(x, copies, 1)
+    repeated = ops.broadcast_rows(tf.reshape(x, [1, length, 1, width]), copies, 2)
+    return tf.reshape(repeated, [1, length * copies, width])
+
+
+def _per_query(x, length):
+    """`[1, C, n]` -> `[1, T * C, n]`: the cache once per query (CONCATENATION; none for one query)."""
+    return x if length == 1 else ops.broadcast_rows(x, length, 1)
+
+
+def _chunk_mean(x, length):
+    """`[1, T * C, n]` -> `[1, C, n]`: the mean over the `T` queries of each slot (AVERAGE_POOL_2D)."""
+    if length == 1:
+        return x
+    cache_length, width = x.shape[1] // length, x.shape[-1]
+    pooled = tf.nn.avg_pool2d(tf.reshape(x, [1, length, cache_length, width]), ksize=[length, 1], strides=1,
+                              padding="VALID")
+    return tf.reshape(pooled, [1, cache_length, width])
 
 
 def _prefill_attention(layer, x, cache_length):
@@ -209,6 +250,22 @@ def prefill_graph(model, token_ids, cache_length, rows=None):
     return _logits(model, x), keys, values
 
 
+def _cached_graph(model, token_ids, positions, key_caches, value_caches, rows):
+    """`(logits [1, T, V], keys, values)` of `T` tokens at the float slots `positions` `[1, T, 1]`."""
+    length, cache_length = positions.shape[1], key_caches[0].shape[1]
+    ids = token_ids if token_ids.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS \
+        else _as_float(token_ids)
+    slot_rows = ops.one_hot(positions, cache_length)  # [1, T, C]
+    x = _embedded(model, ids, tf.reshape(positions, [1, length]), rows)
+    keys, values = [], []
+    for layer, key_cache, value_cache in zip(model.encoder.encoder_layers, key_caches, value_caches):
+        x, key, value = _block(layer, x, lambda h, layer=layer, k=key_cache, v=value_cache:
+                               _cached_attention(layer, h, positions, slot_rows, k, v))
+        keys.append(key)
+        values.append(value)
+    return _logits(model, x), keys, values
+
+
 def decode_graph(model, token_id, position, key_caches, value_caches, rows=None):
     """`(logits [1, V], keys, values)` of one token at slot `position` against the caches.
 
@@ -219,16 +276,29 @@ def decode_graph(model, token_id, position, key_caches, value_caches, rows=None)
         key_caches, value_caches: lists of `[1, C, heads, head_dim]` float32, one per layer.
         rows: optional `[1, 1, d_model]` float (`embedding="host"`).
     """
-    cache_length = key_caches[0].shape[1]
     position = tf.reshape(_as_float(position), [1, 1, 1])
-    ids = token_id if token_id.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS \
-        else _as_float(token_id)
-    slot_row = ops.one_hot(position, cache_length)  # [1, 1, C]
-    x = _embedded(model, ids, tf.reshape(position, [1, 1]), rows)
-    keys, values = [], []
-    for layer, key_cache, value_cache in zip(model.encoder.encoder_layers, key_caches, value_caches):
-        x, key, value = _block(layer, x, lambda h, layer=layer, k=key_cache, v=value_cache:
-                               _decode_attention(layer, h, position, slot_row, k, v))
-        keys.append(key)
-        values.append(value)
-    return tf.reshape(_logits(model, x), [1, -1]), keys, values
+    logits, keys, values = _cached_graph(model, token_id, position, key_caches, value_caches, rows)
+    return tf.reshape(logits, [1, -1]), keys, values
+
+
+def chunk_graph(model, token_ids, first, key_caches, value_caches, rows=None):
+    """`(logits [1, T, V], keys, values)` of `T` tokens at slots `first .. first + T - 1`, in parallel.
+
+    The prefill of a chunk at an offset (LiteRT-LM's `prefill`): token `t` has slot and position
+    `first + t`, attends to the cache's slots before `first` and causally within the chunk, and
+    its key and value are written at its slot (a slot past the cache writes nothing). Every
+    other slot is kept bit for bit. `decode_graph` is the same step for one token.
+
+    Args:
+        model: as in `prefill_graph`.
+        token_ids: `[1, T]` int32 or float32.
+        first: `[1]` int32 or float32, the slot of the chunk's first token.
+        key_caches, value_caches: lists of `[1, C, heads, head_dim]` float32, one per layer.
+        rows: optional `[1, T, d_model]` float (`embedding="host"`).
+    """
+    length = token_ids.shape[1]
+    first = tf.reshape(_as_float(first), [1, 1, 1])
+    # first + t, by constant weights and a same-shape ADD (no broadcasting on the GL backend).
+    positions = (tf.reshape(ops.linear(first, np.ones([1, length], np.float32)), [1, length, 1])
+                 + np.arange(length, dtype=np.float32).reshape(1, length, 1))
+    return _cached_graph(model, token_ids, positions, key_caches, value_caches, rows)

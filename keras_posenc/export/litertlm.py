@@ -17,9 +17,11 @@ the padding writes slots after the real tokens, which the next call overwrites b
 reads them) and the tokens' positions are `input_pos` (a padding token's 0 is a valid position
 of every table). On `cpu` the step is `Encoder.cached_step` with the target's formulations, as in
 `generator`, the cache transposed to its own layout `[1, C, heads, head_dim]` inside the file. On
-`gpu` it is `gl_generate.decode_graph` (shader-only ops, finite float16 constants: what LiteRT-LM's
-GPU backend runs, in its default float16 activations too), one step per token of the chunk, with
-the caches `[1, 1, C, heads * head_dim]` (`_ShaderEngineGraphs`).
+`gpu` (shader-only ops, finite float16 constants: what LiteRT-LM's GPU backend runs, in its default
+float16 activations too) the prefill is `gl_generate.chunk_graph`, the `P` tokens in parallel: each
+attends to the slots before `input_pos[0]` and causally within the chunk. The decode is
+`gl_generate.decode_graph`, the same step for one token. The caches are `[1, 1, C, heads *
+head_dim]` (`_ShaderEngineGraphs`).
 
 `pack_bundle` puts the file, the run's SentencePiece model and LlmMetadata (BOS/EOS/pad from the
 model's special ids, `max_num_tokens = C`) into a `.litertlm` with the `litert-lm-builder`
@@ -96,12 +98,14 @@ class EngineGraphs:
 
 
 class _ShaderEngineGraphs(EngineGraphs):
-    """The `gpu` signatures: `gl_generate.decode_graph` (shader-only ops), one step per chunk token.
+    """The `gpu` signatures: `gl_generate.chunk_graph` and `decode_graph` (shader-only ops).
 
-    The prefill is `P` decode steps unrolled in one graph, token `t` at slot and position
+    The prefill is one parallel step over the `P` chunk tokens, token `t` at slot and position
     `input_pos[0] + t` (the padding's slots follow the real tokens', as on the CPU; a slot past
-    the cache matches no one-hot row and writes nothing). The caches are `[1, 1, C, heads *
-    head_dim]`: the engine's `[1, heads, C, head_dim]` pattern with the heads folded into the
+    the cache matches no one-hot row and writes nothing): its ops grow with `P` only as log2 `P`
+    (CONCATENATION), its attention is `P` queries over the `C` slots. The decode is the same step
+    for one token (`decode_graph`, the `--generate --target gpu` file's). The caches are `[1, 1,
+    C, heads * head_dim]`: the engine's `[1, heads, C, head_dim]` pattern with the heads folded into the
     features, the memory layout of the shader graphs' `[1, C, heads, head_dim]` (a RESHAPE, no
     TRANSPOSE).
     """
@@ -117,15 +121,16 @@ class _ShaderEngineGraphs(EngineGraphs):
         values = [tf.reshape(buffer, self.own_spec) for buffer in cache[1::2]]
         ids = tf.cast(tokens, tf.float32)
         first = tf.cast(input_pos[:1], tf.float32)
-        logits = None
-        for t in range(tokens.shape[1]):
-            logits, keys, values = gl_generate.decode_graph(self.clone, ids[:, t:t + 1], first + float(t),
-                                                            keys, values)
+        if tokens.shape[1] == 1:  # the decode; its slice and `+ 0.0` kept, its graph stays byte for byte
+            logits, keys, values = gl_generate.decode_graph(self.clone, ids[:, 0:1], first + 0.0, keys,
+                                                            values)
+        else:
+            logits, keys, values = gl_generate.chunk_graph(self.clone, ids, first, keys, values)
         outputs = {}
         for i in range(self.layers):
             outputs[contract.kv_cache_name("key", i)] = tf.reshape(keys[i], self.cache_spec)
             outputs[contract.kv_cache_name("value", i)] = tf.reshape(values[i], self.cache_spec)
-        return tf.reshape(logits, [1, 1, -1]), outputs  # the last step's: the decode's [1, 1, V]
+        return tf.reshape(logits, [1, 1, -1]), outputs  # the decode's [1, 1, V] (unused by the prefill)
 
 
 def to_litertlm_tflite(model, *, prompt_length, cache_length, target=DEFAULT_TARGET, quantize=None,
