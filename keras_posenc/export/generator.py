@@ -53,9 +53,9 @@ TOKEN_IDS, TOKEN_ID, POSITION, LOGITS = (contract.TENSORS[name]
                                          for name in ("token_ids", "token_id", "position", "logits"))
 PREFILL, DECODE = contract.SIGNATURES
 
-__all__ = ["cache_bytes", "cached_forward", "calibration_prompts", "check_export", "convert_signatures",
-           "embedding_of", "frozen_onnx", "frozen_signature", "onnx_paths", "recorded_feeds", "tflite_paths",
-           "to_onnx_generator", "to_tflite_generator"]
+__all__ = ["CachedSignatures", "cache_bytes", "cached_forward", "calibration_prompts", "check_export",
+           "convert_signatures", "embedding_of", "frozen_onnx", "frozen_signature", "onnx_paths",
+           "past_names", "recorded_feeds", "tflite_paths", "to_onnx_generator", "to_tflite_generator"]
 
 
 def check_export(model, prompt_length, cache_length, target):
@@ -114,18 +114,35 @@ def cached_forward(clone, context, token_ids, positions, index, keys, values):
     return clone.head(x), new_keys, new_values
 
 
-class _Generator:
-    """The two signatures over a rebuilt float32 clone of the model."""
+class CachedSignatures:
+    """The prefill and decode signatures of one export, over a rebuilt float32 clone of the model.
 
-    def __init__(self, clone, prompt_length, cache_length, target):
+    Holds what every form of them reads: the target's `ExportContext`, the model's layers, heads
+    and head size, the lengths, and the cache tensors' names (`cache_names(layers)`: one per layer
+    and kind, keys first). Subclasses give the signatures and the cache's layout (`cache_spec`).
+    """
+
+    def __init__(self, clone, prompt_length, cache_length, target, cache_names):
         self.clone = clone
         self.context = ExportContext(target, FORMULATIONS)
         encoder = clone.encoder
-        self.layers = encoder.num_layers
-        self.cache_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
-        self.prompt_length = prompt_length
-        self.cache_names = [contract.past_name(kind, i)
-                            for i in range(self.layers) for kind in ("key", "value")]
+        self.layers, self.heads = encoder.num_layers, encoder.num_heads
+        self.head_dim = encoder.d_model // encoder.num_heads
+        self.prompt_length, self.cache_length = prompt_length, cache_length
+        self.cache_names = cache_names(self.layers)
+
+
+def past_names(layers):
+    """`[past_key_0, past_value_0, past_key_1, ...]`: the cache inputs of a prefill/decode file."""
+    return [contract.past_name(kind, i) for i in range(layers) for kind in ("key", "value")]
+
+
+class _Generator(CachedSignatures):
+    """The two signatures of a prefill/decode file: `Encoder.cached_step` with the target's lookup."""
+
+    def __init__(self, clone, prompt_length, cache_length, target):
+        super().__init__(clone, prompt_length, cache_length, target, past_names)
+        self.cache_spec = [1, cache_length, self.heads, self.head_dim]
         self.output_names = [LOGITS] + [contract.present_name(kind, i) for i in range(self.layers)
                                         for kind in ("key", "value")]
 
@@ -165,7 +182,6 @@ class _ShaderGenerator(_Generator):
 
     def __init__(self, clone, prompt_length, cache_length, target, embedding):
         super().__init__(clone, prompt_length, cache_length, target)
-        self.cache_length = cache_length
         self.dtype = tf.as_dtype(target.input_dtype)
         self.host = embedding == "host"
         self.width = clone.encoder.d_model

@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.export import shader_ops as ops
-from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
+from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS, residual_block
 
 __all__ = ["MAX_CACHE_LENGTH", "chunk_graph", "decode_graph", "prefill_graph"]
 
@@ -202,21 +202,18 @@ def _columns(width, head, head_dim):
 
 
 def _block(layer, x, attend):
-    """One encoder layer around `attend(x) -> (output, key_cache, value_cache)`."""
-    residual = x
-    if layer.norm_first:
-        x = ops.layer_norm(x, layer.attention_norm)
-    attended, keys, values = attend(x)
-    x = residual + attended
-    if not layer.norm_first:
-        x = ops.layer_norm(x, layer.attention_norm)
-    residual = x
-    if layer.norm_first:
-        x = ops.layer_norm(x, layer.ffn_norm)
-    x = residual + ops.dense(layer.ffn_output, ops.dense(layer.ffn_hidden, x))
-    if not layer.norm_first:
-        x = ops.layer_norm(x, layer.ffn_norm)
-    return x, keys, values
+    """One encoder layer (`EncoderLayer`'s residual blocks) around `attend(x) -> (output, keys, values)`."""
+    caches = []
+
+    def attention(h):
+        attended, keys, values = attend(h)
+        caches.append((keys, values))
+        return attended
+
+    x = residual_block(x, attention, lambda h: ops.layer_norm(h, layer.attention_norm), layer.norm_first)
+    x = residual_block(x, lambda h: ops.dense(layer.ffn_output, ops.dense(layer.ffn_hidden, h)),
+                       lambda h: ops.layer_norm(h, layer.ffn_norm), layer.norm_first)
+    return (x,) + caches[0]
 
 
 def _logits(model, x):

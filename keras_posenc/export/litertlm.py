@@ -33,8 +33,6 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.export import contract, generator, gl_generate
-from keras_posenc.export.formulation import ExportContext
-from keras_posenc.export.formulations import FORMULATIONS
 from keras_posenc.export.kinds import LITERTLM
 from keras_posenc.export.model_spec import ModelSpec, rebuild
 from keras_posenc.export.quantization import recipe_for
@@ -53,17 +51,12 @@ def kv_cache_names(num_layers):
     return [contract.kv_cache_name(kind, i) for i in range(num_layers) for kind in ("key", "value")]
 
 
-class EngineGraphs:
+class EngineGraphs(generator.CachedSignatures):
     """The two signatures in LiteRT-LM's contract over a float32 clone (`Encoder.cached_step`)."""
 
     def __init__(self, clone, prompt_length, cache_length, target):
-        self.clone = clone
-        self.context = ExportContext(target, FORMULATIONS)
-        encoder = clone.encoder
-        self.layers = encoder.num_layers
-        self.cache_spec = [1, encoder.num_heads, cache_length, encoder.d_model // encoder.num_heads]
-        self.prompt_length = prompt_length
-        self.cache_names = kv_cache_names(self.layers)
+        super().__init__(clone, prompt_length, cache_length, target, kv_cache_names)
+        self.cache_spec = [1, self.heads, cache_length, self.head_dim]
 
     def _call(self, tokens, input_pos, cache):
         # The engine's layout [1, heads, C, head_dim] <-> cached_step's [1, C, heads, head_dim].
@@ -112,9 +105,8 @@ class _ShaderEngineGraphs(EngineGraphs):
 
     def __init__(self, clone, prompt_length, cache_length, target):
         super().__init__(clone, prompt_length, cache_length, target)
-        encoder = clone.encoder
-        self.own_spec = [1, cache_length, encoder.num_heads, encoder.d_model // encoder.num_heads]
-        self.cache_spec = [1, 1, cache_length, encoder.d_model]
+        self.own_spec = [1, cache_length, self.heads, self.head_dim]
+        self.cache_spec = [1, 1, cache_length, self.heads * self.head_dim]
 
     def _call(self, tokens, input_pos, cache):
         keys = [tf.reshape(buffer, self.own_spec) for buffer in cache[0::2]]
@@ -160,8 +152,7 @@ def to_litertlm_tflite(model, *, prompt_length, cache_length, target=DEFAULT_TAR
     Example:
 
     >>> from keras_posenc.models import CausalLM
-    >>> model = CausalLM({"num_layers": 1, "d_model": 8, "num_heads": 2, "dff": 16, "vocab_size": 20,
-    ...                   "max_length": 16})
+    >>> model = CausalLM(dict(num_layers=1, d_model=8, num_heads=2, dff=16, vocab_size=20, max_length=16))
     >>> model.build_on_dummy()
     >>> flat = to_litertlm_tflite(model, prompt_length=4, cache_length=12, target="cpu")
     >>> engine_greedy(EngineFeeder(flat), [[2, 5, 6, 7, 8, 9]], 4)[0] == model.generate(
