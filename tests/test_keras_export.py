@@ -52,7 +52,7 @@ def _litert_bytes(model, path):
 
 
 def _run_litert(flat, feeds):
-    from keras_posenc.export.parity import interpreter_class
+    from keras_posenc.export.runners import interpreter_class
 
     interpreter = interpreter_class()(model_content=flat)
     interpreter.allocate_tensors()

@@ -102,6 +102,7 @@ def to_tflite(model, *, sequence_length, target=DEFAULT_TARGET, batch_size=1, qu
 
     Example:
 
+    >>> from keras_posenc.backend import keras
     >>> from keras_posenc.export import gpu_incompatible_ops, op_counts, check_parity
     >>> from keras_posenc.layers import TokenAndPositionEmbedding
     >>> ids = keras.Input(shape=(None,), dtype="int32")
