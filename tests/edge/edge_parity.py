@@ -33,7 +33,7 @@ from test_export_parity import (  # noqa: E402
 from tiny_lm import tiny_lm  # noqa: E402
 
 from keras_posenc import export  # noqa: E402
-from keras_posenc.export import parity, runners  # noqa: E402
+from keras_posenc.export import parity, runners, targets  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,8 @@ def test_onnx_parity_is_the_largest_difference_on_real_tokens_and_with_padding(l
     assert export.check_onnx_parity(lm, host_onnx, rows.astype(np.int64).tolist(),
                                     ignore_padding=False) == pytest.approx(every, rel=1e-5)
     spec = export.ModelSpec.of(lm, LENGTH, 1)
-    assert parity.parity(spec, host_onnx, rows, runtime="onnx") == pytest.approx((real, every), rel=1e-5)
+    got = parity.parity(spec, host_onnx, rows, file_format=targets.ONNX)
+    assert got == pytest.approx((real, every), rel=1e-5)
 
 
 def test_onnx_parity_feeds_the_table_given(lm, host_onnx):
@@ -109,7 +110,8 @@ def test_onnx_parity_feeds_the_table_given(lm, host_onnx):
     models = _real_and_every(_onnx_run(host_onnx, _host(lm, rows)), expected, rows)
     assert own[0] != pytest.approx(models[0], rel=1e-3)  # the table makes a difference
     spec = export.ModelSpec.of(lm, LENGTH, 1)
-    assert parity.parity(spec, host_onnx, rows, runtime="onnx", table=table) == pytest.approx(own, rel=1e-5)
+    got = parity.parity(spec, host_onnx, rows, file_format=targets.ONNX, table=table)
+    assert got == pytest.approx(own, rel=1e-5)
 
 
 def test_onnx_language_position_and_segment_ids_reach_the_file(inputs_model, inputs_onnx):
