@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from keras_posenc.export import contract, kinds
-from keras_posenc.export.result import EXPORT_TOLERANCE, MIN_GENERATION_AGREEMENT, ExportResult
+from keras_posenc.export.result import EXPORT_TOLERANCE, MIN_GENERATION_AGREEMENT, Built, ExportResult
 
 
 def _result(report=None, *, target="cpu", quantize=None, embedding="graph", models=(b"TFL3-model",),
@@ -294,3 +294,15 @@ def test_report_lines_put_the_file_names_in():
     assert result.lines == lines
     both = _result(lines=["FILE.embeddings.npy and FILE.embeddings.npy, --onnx=FILE"])
     assert both.report_lines("m.onnx") == ["m.onnx.embeddings.npy and m.onnx.embeddings.npy, --onnx=m.onnx"]
+
+
+def test_a_build_s_result_is_the_export_result_of_its_own_fields():
+    built = Built("gpu", "int8", "host", (b"a", b"b"), {"parity": 0.5}, ["line"], {"kind": "window"}, "held",
+                  {"bits": 8}, kind=kinds.PREFILL_DECODE, names=("x",), recipe="recipe", quality={"q": 1},
+                  format_quality=str, quantized_note="; note", notes=("after",))
+    result = built.result()
+    assert type(result) is ExportResult
+    assert result == ExportResult("gpu", "int8", "host", (b"a", b"b"), {"parity": 0.5}, ["line"],
+                                  {"kind": "window"}, "held", {"bits": 8}, kind=kinds.PREFILL_DECODE,
+                                  names=("x",))
+    assert not hasattr(result, "recipe") and not hasattr(result, "notes")
