@@ -302,8 +302,7 @@ def _export_genai(args, kind, prompt_length):
         raise CommandError(
             f"--format genai writes float32 weights with the lookup in the file, checked token for "
             f"token: it takes no {', '.join(refused)}.")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise CommandError(f"--format genai writes a folder: --out {args.out} is a file.")
+    export.check_folder(kind, args.out)  # before the model is read
     sp_model = _sp_model(args)
     model = export.load_model(args.model)
     texts = data_lib.read_text_corpus(data_lib.default_corpus_path())[:run_folder.EVAL_ROWS]

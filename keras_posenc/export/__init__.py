@@ -58,6 +58,7 @@ from keras_posenc.export.pipeline import (
                                             export_litertlm,
 )
 from keras_posenc.export.quantization import PRECISIONS, RECIPES, Recipe, recipe_for
+from keras_posenc.export.result import check_folder
 from keras_posenc.export.runners import interpreter_class, run_interpreter, run_onnx
 from keras_posenc.export.targets import DEFAULT_TARGET, TARGETS, Target, target_of
 from keras_posenc.export.verdicts import (
@@ -72,8 +73,8 @@ from keras_posenc.export.verdicts import (
 __all__ = [
     "BACKENDS", "DEFAULT_TARGET", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "GENAI", "KINDS", "Kind",
     "LITERTLM", "PREFILL_DECODE", "WINDOW",
-    "TfliteFile", "export", "export_and_check", "export_genai", "export_generation", "export_litertlm",
-    "kind_of",
+    "TfliteFile", "check_folder", "export", "export_and_check", "export_genai", "export_generation",
+    "export_litertlm", "kind_of",
     "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
     "PRECISIONS", "QUANTIZE_MODES", "RECIPES", "Recipe", "TARGETS", "Target", "ModelSpec", "analyzer_report",
     "check_onnx_parity",

@@ -340,8 +340,8 @@ def _sentencepiece(sp_model):
 def build_genai(model, *, target, precision, litert_python=None, sp_model, cache_length, prompt_length,
                 check_texts=(), probes=None, max_new_tokens=8, opset=ONNX_OPSET):
     """The onnxruntime-genai folder of `model`, checked: a `Built` for the pass (arguments as
-    `export_genai`; `target` and `litert_python` are not read: onnxruntime-genai's CPU provider runs
-    the folder)."""
+    `export_genai`; `target` is None and `litert_python` is not read: onnxruntime-genai's CPU
+    provider runs the folder)."""
     if precision is not None:
         raise ValueError(f"An onnxruntime-genai folder has float32 weights: `quantize` must be None, got "
                          f"quantize={precision!r}.")

@@ -45,7 +45,7 @@ from keras_posenc.export.kinds import PREFILL_DECODE
 from keras_posenc.export.model_spec import ModelSpec, frozen_function, rebuild
 from keras_posenc.export.quantization import quantize_onnx, quantize_tflite, recipe_for
 from keras_posenc.export.runners import OnnxSession, greedy_generate
-from keras_posenc.export.targets import DEFAULT_TARGET, TARGETS, TFLITE, target_of
+from keras_posenc.export.targets import DEFAULT_TARGET, TARGETS, TFLITE, Target, target_of
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 from keras_posenc.validation import check_positive_int
 
@@ -63,7 +63,7 @@ def check_export(model, prompt_length, cache_length, target):
     if not hasattr(model, "generate") or not hasattr(model, "encoder"):
         raise ValueError("A prefill/decode export needs a keras_posenc CausalLM, "
                          f"got {type(model).__name__}.")
-    if target not in TARGETS.values() and not (isinstance(target, str) and target in TARGETS):
+    if not (isinstance(target, Target) or (isinstance(target, str) and target in TARGETS)):
         raise ValueError(f"A prefill/decode export supports target in {tuple(TARGETS)}, "
                          f"got target={target!r}.")
     target = target_of(target)

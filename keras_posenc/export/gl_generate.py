@@ -222,6 +222,14 @@ def _logits(model, x):
     return ops.dense(model.head, x)
 
 
+def _lookup_ids(model, token_ids):
+    """The ids as the token lookup takes them: int32 for a vocabulary past float16's exact integers
+    (`shader_ops.token_one_hot` splits them into digits), else float32."""
+    if token_ids.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS:
+        return token_ids
+    return _as_float(token_ids)
+
+
 def _as_float(tensor):
     return tf.cast(tensor, tf.float32) if tensor.dtype != tf.float32 else tensor
 
@@ -236,8 +244,7 @@ def prefill_graph(model, token_ids, cache_length, rows=None):
         rows: optional `[1, P, d_model]` float, the looked-up token rows (`embedding="host"`).
     """
     length = token_ids.shape[1]
-    ids = token_ids if token_ids.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS \
-        else _as_float(token_ids)
+    ids = _lookup_ids(model, token_ids)
     x = _embedded(model, ids, tf.constant(np.arange(length, dtype=np.float32)[None]), rows)
     keys, values = [], []
     for layer in model.encoder.encoder_layers:
@@ -250,8 +257,7 @@ def prefill_graph(model, token_ids, cache_length, rows=None):
 def _cached_graph(model, token_ids, positions, key_caches, value_caches, rows):
     """`(logits [1, T, V], keys, values)` of `T` tokens at the float slots `positions` `[1, T, 1]`."""
     length, cache_length = positions.shape[1], key_caches[0].shape[1]
-    ids = token_ids if token_ids.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS \
-        else _as_float(token_ids)
+    ids = _lookup_ids(model, token_ids)
     slot_rows = ops.one_hot(positions, cache_length)  # [1, T, C]
     x = _embedded(model, ids, tf.reshape(positions, [1, length]), rows)
     keys, values = [], []

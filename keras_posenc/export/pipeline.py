@@ -71,8 +71,9 @@ def export(model, kind=WINDOW, *, target=None, quantize=None, max_loss_increase=
     if not max_loss_increase >= 0:
         raise ValueError(f"`max_loss_increase` must be >= 0, got max_loss_increase={max_loss_increase!r}.")
     precision = precision_of(quantize)
-    built = _BUILDS[kind](model, target=DEFAULT_TARGET if target is None else target, precision=precision,
-                          litert_python=litert_python, **options)
+    if kind.takes_target and target is None:
+        target = DEFAULT_TARGET
+    built = _BUILDS[kind](model, target=target, precision=precision, litert_python=litert_python, **options)
     result = built.result()
     recipe = built.recipe
     if recipe is not None:

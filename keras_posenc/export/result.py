@@ -17,7 +17,7 @@ from keras_posenc.export.quantization import precision_of
 from keras_posenc.export.targets import target_of
 from keras_posenc.export.verdicts import BACKENDS
 
-__all__ = ["EXPORT_TOLERANCE", "MIN_GENERATION_AGREEMENT", "Built", "ExportResult"]
+__all__ = ["EXPORT_TOLERANCE", "MIN_GENERATION_AGREEMENT", "Built", "ExportResult", "check_folder"]
 
 # The largest parity error accepted per precision (int8 and int4 weights: reported, not checked;
 # their gate is the held-out loss, `quality.DEFAULT_MAX_LOSS_INCREASE`).
@@ -25,6 +25,12 @@ EXPORT_TOLERANCE = {None: 1e-4, "float16": 2e-2, "int8": None, "int4": None}
 # A quantized prefill/decode file whose greedy tokens leave float32's must still pick float32's
 # token at this share of the steps, fed float32's tokens (`quality.generation_quality`).
 MIN_GENERATION_AGREEMENT = 0.95
+
+
+def check_folder(kind, out):
+    """ValueError when a folder kind's `out` is a file (what a folder kind's save would refuse)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--format {kind.name} writes a folder: --out {out} is a file.")
 
 
 @dataclasses.dataclass
@@ -163,8 +169,7 @@ class ExportResult:
         return paths + [contract.metadata_path(out), contract.contract_path(out)]
 
     def _save_folder(self, out):
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise ValueError(f"--format {self.kind.name} writes a folder: --out {out} is a file.")
+        check_folder(self.kind, out)
         os.makedirs(out, exist_ok=True)
         paths = self.model_paths(out)
         for path, content in zip(paths, self.models):
