@@ -2,7 +2,7 @@
 
 A file exported today is read by kits copied to devices earlier: the contract's version 1 is pinned
 here in full, so a renamed tensor or key shows up as a failing test, not as a kit that cannot find
-`logits`. The targets' fields are checked through what they decide: file names, the default
+`logits`. Version 1 grows only by additions (the translator's names), which an older kit ignores. The targets' fields are checked through what they decide: file names, the default
 embedding, the errors.
 """
 
@@ -20,16 +20,19 @@ _V1 = {
                 "position": "position", "logits": "logits", "past_prefix": "past_",
                 "present_prefix": "present_",
                 "tokens": "tokens", "input_pos": "input_pos", "kv_cache_k_prefix": "kv_cache_k_",
-                "kv_cache_v_prefix": "kv_cache_v_"},
+                "kv_cache_v_prefix": "kv_cache_v_", "source_ids": "source_ids", "source_mask": "source_mask",
+                "cross_prefix": "cross_"},
     "keys": {key: key for key in (
         "kind", "target", "accelerators", "input_dtype", "vocab_size", "pad_id", "embedding",
         "embedding_table", "files", "bytes", "sha256", "quantization", "sequence_length", "batch_size",
         "num_languages", "inputs",
         "quantize", "cost", "quality", "prompt_length", "cache_length", "num_layers", "bos_id", "eos_id",
         "unk_id", "special_ids", "cache_bytes", "prefill_multiply_adds", "decode_multiply_adds",
-        "signature_files", "format", "max_num_tokens")},
-    "kinds": {"window": "window", "prefill_decode": "prefill_decode"},
+        "signature_files", "format", "max_num_tokens", "source_length", "cache_shape", "cross_shape",
+        "length_penalty")},
+    "kinds": {"window": "window", "prefill_decode": "prefill_decode", "translate": "translate"},
     "signatures": ["prefill", "decode"],
+    "translate_signatures": ["encode", "decode"],
     "files": {"metadata_suffix": ".json", "contract_suffix": ".contract.json",
               "embeddings_suffix": ".embeddings.npy", "embeddings_quantized_suffix": ".embeddings.npz",
               "litertlm_suffix": ".litertlm", "tflite_identifier": "TFL3", "tflite_identifier_offset": 4},
@@ -54,6 +57,7 @@ def test_cache_names_of_a_decode_step_and_a_bundle():
     assert contract.present_to_past("present_value_11") == "past_value_11"
     assert contract.present_to_past(contract.present_name("key", 5)) == contract.past_name("key", 5)
     assert [contract.kv_cache_name(kind, 3) for kind in ("key", "value")] == ["kv_cache_k_3", "kv_cache_v_3"]
+    assert [contract.cross_name(kind, 1) for kind in ("key", "value")] == ["cross_key_1", "cross_value_1"]
 
 
 def test_the_files_beside_an_export():
@@ -72,6 +76,13 @@ def test_the_files_beside_an_export():
 ])
 def test_model_paths(out, suffix, per_signature, expected):
     assert contract.model_paths(out, suffix, per_signature=per_signature) == expected
+
+
+def test_a_translators_files_are_named_by_its_signatures():
+    assert contract.model_paths("de.onnx", ".onnx", True, signatures=contract.TRANSLATE_SIGNATURES) == [
+        "de.encode.onnx", "de.decode.onnx"]
+    assert contract.model_paths("de.tflite", ".tflite", False, signatures=contract.TRANSLATE_SIGNATURES) == [
+        "de.tflite"]
 
 
 def test_file_record_of_a_file_over_one_read_block(tmp_path):

@@ -10,9 +10,9 @@ import hashlib
 import os
 
 __all__ = ["CONTRACT_SUFFIX", "EMBEDDINGS_QUANTIZED_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS", "LITERTLM_SUFFIX",
-           "METADATA_SUFFIX", "SIGNATURES",
-           "TENSORS", "VERSION", "contract_path", "document", "embeddings_path", "file_record",
-           "kv_cache_name", "metadata_path", "model_paths", "past_name", "present_name", "present_to_past"]
+           "METADATA_SUFFIX", "SIGNATURES", "TENSORS", "TRANSLATE_SIGNATURES", "VERSION", "contract_path",
+           "cross_name", "document", "embeddings_path", "file_record", "kv_cache_name", "metadata_path",
+           "model_paths", "past_name", "present_name", "present_to_past"]
 
 VERSION = 1
 
@@ -33,6 +33,10 @@ TENSORS = {
     "input_pos": "input_pos",  # int32 [T]: the tokens' positions; input_pos[0] is the first slot written
     "kv_cache_k_prefix": "kv_cache_k_",  # kv_cache_k_<i>: [1, heads, C, head_dim], in and out, same name
     "kv_cache_v_prefix": "kv_cache_v_",
+    # a translator (`--translate`): `encode` once per sentence, then `decode` per target token
+    "source_ids": "source_ids",  # int32 [1, S]: `pieces </s>`, right-padded with pad_id
+    "source_mask": "source_mask",  # float32 [1, S]: 1 at real source tokens; encode's output, decode's input
+    "cross_prefix": "cross_",  # cross_key_<i>, cross_value_<i>: [1, S, heads, head_dim], encode -> decode
 }
 
 # The keys of FILE.json.
@@ -48,10 +52,13 @@ KEYS = {name: name for name in (
     "prompt_length", "cache_length", "num_layers", "bos_id", "eos_id", "unk_id", "special_ids",
     "cache_bytes", "prefill_multiply_adds", "decode_multiply_adds", "signature_files",
     # a .litertlm bundle
-    "format", "max_num_tokens")}
+    "format", "max_num_tokens",
+    # a translator: the source window, the caches' shapes and translate's length-penalty exponent
+    "source_length", "cache_shape", "cross_shape", "length_penalty")}
 
-KINDS = {"window": "window", "prefill_decode": "prefill_decode"}
+KINDS = {"window": "window", "prefill_decode": "prefill_decode", "translate": "translate"}
 SIGNATURES = ("prefill", "decode")
+TRANSLATE_SIGNATURES = ("encode", "decode")
 METADATA_SUFFIX = ".json"
 CONTRACT_SUFFIX = ".contract.json"
 EMBEDDINGS_SUFFIX = ".embeddings.npy"  # float32 (or float16 with --quantize float16)
@@ -75,6 +82,11 @@ def present_to_past(name):
     return TENSORS["past_prefix"] + name[len(TENSORS["present_prefix"]):]
 
 
+def cross_name(kind, layer):
+    """`cross_key_0`, `cross_value_1`: a decoder layer's cross-attention keys or values (a translator)."""
+    return f"{TENSORS['cross_prefix']}{kind}_{layer}"
+
+
 def kv_cache_name(kind, layer):
     """`kv_cache_k_0`, `kv_cache_v_3`: a cache buffer of a `.litertlm` model ("key" or "value")."""
     return f"{TENSORS['kv_cache_k_prefix' if kind == 'key' else 'kv_cache_v_prefix']}{layer}"
@@ -93,18 +105,20 @@ def embeddings_path(out, quantized=False):
     return out + (EMBEDDINGS_QUANTIZED_SUFFIX if quantized else EMBEDDINGS_SUFFIX)
 
 
-def model_paths(out, suffix, per_signature):
-    """The model files of an export to `out`: `[out]`, or `STEM.prefill.SUFFIX` and `STEM.decode.SUFFIX`.
+def model_paths(out, suffix, per_signature, signatures=SIGNATURES):
+    """The model files of an export to `out`: `[out]`, or `STEM.<signature>.SUFFIX` for each signature.
 
     Example:
 
     >>> model_paths("run/gen.tflite", ".tflite", per_signature=True)
     ['run/gen.prefill.tflite', 'run/gen.decode.tflite']
+    >>> model_paths("run/de.onnx", ".onnx", per_signature=True, signatures=TRANSLATE_SIGNATURES)
+    ['run/de.encode.onnx', 'run/de.decode.onnx']
     """
     if not per_signature:
         return [out]
     stem = out[:-len(suffix)] if out.endswith(suffix) else out
-    return [f"{stem}.{signature}{suffix}" for signature in SIGNATURES]
+    return [f"{stem}.{signature}{suffix}" for signature in signatures]
 
 
 def file_record(path):
@@ -126,7 +140,7 @@ def document():
     (1, 'past_', '.json')
     """
     return {"version": VERSION, "tensors": dict(TENSORS), "keys": dict(KEYS), "kinds": dict(KINDS),
-            "signatures": list(SIGNATURES),
+            "signatures": list(SIGNATURES), "translate_signatures": list(TRANSLATE_SIGNATURES),
             "files": {"metadata_suffix": METADATA_SUFFIX, "contract_suffix": CONTRACT_SUFFIX,
                       "embeddings_suffix": EMBEDDINGS_SUFFIX,
                       "embeddings_quantized_suffix": EMBEDDINGS_QUANTIZED_SUFFIX,
