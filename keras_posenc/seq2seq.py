@@ -34,10 +34,12 @@ from keras_posenc.models import TokenLossTraining
 from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_posenc.validation import check_choice, check_positive_int, check_rate
 
-__all__ = ["SOURCE_LANGUAGE", "Seq2SeqTransformer", "TARGET_LANGUAGE"]
+__all__ = ["DEFAULT_LENGTH_PENALTY", "SOURCE_LANGUAGE", "Seq2SeqTransformer", "TARGET_LANGUAGE"]
 
 # The language ids of the position layers' per-language scale.
 SOURCE_LANGUAGE, TARGET_LANGUAGE = 0, 1
+# GNMT's length-penalty exponent of `translate`, chosen on the dev packages (docs/translation.md).
+DEFAULT_LENGTH_PENALTY = 1.0
 # One compiled decoder step and one encoder pass per model.
 _FUNCTIONS = weakref.WeakKeyDictionary()
 
@@ -232,13 +234,18 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         return ops.cast(ops.matmul(x, ops.transpose(ops.cast(table, x.dtype))), "float32")
 
     # Cached decoding --------------------------------------------------------------------------------
+    def cross_key_values(self, encoder_outputs):
+        """Each decoder layer's cross-attention `(keys, values)`, `[batch, source_length, heads, head_dim]`
+        each."""
+        return [layer.cross_key_value(encoder_outputs) for layer in self.decoder_layers]
+
     def cross_cache(self, encoder_outputs):
         """Every decoder layer's cross-attention keys and values.
 
         Returns:
             float `[batch, num_layers, 2, source_length, heads, head_dim]`.
         """
-        pairs = [ops.stack(layer.cross_key_value(encoder_outputs), axis=1) for layer in self.decoder_layers]
+        pairs = [ops.stack(pair, axis=1) for pair in self.cross_key_values(encoder_outputs)]
         return ops.stack(pairs, axis=1)
 
     def cache_shape(self, batch_size, cache_length):
@@ -258,15 +265,41 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         Returns:
             `(logits float32 [batch, length, vocab_size], cache)`.
         """
+        layers = range(self.num_layers)
+        logits, keys, values = self.cached_layers(
+            target_ids, [cache[:, i, 0] for i in layers], [cache[:, i, 1] for i in layers], cache_index,
+            [cross_cache[:, i, 0] for i in layers], [cross_cache[:, i, 1] for i in layers], source_mask)
+        return logits, ops.stack([ops.stack(pair, axis=1) for pair in zip(keys, values)], axis=1)
+
+    def cached_layers(self, target_ids, keys, values, cache_index, cross_keys, cross_values, source_mask,
+                      embeddings=None):
+        """`decode_step` over one cache tensor per layer and kind (an exported decoder's inputs).
+
+        Args:
+            target_ids, cache_index, source_mask: as `decode_step`.
+            keys, values: per decoder layer, float `[batch, cache_length, heads, head_dim]`.
+            cross_keys, cross_values: per decoder layer, `cross_key_values(encoder_outputs)`.
+            embeddings: optional float `[batch, length, d_model]`, the target embedding's output
+                (an export computes it in its target's formulation), else the layer's.
+
+        Returns:
+            `(logits float32 [batch, length, vocab_size], keys, values)`, the caches with the chunk
+            written.
+        """
         positions = self._target_positions(target_ids, cache_index)
-        x = self.target_embedding(target_ids, position_ids=None if self.in_attention else positions,
-                                  language_ids=self._languages(target_ids, TARGET_LANGUAGE), training=False)
-        pairs = []
-        for i, layer in enumerate(self.decoder_layers):
-            x, keys, values = layer.cached_step(x, cache[:, i, 0], cache[:, i, 1], cache_index, positions,
-                                                cross_cache[:, i, 0], cross_cache[:, i, 1], source_mask)
-            pairs.append(ops.stack([keys, values], axis=1))
-        return self._logits(x), ops.stack(pairs, axis=1)
+        x = embeddings
+        if x is None:
+            x = self.target_embedding(target_ids, position_ids=None if self.in_attention else positions,
+                                      language_ids=self._languages(target_ids, TARGET_LANGUAGE),
+                                      training=False)
+        new_keys, new_values = [], []
+        for layer, key, value, cross_key, cross_value in zip(self.decoder_layers, keys, values, cross_keys,
+                                                             cross_values):
+            x, key, value = layer.cached_step(x, key, value, cache_index, positions, cross_key, cross_value,
+                                              source_mask)
+            new_keys.append(key)
+            new_values.append(value)
+        return self._logits(x), new_keys, new_values
 
     def _functions(self):
         if self not in _FUNCTIONS:
@@ -281,7 +314,7 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
             _FUNCTIONS[self] = (inference_function(self, encode), inference_function(self, step))
         return _FUNCTIONS[self]
 
-    def translate(self, source_ids, max_new_tokens=None, *, beam_size=4, alpha=1.0):
+    def translate(self, source_ids, max_new_tokens=None, *, beam_size=4, alpha=DEFAULT_LENGTH_PENALTY):
         """Translates a batch of sources with a key/value cache: beam search, or greedy with `beam_size=1`.
 
         The encoder runs once; each decoder layer's cross-attention keys and

@@ -300,7 +300,8 @@ target is visible in the input: a copy task that needs positions) (default: off)
 [--token-ids TOKEN_IDS] [--eval-corpus EVAL_CORPUS] [--max-loss-increase MAX_LOSS_INCREASE] \
 [--litert-python LITERT_PYTHON] [--generate] [--cache-length CACHE_LENGTH] [--prompt-length \
 PROMPT_LENGTH] [--format {{tflite,litertlm,genai}}] [--spm SPM] [--probe-prompt PROBE_PROMPTS] \
-[--verbose] model
+[--translate] [--source-length SOURCE_LENGTH] [--max-bleu-drop MAX_BLEU_DROP] [--dev-sentences \
+DEV_SENTENCES] [--verbose] model
 
 Rebuilds the model with fixed input shapes under float32, freezes the position tables as constants, \
 converts with TFLite builtin ops only (never Flex) and prints the op histogram, the GPU-delegate verdict, \
@@ -359,7 +360,7 @@ tensorrt: STEM.prefill.onnx and STEM.decode.onnx)
   --generate            export prefill + decode (default: off)
   --cache-length CACHE_LENGTH
                         cache slots: prompt + generated tokens, at most max_length (default: none; \
-required with --generate)
+required with --generate; --translate: the model's max_length)
   --prompt-length PROMPT_LENGTH
                         prefill length P, prompts are right-padded to it (default: cache-length // 2)
   --format {{tflite,litertlm,genai}}
@@ -372,6 +373,22 @@ beside the model)
   --probe-prompt PROBE_PROMPTS
                         --format litertlm / genai: a prompt of the check, repeatable (default: texts of \
 the vocabulary, one longer than the prefill, and a second turn)
+
+translation:
+  a Seq2SeqTransformer (train --task translate) as an `encode` signature (the source to every decoder \
+layer's cross-attention keys and values) and the cached `decode` step, for export/jetson/run_translate.py \
+(--target cpu: one file; tensorrt: STEM.encode.onnx and STEM.decode.onnx); --cache-length: target tokens at \
+most (default: the model's max_length)
+
+  --translate           export a translator (default: off)
+  --source-length SOURCE_LENGTH
+                        source ids per sentence (pieces and </s>), right-padded (default: the model's \
+max_length)
+  --max-bleu-drop MAX_BLEU_DROP
+                        with --quantize: fail when the quantized file's greedy BLEU on the run's dev pairs \
+(or --eval-corpus TSV) is lower than float32's by more than this (default: 1.0)
+  --dev-sentences DEV_SENTENCES
+                        with --quantize: dev pairs both files translate (default: 200)
 """,
 }
 

@@ -2,8 +2,9 @@
 
 A file exported today is read by kits copied to devices earlier: the contract's version 1 is pinned
 here in full, so a renamed tensor or key shows up as a failing test, not as a kit that cannot find
-`logits`. Version 1 grows only by additions (the translator's names), which an older kit ignores. The targets' fields are checked through what they decide: file names, the default
-embedding, the errors.
+`logits`. Version 1 grows only by additions (the translator's names), which an older kit ignores.
+The targets' fields are checked through what they decide: file names, the default embedding, the
+errors.
 """
 
 import hashlib

@@ -129,18 +129,19 @@ def test_no_branch_on_a_kind_or_file_format_name_outside_their_definitions():
 
 
 def test_kinds_are_frozen_objects_and_name_their_choices():
-    assert tuple(kinds.KINDS) == ("window", "prefill_decode", "litertlm", "genai")
+    assert tuple(kinds.KINDS) == ("window", "prefill_decode", "litertlm", "genai", "translate")
     assert kinds.kind_of(kinds.LITERTLM) is kinds.LITERTLM and kinds.kind_of("genai") is kinds.GENAI
     with pytest.raises(dataclasses.FrozenInstanceError):
         kinds.WINDOW.generates = True
-    assert [k.generates for k in kinds.KINDS.values()] == [False, True, True, True]
+    assert [k.generates for k in kinds.KINDS.values()] == [False, True, True, True, True]
     assert [k.contract_kind for k in kinds.KINDS.values()] == [
-        "window", "prefill_decode", "prefill_decode", None]
+        "window", "prefill_decode", "prefill_decode", None, "translate"]
+    assert [k.name for k in kinds.KINDS.values() if k.signatures != contract.SIGNATURES] == ["translate"]
     assert {k.contract_kind for k in kinds.KINDS.values()} - {None} == set(contract.KINDS.values())
     assert [k.name for k in kinds.KINDS.values() if k.folder] == ["genai"]
     assert [k.name for k in kinds.KINDS.values() if not k.takes_target] == ["genai"]
     with pytest.raises(ValueError, match=r"`kind` must be one of \('window', 'prefill_decode', 'litertlm', "
-                                         r"'genai'\), got kind='onnx'\."):
+                                         r"'genai', 'translate'\), got kind='onnx'\."):
         kinds.kind_of("onnx")
 
 

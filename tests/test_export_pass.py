@@ -44,6 +44,7 @@ def test_every_kind_has_one_build_in_the_pass():
     (pipeline.export_generation, kinds.PREFILL_DECODE, dict(prompt_length=4, cache_length=8)),
     (pipeline.export_litertlm, kinds.LITERTLM, dict(sp_model=b"spm", prompt_length=4, cache_length=8)),
     (pipeline.export_genai, kinds.GENAI, dict(sp_model=b"spm", prompt_length=4, cache_length=8)),
+    (pipeline.export_translation, kinds.TRANSLATE, dict(source_length=6, cache_length=8)),
 ])
 def test_each_wrapper_is_the_pass_of_its_kind(monkeypatch, wrapper, kind, arguments):
     calls = []
@@ -96,7 +97,7 @@ def test_float32_has_no_quantization_part(recorded):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: export.export(None, "onnx"), r"`kind` must be one of \('window', 'prefill_decode', 'litertlm', "
-                                          r"'genai'\), got kind='onnx'\."),
+                                          r"'genai', 'translate'\), got kind='onnx'\."),
     (lambda: export.export(None, "genai", target="cpu"),
      r"A genai export runs on its own runtime and takes no target, got target='cpu'\."),
     (lambda: export.export(None, max_loss_increase=-0.01),

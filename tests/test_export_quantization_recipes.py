@@ -188,7 +188,7 @@ def test_a_kind_the_target_has_no_file_of_is_named(target, kind):
 
 def test_an_unknown_kind_or_target_is_named_with_the_choices():
     with pytest.raises(ValueError, match=r"`kind` must be one of \('window', 'prefill_decode', 'litertlm', "
-                                         r"'genai'\), got kind='bundle'\."):
+                                         r"'genai', 'translate'\), got kind='bundle'\."):
         quantization.recipe_for("cpu", "int8", "bundle")
     with pytest.raises(ValueError, match=r"`target` must be one of .*, got target='npu'\."):
         quantization.recipe_for("npu", "int8")

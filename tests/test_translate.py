@@ -229,8 +229,46 @@ def test_export_refuses_a_translator_in_one_line(translate_run, tmp_path, capsys
     code = cli.main(["export", os.path.join(translate_run, "model.keras"), "--out", str(out),
                      "--sequence-length", "16"])
     err = capsys.readouterr().err
-    assert code == 2 and "holds an encoder-decoder translator (Seq2SeqTransformer)" in err
+    assert code == 2 and "holds an encoder-decoder translator (Seq2SeqTransformer): export it with " \
+        "`keras-posenc export MODEL --translate`." in err
     assert err.count("\n") == 1 and not out.exists()
+
+
+def test_export_translate_writes_files_that_translate_as_the_model(translate_run, tmp_path, capsys):
+    out = tmp_path / "de.tflite"
+    code = cli.main(["export", os.path.join(translate_run, "model.keras"), "--translate", "--target", "cpu",
+                     "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "Greedy parity over" in printed and "tokens of 8 sources: same tokens as" in printed
+    metadata = json.loads((tmp_path / "de.tflite.json").read_text())
+    assert metadata["kind"] == "translate" and metadata["source_length"] == metadata["cache_length"] == 24
+    assert metadata["signature_files"] == {"encode": "de.tflite", "decode": "de.tflite"}
+
+
+def test_export_translate_quantized_is_scored_in_bleu_on_the_dev_pairs(translate_run, tmp_path, capsys):
+    code = cli.main(["export", os.path.join(translate_run, "model.keras"), "--translate", "--target", "cpu",
+                     "--quantize", "int8", "--dev-sentences", "12", "--out", str(tmp_path / "de.tflite")])
+    printed = capsys.readouterr().out
+    [line] = [line for line in printed.splitlines() if line.startswith("Quality against float32")]
+    assert "(12 sentences, greedy)" in line and "BLEU" in line and "chrF" in line
+    quality = json.loads((tmp_path / "de.tflite.json").read_text())["quality"]
+    assert code == (1 if quality["bleu_drop"] > 1.0 else 0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--generate"], "--translate exports batch 1 encode/decode files and takes no --generate."),
+    (["--sequence-length", "8"], "takes no --sequence-length."),
+    (["--target", "gl"], "A translator export supports target in ('cpu', 'gpu', 'tensorrt'), got "
+                         "target='gl'."),
+    (["--eval-corpus", "x.tsv"], "--eval-corpus measures a quantized file: it needs --quantize."),
+])
+def test_export_translate_refusals_are_one_line(translate_run, tmp_path, capsys, flags, message):
+    out = tmp_path / "de.tflite"
+    code = cli.main(["export", os.path.join(translate_run, "model.keras"), "--translate", "--out", str(out),
+                     *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1 and not out.exists()
 
 
 MIRRORED_SCRIPT = textwrap.dedent("""

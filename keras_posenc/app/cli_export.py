@@ -4,7 +4,8 @@
 `export.export_and_check`), also the last step of `demo`; `--generate`
 exports prefill and decode with a key/value cache (`export.export_generation`),
 as a LiteRT-LM bundle (`--format litertlm`) or an onnxruntime-genai folder
-(`--format genai`). Every form prints the files it wrote, its report and
+(`--format genai`); `--translate` exports a translator's encode and cached
+decode (`cli_export_translate`). Every form prints the files it wrote, its report and
 its failed checks through one printer; the exit status is 1 when a check
 fails.
 
@@ -15,6 +16,7 @@ stand-ins: `tests/test_cli_arguments.py`)::
 
     keras-posenc export runs/lm/model.keras --out runs/lm/model.tflite --sequence-length 64
     keras-posenc export runs/lm/model.keras --out runs/lm/gen.tflite --generate --cache-length 64
+    keras-posenc export runs/de/model.keras --out runs/de/de.tflite --translate --target cpu
 """
 
 import os
@@ -22,7 +24,7 @@ import os
 from keras_posenc.app import run_folder
 from keras_posenc.app.cli_flags import CommandError, nonnegative_float, positive_int
 
-__all__ = ["add_export_parser", "export_command", "run_export"]
+__all__ = ["add_export_parser", "export_command", "run_export", "save_and_print"]
 
 
 def add_export_parser(subparsers):
@@ -89,7 +91,7 @@ def add_export_parser(subparsers):
     generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
     generation.add_argument("--cache-length", type=positive_int,
                             help="cache slots: prompt + generated tokens, at most max_length (default: none; "
-                                 "required with --generate)")
+                                 "required with --generate; --translate: the model's max_length)")
     generation.add_argument("--prompt-length", type=positive_int,
                             help="prefill length P, prompts are right-padded to it (default: "
                                  "cache-length // 2)")
@@ -105,6 +107,22 @@ def add_export_parser(subparsers):
     generation.add_argument("--probe-prompt", action="append", dest="probe_prompts",
                             help="--format litertlm / genai: a prompt of the check, repeatable (default: "
                                  "texts of the vocabulary, one longer than the prefill, and a second turn)")
+    translation = parser.add_argument_group(
+        "translation", "a Seq2SeqTransformer (train --task translate) as an `encode` signature (the "
+                       "source to every decoder layer's cross-attention keys and values) and the cached "
+                       "`decode` step, for export/jetson/run_translate.py (--target cpu: one file; tensorrt: "
+                       "STEM.encode.onnx and STEM.decode.onnx); --cache-length: target tokens at most "
+                       "(default: the model's max_length)")
+    translation.add_argument("--translate", action="store_true", help="export a translator (default: off)")
+    translation.add_argument("--source-length", type=positive_int,
+                             help="source ids per sentence (pieces and </s>), right-padded (default: the "
+                                  "model's max_length)")
+    translation.add_argument("--max-bleu-drop", type=nonnegative_float, default=1.0,
+                             help="with --quantize: fail when the quantized file's greedy BLEU on the "
+                                  "run's dev pairs (or --eval-corpus TSV) is lower than float32's by more "
+                                  "than this (default: %(default)s)")
+    translation.add_argument("--dev-sentences", type=positive_int, default=200,
+                             help="with --quantize: dev pairs both files translate (default: %(default)s)")
 
 
 def export_command(model_path, out, sequence_length, *, batch_size=1, quantize=None, target=None,
@@ -148,10 +166,10 @@ def export_command(model_path, out, sequence_length, *, batch_size=1, quantize=N
                                      batch_size=batch_size, quantize=quantize, embedding=embedding,
                                      token_ids=ids, eval_token_ids=eval_ids,
                                      max_loss_increase=max_loss_increase, litert_python=litert_python)
-    return _save_and_print(result, out, tolerance=tolerance, require_gpu=require_gpu)
+    return save_and_print(result, out, tolerance=tolerance, require_gpu=require_gpu)
 
 
-def _save_and_print(result, out, *, tolerance=None, require_gpu=False):
+def save_and_print(result, out, *, tolerance=None, require_gpu=False):
     """The one printer of `export` (window and --generate): files, report, failed checks; the exit status."""
     paths = result.save(out)
     print(result.headline(paths))
@@ -184,6 +202,12 @@ def run_export(args):
     from keras_posenc import export
 
     kind = export.kind_of(GENERATE_KINDS[args.format])
+    if args.translate:
+        from keras_posenc.app.cli_export_translate import export_translator
+
+        if kind is not export.PREFILL_DECODE:  # --format given: a --generate form
+            raise CommandError(f"--translate writes its own files and takes no --format {args.format}.")
+        return export_translator(args, save_and_print)
     given = [flag for flag, value in (("--spm", args.spm), ("--probe-prompt", args.probe_prompts)) if value]
     bundled = [name for name, bundles in GENERATE_KINDS.items() if export.kind_of(bundles).tokenizer]
     if not kind.tokenizer and given:
@@ -255,7 +279,7 @@ def _export_prefill_decode(args, kind, prompt_length):
                                       target=args.target, embedding=args.embedding, quantize=args.quantize,
                                       eval_token_ids=eval_ids, max_loss_increase=args.max_loss_increase,
                                       litert_python=args.litert_python)
-    return _save_and_print(result, args.out, tolerance=args.tolerance)
+    return save_and_print(result, args.out, tolerance=args.tolerance)
 
 
 def _sp_model(args):
@@ -288,7 +312,7 @@ def _export_litertlm(args, kind, prompt_length):
                                         max_loss_increase=args.max_loss_increase)
     except RuntimeError as error:  # the builder's process failed: its last lines are in the message
         raise CommandError(str(error)) from error
-    return _save_and_print(result, args.out, tolerance=args.tolerance)
+    return save_and_print(result, args.out, tolerance=args.tolerance)
 
 
 def _export_genai(args, kind, prompt_length):
@@ -311,7 +335,7 @@ def _export_genai(args, kind, prompt_length):
                                      prompt_length=prompt_length, check_texts=texts, probes=_probes(args))
     except ImportError as error:  # tokenizers: the message says how to install it
         raise CommandError(str(error)) from error
-    return _save_and_print(result, args.out)
+    return save_and_print(result, args.out)
 
 
 # The --generate export of each --format.

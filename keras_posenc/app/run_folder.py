@@ -21,8 +21,8 @@ Imports of the data pipeline are lazy: the CLI's help must show before TensorFlo
 import json
 import os
 
-__all__ = ["EVAL_ROWS", "MODEL_FILE", "REPORT_FILE", "TOKENIZER_FILE", "corpus_token_ids", "eval_examples",
-           "eval_token_ids", "read_tokenizer", "resolve_run", "token_rows", "tokenizer_path"]
+__all__ = ["EVAL_ROWS", "MODEL_FILE", "REPORT_FILE", "TOKENIZER_FILE", "corpus_token_ids", "dev_pairs",
+           "eval_examples", "eval_token_ids", "read_tokenizer", "resolve_run", "token_rows", "tokenizer_path"]
 
 MODEL_FILE, TOKENIZER_FILE, REPORT_FILE = "model.keras", "spm.model", "report.json"
 # Held-out rows a quantized export's cross-entropy is measured on (at most).
@@ -117,6 +117,33 @@ def eval_examples(model_path):
     corpus_format = "text" if config["corpus"] is None else config["corpus_format"]
     examples = data_lib.load_corpus(corpus, corpus_format, skip_bad_lines=config.get("skip_bad_lines", False))
     return data_lib.split_corpus(examples, config["eval_fraction"], seed=config["seed"])[1]
+
+
+def dev_pairs(model_path, dev_corpus=None):
+    """The `(source, reference)` pairs a translation run scored in training: `dev_corpus` (a TSV),
+    else the run's `--dev-corpus` (its first `dev_sentences`), else its held-out split; None
+    without a `report.json` beside the model.
+
+    Raises:
+        ValueError: the run's dev corpus is no longer where the report says.
+    """
+    from keras_posenc.app import dataset as data_lib
+
+    if dev_corpus is not None:
+        return data_lib.load_corpus(dev_corpus, "tsv")
+    report_path = _beside(model_path, REPORT_FILE)
+    if not os.path.isfile(report_path):
+        return None
+    with open(report_path) as f:
+        config = json.load(f)["train_config"]
+    if not config.get("dev_corpus"):
+        return (eval_examples(model_path) or [])[:config.get("dev_sentences")]
+    if not os.path.isfile(config["dev_corpus"]):
+        raise ValueError(f"the run's dev corpus {config['dev_corpus']} ({REPORT_FILE}) is not here: pass "
+                         "--eval-corpus TSV for the quantized translator's BLEU.")
+    pairs = data_lib.load_corpus(config["dev_corpus"], "tsv",
+                                 skip_bad_lines=config.get("skip_bad_lines", False))
+    return pairs[:config.get("dev_sentences")]
 
 
 def eval_token_ids(model_path, sequence_length, eval_corpus):

@@ -43,8 +43,7 @@ __all__ = ["TranslationRun", "corpus_scores", "format_summary", "load_translator
 
 _LM_STEPS = weakref.WeakKeyDictionary()
 
-# GNMT's length-penalty exponent of `translate`, chosen on the dev packages (docs/translation.md).
-DEFAULT_LENGTH_PENALTY = 1.0
+DEFAULT_LENGTH_PENALTY = _seq2seq.DEFAULT_LENGTH_PENALTY
 
 
 class TranslationRun:

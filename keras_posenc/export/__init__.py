@@ -3,10 +3,13 @@
 Read in this order:
 
 - `targets`: one frozen `Target` per target; every difference between targets is a field there;
-  `kinds`: one frozen `Kind` per export kind (window, prefill/decode, `.litertlm`, genai);
+  `kinds`: one frozen `Kind` per export kind (window, prefill/decode, `.litertlm`, genai,
+  translator);
 - `pipeline`: `export(model, kind, target=...)`, the one pass of every kind, and one wrapper per
-  kind (`export_and_check`, `export_generation`, `export_litertlm`, `export_genai`); each kind's
-  build in `window_export`, `generation_export`, `litertlm_bundle`, `genai`; one `ExportResult`
+  kind (`export_and_check`, `export_generation`, `export_litertlm`, `export_genai`,
+  `export_translation`); each kind's build in `window_export`, `generation_export`,
+  `litertlm_bundle`, `genai`, `translation_export` (`translator`: the encode/decode signatures of
+  a `Seq2SeqTransformer`); one `ExportResult`
   (`result`: `failures()`, `save()`);
 - `contract`: tensor names, FILE.json keys and file names, written beside each export for the kit;
 - `model_spec`: loading, `ModelSpec`, the float32 rebuild; `conversion`: `to_tflite` / `to_onnx`
@@ -28,7 +31,7 @@ Read in this order:
 from keras_posenc.export.conversion import EMBEDDINGS, ONNX_OPSET, QUANTIZE_MODES, to_onnx, to_tflite
 from keras_posenc.export.cost import graph_cost, onnx_cost
 from keras_posenc.export.flatbuffer import TfliteFile, op_counts, operators
-from keras_posenc.export.kinds import GENAI, KINDS, LITERTLM, PREFILL_DECODE, WINDOW, Kind, kind_of
+from keras_posenc.export.kinds import GENAI, KINDS, LITERTLM, PREFILL_DECODE, TRANSLATE, WINDOW, Kind, kind_of
 from keras_posenc.export.model_spec import (
                                             HOST_EMBEDDINGS,
                                             ModelSpec,
@@ -56,6 +59,7 @@ from keras_posenc.export.pipeline import (
                                             export_genai,
                                             export_generation,
                                             export_litertlm,
+                                            export_translation,
 )
 from keras_posenc.export.quantization import PRECISIONS, RECIPES, Recipe, recipe_for
 from keras_posenc.export.result import check_folder
@@ -72,9 +76,9 @@ from keras_posenc.export.verdicts import (
 
 __all__ = [
     "BACKENDS", "DEFAULT_TARGET", "EMBEDDINGS", "EXPORT_TOLERANCE", "ExportResult", "GENAI", "KINDS", "Kind",
-    "LITERTLM", "PREFILL_DECODE", "WINDOW",
+    "LITERTLM", "PREFILL_DECODE", "TRANSLATE", "WINDOW",
     "TfliteFile", "check_folder", "export", "export_and_check", "export_genai", "export_generation",
-    "export_litertlm", "kind_of",
+    "export_litertlm", "export_translation", "kind_of",
     "GL_SHADER_OPS", "GPU_PARSER_OPS", "HOST_EMBEDDINGS", "ONNX_OPSET",
     "PRECISIONS", "QUANTIZE_MODES", "RECIPES", "Recipe", "TARGETS", "Target", "ModelSpec", "analyzer_report",
     "check_onnx_parity",

@@ -44,7 +44,8 @@ import tensorflow as tf
 from keras_posenc.export import shader_ops as ops
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS, residual_block
 
-__all__ = ["MAX_CACHE_LENGTH", "chunk_graph", "decode_graph", "prefill_graph"]
+__all__ = ["MAX_CACHE_LENGTH", "as_float", "attend", "cached_attention", "chunk_graph", "decode_graph",
+           "masking_bias", "prefill_graph"]
 
 MAX_CACHE_LENGTH = ops.FLOAT16_INTEGERS  # positions and slots are floats on the GPU
 
@@ -77,7 +78,7 @@ def _rotation(layer, cache_length, heads):
     return np.tile(cos, [1, heads]), np.tile(sin, [1, heads]), np.kron(np.eye(heads, dtype=np.float32), turn)
 
 
-def _cached_attention(layer, x, positions, slot_rows, key_cache, value_cache):
+def cached_attention(layer, x, positions, slot_rows, key_cache, value_cache):
     """`T` queries at slots `positions` against the cache; returns `(output, key_cache, value_cache)`.
 
     The chunk's keys and values are written first (slot `positions[t]` takes token `t`'s), then
@@ -88,7 +89,7 @@ def _cached_attention(layer, x, positions, slot_rows, key_cache, value_cache):
     below add no op: one decode step.
     """
     weights = ops.attention_projections(layer.attention, x.shape[-1])
-    heads, head_dim, output = weights.heads, weights.head_dim, weights.output
+    heads, head_dim = weights.heads, weights.head_dim
     projections = (weights.query, weights.key, weights.value)
     width = heads * head_dim
     length, cache_length = x.shape[1], key_cache.shape[1]
@@ -112,9 +113,39 @@ def _cached_attention(layer, x, positions, slot_rows, key_cache, value_cache):
     slots = np.arange(cache_length, dtype=np.float32)
     spread = ops.linear(positions, np.ones([1, cache_length], np.float32))  # [1, T, C]: position per slot
     allowed = tf.minimum(tf.nn.relu(spread - (slots - 1.0)), 1.0)
-    bias = tf.reshape(allowed * -ops.MASKED + ops.MASKED, [1, length, 1, cache_length])
+    bias = masking_bias(allowed)
     distance = (tf.reshape(spread - slots, [1, length, 1, cache_length]) if layer.slopes is not None
                 else None)
+    attended = attend(weights, query, keys, values, bias, distance, layer.slopes)
+    shape = [1, cache_length, heads, head_dim]
+    return attended, tf.reshape(keys, shape), tf.reshape(values, shape)
+
+
+def masking_bias(allowed):
+    """`[1, T, 1, C]` scores added for `allowed` `[1, T, C]` (1: attends, 0: masked), finite in float16."""
+    length, keys = allowed.shape[1], allowed.shape[-1]
+    return tf.reshape(allowed * -ops.MASKED + ops.MASKED, [1, length, 1, keys])
+
+
+def attend(weights, query, keys, values, bias, distance=None, slopes=None):
+    """Multi-head attention of `T` queries over `C` keys and values, projected out by `weights.output`.
+
+    Args:
+        weights: the attention's `shader_ops.Projections`.
+        query: `[1, T, heads * head_dim]`, unscaled.
+        keys, values: `[1, C, heads * head_dim]`.
+        bias: `[1, T, 1, C]`, the scores added (`masking_bias`).
+        distance: optional `[1, T, 1, C]`, `position_t - slot_c` for ALiBi's `-slope * distance`.
+        slopes: the ALiBi slopes per head (with `distance`).
+
+    Pairs (query, key) are rows `t * C + c` of `[1, T * C, width]` tensors: each query repeated
+    over the keys by CONCATENATION, times the keys, summed over each head's features by a 1x1
+    CONV_2D, keys-in-channels for SOFTMAX; the weighted sum of the values is an AVERAGE_POOL_2D
+    over each query's `C` keys times `C`. With `T = 1` the repeats add no op.
+    """
+    heads, head_dim = weights.heads, weights.head_dim
+    width = heads * head_dim
+    length, cache_length = query.shape[1], keys.shape[1]
     products = _repeat_rows(query, cache_length) * _per_query(keys, length)  # [1, T * C, width]
     scale = 1.0 / math.sqrt(float(head_dim))
     spread_weights = None
@@ -123,22 +154,20 @@ def _cached_attention(layer, x, positions, slot_rows, key_cache, value_cache):
         column[head * head_dim:(head + 1) * head_dim] = scale
         scores = tf.reshape(ops.linear(products, column), [1, length, 1, cache_length]) + bias
         if distance is not None:
-            scores = scores + distance * float(-layer.slopes[head])
-        weights = tf.reshape(tf.nn.softmax(scores, axis=-1), [1, length * cache_length, 1])
+            scores = scores + distance * float(-slopes[head])
+        head_weights = tf.reshape(tf.nn.softmax(scores, axis=-1), [1, length * cache_length, 1])
         block = np.zeros([1, width], np.float32)
         block[0, head * head_dim:(head + 1) * head_dim] = 1.0
-        spread_head = ops.linear(weights, block)  # the head's weights over its features, 0 elsewhere
+        spread_head = ops.linear(head_weights, block)  # the head's weights over its features, 0 elsewhere
         spread_weights = spread_head if spread_weights is None else spread_weights + spread_head
     weighted = tf.reshape(spread_weights * _per_query(values, length),
                           [1, length * cache_length, 1, width])
-    # Each query's window of C slots (one query: stride 1, the decode's).
+    # Each query's window of C keys (one query: stride 1, the decode's).
     stride = cache_length if length > 1 else 1
     summed = tf.nn.avg_pool2d(weighted, ksize=[cache_length, 1], strides=[stride, 1],
                               padding="VALID") * float(cache_length)
-    kernel, bias_out = output
-    attended = ops.linear(tf.reshape(summed, [1, length, width]), tf.reshape(kernel, [width, -1]), bias_out)
-    shape = [1, cache_length, heads, head_dim]
-    return attended, tf.reshape(keys, shape), tf.reshape(values, shape)
+    kernel, bias_out = weights.output
+    return ops.linear(tf.reshape(summed, [1, length, width]), tf.reshape(kernel, [width, -1]), bias_out)
 
 
 def _repeat_rows(x, copies):
@@ -227,10 +256,11 @@ def _lookup_ids(model, token_ids):
     (`shader_ops.token_one_hot` splits them into digits), else float32."""
     if token_ids.dtype.is_integer and model.encoder.vocab_size > ops.FLOAT16_INTEGERS:
         return token_ids
-    return _as_float(token_ids)
+    return as_float(token_ids)
 
 
-def _as_float(tensor):
+def as_float(tensor):
+    """`tensor` as float32 (one CAST for an int32 input of the `gpu` files)."""
     return tf.cast(tensor, tf.float32) if tensor.dtype != tf.float32 else tensor
 
 
@@ -263,7 +293,7 @@ def _cached_graph(model, token_ids, positions, key_caches, value_caches, rows):
     keys, values = [], []
     for layer, key_cache, value_cache in zip(model.encoder.encoder_layers, key_caches, value_caches):
         x, key, value = _block(layer, x, lambda h, layer=layer, k=key_cache, v=value_cache:
-                               _cached_attention(layer, h, positions, slot_rows, k, v))
+                               cached_attention(layer, h, positions, slot_rows, k, v))
         keys.append(key)
         values.append(value)
     return _logits(model, x), keys, values
@@ -279,7 +309,7 @@ def decode_graph(model, token_id, position, key_caches, value_caches, rows=None)
         key_caches, value_caches: lists of `[1, C, heads, head_dim]` float32, one per layer.
         rows: optional `[1, 1, d_model]` float (`embedding="host"`).
     """
-    position = tf.reshape(_as_float(position), [1, 1, 1])
+    position = tf.reshape(as_float(position), [1, 1, 1])
     logits, keys, values = _cached_graph(model, token_id, position, key_caches, value_caches, rows)
     return tf.reshape(logits, [1, -1]), keys, values
 
@@ -300,7 +330,7 @@ def chunk_graph(model, token_ids, first, key_caches, value_caches, rows=None):
         rows: optional `[1, T, d_model]` float (`embedding="host"`).
     """
     length = token_ids.shape[1]
-    first = tf.reshape(_as_float(first), [1, 1, 1])
+    first = tf.reshape(as_float(first), [1, 1, 1])
     # first + t, by constant weights and a same-shape ADD (no broadcasting on the GL backend).
     positions = (tf.reshape(ops.linear(first, np.ones([1, length], np.float32)), [1, length, 1])
                  + np.arange(length, dtype=np.float32).reshape(1, length, 1))

@@ -5,6 +5,9 @@
   cache (`export_generation`; `export/jetson/run_generate.py` runs it).
 - `litertlm`: the prefill/decode model in LiteRT-LM's executor contract, packed with the
   tokenizer into a `.litertlm` bundle (`export_litertlm`).
+- `translate`: an encoder-decoder translator: `encode` (the source to every decoder layer's
+  cross-attention keys and values) and the cached `decode` step (`export_translation`;
+  `export/jetson/run_translate.py` runs it).
 - `genai`: an onnxruntime-genai folder: one decoder ONNX, `genai_config.json` and the tokenizer
   files (`export_genai`).
 
@@ -17,7 +20,7 @@ import dataclasses
 from keras_posenc.export import contract
 from keras_posenc.validation import check_choice
 
-__all__ = ["GENAI", "KINDS", "LITERTLM", "PREFILL_DECODE", "WINDOW", "Kind", "kind_of"]
+__all__ = ["GENAI", "KINDS", "LITERTLM", "PREFILL_DECODE", "TRANSLATE", "WINDOW", "Kind", "kind_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Kind:
         own_runtime: what runs a kind that takes no target, in words, else None.
         tokenizer: bool, the files hold the run's tokenizer (a bundle, a folder).
         description: what the files are, in words.
+        signatures: the files' signatures, in the order of a one-file-per-signature export's files.
     """
 
     name: str
@@ -50,6 +54,7 @@ class Kind:
     own_runtime: object = None
     tokenizer: bool = False
     description: str = ""
+    signatures: tuple = contract.SIGNATURES
 
 
 WINDOW = Kind("window", contract.KINDS["window"], generates=False, description="a file of a fixed window")
@@ -57,12 +62,15 @@ PREFILL_DECODE = Kind("prefill_decode", contract.KINDS["prefill_decode"], genera
                       description="prefill and decode files with a key/value cache")
 LITERTLM = Kind("litertlm", contract.KINDS["prefill_decode"], generates=True, suffix=contract.LITERTLM_SUFFIX,
                 tokenizer=True, description="a prefill/decode bundle")
+TRANSLATE = Kind("translate", contract.KINDS["translate"], generates=True,
+                 description="encode and decode files of a translator",
+                 signatures=contract.TRANSLATE_SIGNATURES, checked_as="the translator")
 GENAI = Kind("genai", None, generates=True, folder=True, takes_target=False,
              own_runtime="onnxruntime-genai's CPU provider", tokenizer=True,
              description="an onnxruntime-genai decoder folder",
              checked_as="the decoder, fed as onnxruntime-genai feeds it,")
 
-KINDS = {kind.name: kind for kind in (WINDOW, PREFILL_DECODE, LITERTLM, GENAI)}
+KINDS = {kind.name: kind for kind in (WINDOW, PREFILL_DECODE, LITERTLM, GENAI, TRANSLATE)}
 
 
 def kind_of(kind):

@@ -28,9 +28,9 @@ from keras_posenc.layers.token_and_position_embedding import TokenAndPositionEmb
 from keras_posenc.seq2seq import Seq2SeqTransformer
 from keras_posenc.validation import check_positive_int
 
-__all__ = ["HOST_EMBEDDINGS", "ROLES", "ModelSpec", "all_layers", "default_embedding", "frozen_function",
-           "host_embedding_table", "load_model", "longest_sequence", "rebuild", "role_of", "rope_notes",
-           "traced"]
+__all__ = ["HOST_EMBEDDINGS", "ROLES", "ModelSpec", "all_layers", "default_embedding", "float32_policy",
+           "frozen_function", "host_embedding_table", "load_model", "longest_sequence", "rebuild", "role_of",
+           "rope_notes", "traced"]
 
 
 def default_embedding(model, target):
@@ -46,11 +46,13 @@ def default_embedding(model, target):
         any(isinstance(layer, TokenAndPositionEmbedding) for layer in all_layers(model)))
 
 
-def load_model(path):
+def load_model(path, translator=False):
     """Loads a `.keras`/`.h5` file or SavedModel directory with the keras_posenc layers registered.
 
     Args:
         path: path of the file or SavedModel directory.
+        translator: bool, the export takes a `Seq2SeqTransformer` (`--translate`); else one is
+            refused, with the flag that exports it.
 
     Returns:
         The `keras.Model`, not compiled.
@@ -75,10 +77,12 @@ def load_model(path):
         raise ValueError(f"Could not load a Keras model from {path!r}: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}. Is it a model saved by "
                          "keras_posenc, with every custom layer registered?") from error
-    if isinstance(model, Seq2SeqTransformer):
-        raise ValueError(f"{path!r} holds an encoder-decoder translator (Seq2SeqTransformer): the export "
-                         "targets take decoder-only and window models; translate it with `keras-posenc "
-                         "translate` (Keras) for now.")
+    if isinstance(model, Seq2SeqTransformer) and not translator:
+        raise ValueError(f"{path!r} holds an encoder-decoder translator (Seq2SeqTransformer): export it "
+                         "with `keras-posenc export MODEL --translate`.")
+    if translator and not isinstance(model, Seq2SeqTransformer):
+        raise ValueError(f"--translate exports a translator (`keras-posenc train --task translate`); "
+                         f"{path!r} holds a {type(model).__name__}.")
     return model
 
 
@@ -252,7 +256,8 @@ def _is_known(layer):
 
 
 @contextlib.contextmanager
-def _float32_policy():
+def float32_policy():
+    """The global dtype policy set to float32 inside the block (a float32 clone of any model)."""
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("float32")
     try:
@@ -282,7 +287,7 @@ def rebuild(model, spec, context=None):
     def clone_layer(layer):
         return type(layer).from_config(_float32_config(layer.get_config()))
 
-    with _float32_policy():
+    with float32_policy():
         if spec.functional:
             inputs = [keras.Input(batch_size=s.shape[0], shape=s.shape[1:], dtype=s.dtype)
                       for s in spec.signature(dtype)]

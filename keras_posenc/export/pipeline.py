@@ -2,30 +2,32 @@
 
 `export(model, kind, target=...)` checks the options once, runs the kind's build (convert the
 model for the target, check the files against Keras, cost them and gather their metadata:
-`window_export`, `generation_export`, `litertlm_bundle`, `genai`) and adds what every kind
-shares: the quantizer's line, the quality measured against float32 and its gate (`ExportResult.
-failures`), the recipe and quality in FILE.json. `export_and_check`, `export_generation`,
-`export_litertlm` and `export_genai` are `export` of one kind, with that kind's arguments.
+`window_export`, `generation_export`, `litertlm_bundle`, `genai`, `translation_export`) and adds
+what every kind shares: the quantizer's line, the quality measured against float32 and its gate
+(`ExportResult.failures`), the recipe and quality in FILE.json. `export_and_check`, `export_generation`,
+`export_litertlm`, `export_genai` and `export_translation` are `export` of one kind, with that kind's
+arguments.
 """
 
 from keras_posenc.export import contract
 from keras_posenc.export.conversion import ONNX_OPSET
 from keras_posenc.export.genai import build_genai
 from keras_posenc.export.generation_export import build_generation
-from keras_posenc.export.kinds import GENAI, LITERTLM, PREFILL_DECODE, WINDOW, kind_of
+from keras_posenc.export.kinds import GENAI, LITERTLM, PREFILL_DECODE, TRANSLATE, WINDOW, kind_of
 from keras_posenc.export.litertlm_bundle import build_litertlm
 from keras_posenc.export.quality import DEFAULT_MAX_LOSS_INCREASE
 from keras_posenc.export.quantization import precision_of
 from keras_posenc.export.result import EXPORT_TOLERANCE, ExportResult
 from keras_posenc.export.targets import DEFAULT_TARGET
+from keras_posenc.export.translation_export import DEFAULT_MAX_BLEU_DROP, build_translation
 from keras_posenc.export.window_export import build_window
 
 __all__ = ["EXPORT_TOLERANCE", "ExportResult", "export", "export_and_check", "export_genai",
-           "export_generation", "export_generator", "export_litertlm"]
+           "export_generation", "export_generator", "export_litertlm", "export_translation"]
 
 # Each kind's build: `(model, *, target, precision, litert_python, **options) -> result.Built`.
 _BUILDS = {WINDOW: build_window, PREFILL_DECODE: build_generation, LITERTLM: build_litertlm,
-           GENAI: build_genai}
+           GENAI: build_genai, TRANSLATE: build_translation}
 
 
 def export(model, kind=WINDOW, *, target=None, quantize=None, max_loss_increase=DEFAULT_MAX_LOSS_INCREASE,
@@ -33,8 +35,10 @@ def export(model, kind=WINDOW, *, target=None, quantize=None, max_loss_increase=
     """Exports `model` as `kind` for `target` and checks the files: the one pass of every export.
 
     Args:
-        model: a built Keras model with keras_posenc layers (a `CausalLM` for the generating kinds).
-        kind: a `Kind` or its name (`kinds.KINDS`): "window", "prefill_decode", "litertlm", "genai".
+        model: a built Keras model with keras_posenc layers (a `CausalLM` for the generating kinds, a
+            `Seq2SeqTransformer` for "translate").
+        kind: a `Kind` or its name (`kinds.KINDS`): "window", "prefill_decode", "litertlm", "genai",
+            "translate".
         target: a `Target` or its name; default `targets.DEFAULT_TARGET` ("gpu"). `genai` takes none
             (onnxruntime-genai's CPU provider runs its folder).
         quantize: None (float32), "float16", "int8" or "int4": the recipe of
@@ -45,7 +49,7 @@ def export(model, kind=WINDOW, *, target=None, quantize=None, max_loss_increase=
         litert_python: the Python with LiteRT's tools (LiteRT Quantizer, litert-lm-builder; default
             `litert_python.runtime_python`).
         **options: the kind's own arguments: see `export_and_check`, `export_generation`,
-            `export_litertlm` (`sp_model`, ...) and `export_genai`.
+            `export_litertlm` (`sp_model`, ...), `export_genai` and `export_translation`.
 
     Returns:
         An `ExportResult` of `kind`.
@@ -266,3 +270,36 @@ def export_genai(model, sp_model, *, cache_length, prompt_length, check_texts=()
     """
     return export(model, GENAI, sp_model=sp_model, cache_length=cache_length, prompt_length=prompt_length,
                   check_texts=check_texts, probes=probes, max_new_tokens=max_new_tokens, opset=opset)
+
+
+def export_translation(model, *, source_length, cache_length, target=DEFAULT_TARGET, quantize=None,
+                       check_sources=None, quality_sources=None, score=None, max_new_tokens=None,
+                       max_bleu_drop=DEFAULT_MAX_BLEU_DROP, litert_python=None):
+    """Exports a `Seq2SeqTransformer` as a translator (`encode` + cached `decode`) and checks it.
+
+    Args:
+        model: a built `keras_posenc.seq2seq.Seq2SeqTransformer`.
+        source_length: int, `S`: the source's ids (`pieces </s>`) right-padded to `S`; at most
+            the model's `max_length`.
+        cache_length: int, `C`: target tokens at most, `<s>` included; at most `max_length`.
+        target: "gpu" (one `.tflite` of shader-only graphs, LiteRT's GPU accelerator; the default),
+            "cpu" (one `.tflite`, XNNPACK) or "tensorrt" (the ONNX pair).
+        quantize: None (float32), "float16" or "int8" (`quantization.RECIPES`).
+        check_sources: id rows (each ending in `eos_id`) the files translate greedily against
+            `translate` (default `translation_export.default_sources`).
+        quality_sources: with `quantize`, the rows both files translate (default `check_sources`).
+        score: with `quantize`, `ids lists -> {"bleu", "chrf"}` (the app's: detokenized,
+            sacrebleu against the dev references); without it only token agreement is measured.
+        max_new_tokens: int, tokens per check translation (default `min(C, max_length - 1)`).
+        max_bleu_drop: float, the largest BLEU a quantized file may lose against float32's.
+        litert_python: as in `export`.
+
+    Returns:
+        An `ExportResult` of the "translate" kind: `report` has `same_tokens`, `parity` (max abs
+        logit difference against the model's teacher-forced logits) and `tokens_checked`;
+        `metadata` is what `export/jetson/run_translate.py` reads.
+    """
+    return export(model, TRANSLATE, target=target, quantize=quantize, litert_python=litert_python,
+                  source_length=source_length, cache_length=cache_length, check_sources=check_sources,
+                  quality_sources=quality_sources, score=score, max_new_tokens=max_new_tokens,
+                  max_bleu_drop=max_bleu_drop)

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.export import host_table, onnx_graph
-from keras_posenc.export.kinds import LITERTLM, PREFILL_DECODE, WINDOW, kind_of
+from keras_posenc.export.kinds import LITERTLM, PREFILL_DECODE, TRANSLATE, WINDOW, kind_of
 from keras_posenc.export.litert_python import INSTALL_HINT, RemoteRuntime, run_script, runtime_python
 from keras_posenc.export.targets import TARGETS, target_of
 
@@ -136,6 +136,9 @@ _NO_INT4_CPU_GENERATION = ("LiteRT Quantizer's int4 prefill/decode file does not
                            "--quantize int8, or the int4 .litertlm bundle (--format litertlm)")
 _NO_INT4_GPU_GENERATION = ("LiteRT Quantizer's int4 weights break the shader prefill/decode graph's constant "
                            "matrices (prefill logits of 1e7 on LiteRT 2.3): use --quantize int8")
+_NO_INT4_TRANSLATOR = ("LiteRT Quantizer's int4 FULLY_CONNECTED weights do not run in TFLite's "
+                       "interpreter (\"input->type != kTfLiteFloat32\", as the int4 prefill/decode file): "
+                       "use --quantize int8")
 
 # {(Target, Kind): {precision: Recipe, or why the runtime cannot run it}}; a missing key: not available.
 RECIPES = {
@@ -150,6 +153,9 @@ RECIPES = {
     (TARGETS["tensorrt"], PREFILL_DECODE): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
     (TARGETS["cpu"], LITERTLM): {"float16": _FLOAT16, "int8": _INT8, "int4": _INT4_CPU},
     (TARGETS["gpu"], LITERTLM): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
+    (TARGETS["cpu"], TRANSLATE): {"float16": _FLOAT16, "int8": _INT8, "int4": _NO_INT4_TRANSLATOR},
+    (TARGETS["gpu"], TRANSLATE): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
+    (TARGETS["tensorrt"], TRANSLATE): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
 }
 
 

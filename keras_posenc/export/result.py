@@ -111,6 +111,11 @@ class ExportResult:
             failed.append(f"FAILED: the quantized file raises the held-out cross-entropy by "
                           f"{quality['loss_increase']:.2%} ({quality['loss_float']:.4f} -> "
                           f"{quality['loss_quantized']:.4f}), over the limit {limit:.2%}.")
+        drop, most = (quality or {}).get("bleu_drop"), self.report.get("max_bleu_drop")
+        if drop is not None and most is not None and not drop <= most:
+            failed.append(f"FAILED: the quantized translator loses {drop:.2f} BLEU against float32's "
+                          f"({quality['bleu_float']:.2f} -> {quality['bleu_quantized']:.2f}), over the "
+                          f"limit {most:g}.")
         verdicts = self.report.get("verdicts") or {}
         backend = target_of(self.target).backends[0] if verdicts else None
         if require_gpu and backend and verdicts[backend]:
@@ -123,7 +128,8 @@ class ExportResult:
         if self.kind.folder:
             return [os.path.join(out, name) for name in self.names]
         suffix = self.kind.suffix or target_of(self.target).suffix
-        return contract.model_paths(out, suffix, per_signature=len(self.models) > 1)
+        return contract.model_paths(out, suffix, per_signature=len(self.models) > 1,
+                                    signatures=self.kind.signatures)
 
     def save(self, out):
         """Writes the model file(s), `out.embeddings.npy` (host embeddings), `out.json` and the contract.
@@ -161,8 +167,11 @@ class ExportResult:
             metadata[keys["embedding_table"]] = os.path.basename(table)
             paths.append(table)
         if len(self.models) > 1:
-            metadata[keys["signature_files"]] = dict(zip(contract.SIGNATURES,
+            metadata[keys["signature_files"]] = dict(zip(self.kind.signatures,
                                                          (os.path.basename(p) for p in paths)))
+        elif self.kind.signatures != contract.SIGNATURES:  # the kit's default is the prefill/decode pair
+            metadata[keys["signature_files"]] = dict.fromkeys(self.kind.signatures,
+                                                              os.path.basename(paths[0]))
         metadata[keys["files"]] = {os.path.basename(path): contract.file_record(path) for path in paths}
         files.write_json(contract.contract_path(out), contract.document())
         files.write_json(contract.metadata_path(out), metadata)

@@ -3,7 +3,8 @@
 - `run_file`: a window file's output (`run_interpreter` for a `.tflite`, `run_onnx` for ONNX),
   fed the looked-up rows where the file takes them (`with_host_rows`);
 - `TfliteSession`, `OnnxSession`: the two signatures of a prefill/decode export, and
-  `greedy_generate`, the package's greedy loop over such a session.
+  `greedy_generate`, the package's greedy loop over such a session;
+- `TranslatorSession`: the `encode` and `decode` signatures of a translator export.
 
 The parity (`parity`), the quality measures (`quality`) and the generation checks run files only
 through this module.
@@ -17,9 +18,9 @@ from keras_posenc.export.flatbuffer import input_names
 from keras_posenc.export.model_spec import HOST_EMBEDDINGS, ROLES, host_embedding_table, role_of
 from keras_posenc.export.targets import ONNX, TFLITE
 
-__all__ = ["FLOAT_TYPES", "OnnxSession", "TfliteSession", "greedy_generate", "interpreter_class",
-           "onnx_input_names", "past", "run_file", "run_interpreter", "run_onnx", "typed_feeds",
-           "with_host_rows", "with_host_rows_of"]
+__all__ = ["FLOAT_TYPES", "OnnxSession", "TfliteSession", "TranslatorSession", "greedy_generate",
+           "interpreter_class", "onnx_input_names", "past", "run_file", "run_interpreter", "run_onnx",
+           "typed_feeds", "with_host_rows", "with_host_rows_of"]
 
 TOKEN_IDS, TOKEN_ID, POSITION, LOGITS = (contract.TENSORS[name]
                                          for name in ("token_ids", "token_id", "position", "logits"))
@@ -307,3 +308,47 @@ def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=No
 def past(outputs):
     """A call's `present_*` cache outputs renamed as the next decode step's `past_*` inputs."""
     return {contract.present_to_past(name): value for name, value in outputs.items() if name != LOGITS}
+
+
+class TranslatorSession:
+    """The `encode` and `decode` signatures of a translator export (`translator`), by name.
+
+    Args:
+        files: `(encode, decode)`: the `.tflite` flatbuffers (one file twice where it holds both
+            signatures) or the two ONNX models.
+        file_format: `TFLITE` (TensorFlow's interpreter, or `interpreter`) or `ONNX`
+            (onnxruntime, CPU).
+        interpreter: optional interpreter class for the `.tflite` files.
+
+    Feeds are cast to the files' input dtypes (float32 ids for `gl`).
+    """
+
+    def __init__(self, files, file_format=TFLITE, interpreter=None):
+        signatures = contract.TRANSLATE_SIGNATURES
+        self.calls, self.inputs = {}, {}
+        if file_format is TFLITE:
+            opened = {content: (interpreter or tf.lite.Interpreter)(model_content=content)
+                      for content in dict.fromkeys(files)}
+            for key, content in zip(signatures, files):
+                runner = opened[content].get_signature_runner(key)
+                self.inputs[key] = {name: (detail["dtype"], tuple(detail["shape"]))
+                                    for name, detail in runner.get_input_details().items()}
+                self.calls[key] = runner
+        else:
+            import onnxruntime
+
+            for key, proto in zip(signatures, files):
+                session = onnxruntime.InferenceSession(bytes(proto), providers=["CPUExecutionProvider"])
+                self.inputs[key] = {i.name: (FLOAT_TYPES.get(i.type, np.int32), tuple(i.shape))
+                                    for i in session.get_inputs()}
+                names = [o.name for o in session.get_outputs()]
+                self.calls[key] = lambda session=session, names=names, **feeds: dict(
+                    zip(names, session.run(None, feeds)))
+        encode, decode = signatures
+        self.source_length = int(self.inputs[encode][contract.TENSORS["source_ids"]][1][1])
+        self.cache_shape = self.inputs[decode][contract.past_name("key", 0)][1]
+
+    def run(self, signature, feeds):
+        typed = {name: np.asarray(feeds[name]).astype(dtype)
+                 for name, (dtype, _) in self.inputs[signature].items()}
+        return self.calls[signature](**typed)

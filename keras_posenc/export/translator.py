@@ -1,0 +1,254 @@
+"""An encoder-decoder translator as files: an `encode` signature and the cached `decode` step.
+
+The runtimes hold no state between calls, so what the decoder reads is an input of every call:
+
+- `encode(source_ids [1, S]) -> cross_key_<i>, cross_value_<i>, source_mask`: the source
+  (`pieces </s>`, right-padded with `pad_id` to `S`) through the encoder, then every decoder
+  layer's cross-attention keys and values (`[1, S, heads, head_dim]`), computed once per
+  sentence, and the mask of its real tokens (float32 `[1, S]`, 1 at a real token).
+- `decode(token_id [1, 1], position [1], past_key_<i>, past_value_<i>, cross_key_<i>,
+  cross_value_<i>, source_mask) -> logits [1, V], present_key_<i>, present_value_<i>`: one target
+  token at slot `position` against the self-attention cache (`[1, C, heads, head_dim]` per layer
+  and kind) and the source. The target starts with `<s>` at slot 0, so there is no prefill: a
+  translation is `encode`, then one `decode` per token, `<s>` first.
+
+The decode step is `Seq2SeqTransformer.cached_layers`, the step `translate` runs, so the file
+computes what `translate` computes; `translate_with` runs the package's own search
+(`keras_posenc.beam_search`) over the files, and `translation_export` checks them token for
+token against `translate`.
+
+Targets: `cpu` (one `.tflite` with both signatures, XNNPACK), `gpu` (one `.tflite`, the shader
+graphs of `gl_translate` for LiteRT's GPU accelerator, int32 inputs) and `tensorrt` (the ONNX
+pair `STEM.encode.onnx` / `STEM.decode.onnx`, static shapes).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc.beam_search import beam_search
+from keras_posenc.export import contract, gl_translate, onnx_graph
+from keras_posenc.export.conversion import ONNX_OPSET
+from keras_posenc.export.formulation import ExportContext
+from keras_posenc.export.formulations import FORMULATIONS
+from keras_posenc.export.generator import convert_signatures, frozen_onnx, frozen_signature
+from keras_posenc.export.model_spec import all_layers, float32_policy
+from keras_posenc.export.quantization import quantize_onnx
+from keras_posenc.export.targets import DEFAULT_TARGET, target_of
+from keras_posenc.layers.rotary_embedding import RotaryEmbedding
+
+__all__ = ["TRANSLATOR_TARGETS", "TranslatorSignatures", "cache_bytes", "float32_clone", "to_onnx_translator",
+           "to_tflite_translator", "translate_with"]
+
+ENCODE, DECODE = contract.TRANSLATE_SIGNATURES
+SOURCE_IDS, SOURCE_MASK, TOKEN_ID, POSITION, LOGITS = (
+    contract.TENSORS[name] for name in ("source_ids", "source_mask", "token_id", "position", "logits"))
+# The targets a translator is exported for.
+TRANSLATOR_TARGETS = ("cpu", "gpu", "tensorrt")
+
+
+def float32_clone(model, cache_length):
+    """The model rebuilt in float32 from its config, with its weights (RoPE frozen at `cache_length`)."""
+    with float32_policy():
+        clone = type(model).from_config(model.get_config())
+        clone.build_on_dummy()
+    clone.set_weights([np.asarray(w, np.float32) for w in model.get_weights()])
+    for layer in all_layers(clone):
+        if isinstance(layer, RotaryEmbedding):
+            layer.freeze(cache_length)
+    return clone
+
+
+def cache_bytes(model, cache_length):
+    """Bytes of one sentence's float32 self-attention cache: `2 * layers * cache_length * d_model * 4`."""
+    return 2 * model.num_layers * cache_length * model.d_model * 4
+
+
+class TranslatorSignatures:
+    """The `encode` and `decode` functions of one export, over the float32 clone of the model.
+
+    Args:
+        clone: the float32 `Seq2SeqTransformer` (`float32_clone`).
+        source_length: int, `S`.
+        cache_length: int, `C`: target tokens at most, `<s>` included.
+    """
+
+    def __init__(self, clone, source_length, cache_length):
+        self.clone = clone
+        self.layers = clone.num_layers
+        head_dim = clone.d_model // clone.num_heads
+        self.source_length, self.cache_length = source_length, cache_length
+        self.cache_shape = [1, cache_length, clone.num_heads, head_dim]
+        self.cross_shape = [1, source_length, clone.num_heads, head_dim]
+        pairs = [(i, kind) for i in range(self.layers) for kind in ("key", "value")]
+        self.past_names = [contract.past_name(kind, i) for i, kind in pairs]
+        self.cross_names = [contract.cross_name(kind, i) for i, kind in pairs]
+        self.encode_outputs = self.cross_names + [SOURCE_MASK]
+        self.decode_outputs = [LOGITS] + [contract.present_name(kind, i) for i in range(self.layers)
+                                          for kind in ("key", "value")]
+
+    def encode_function(self):
+        def encode(source_ids):
+            outputs, mask = self.clone.encode(source_ids, training=False)
+            pairs = self.clone.cross_key_values(outputs)
+            tensors = [tensor for pair in pairs for tensor in pair]
+            return {**dict(zip(self.cross_names, tensors)), SOURCE_MASK: tf.cast(mask, tf.float32)}
+
+        return tf.function(encode, input_signature=[tf.TensorSpec([1, self.source_length], tf.int32,
+                                                                   name=SOURCE_IDS)])
+
+    def decode_function(self):
+        count = 2 * self.layers
+
+        def decode(token_id, position, *tensors):
+            past, cross, source_mask = tensors[:count], tensors[count:2 * count], tensors[-1]
+            logits, keys, values = self.clone.cached_layers(
+                token_id, list(past[0::2]), list(past[1::2]), position[0], list(cross[0::2]),
+                list(cross[1::2]), tf.greater(source_mask, 0.5))
+            return self.named_outputs(logits[:, 0], keys, values)
+
+        return tf.function(decode, input_signature=self.decode_signature())
+
+    def named_outputs(self, logits, keys, values):
+        """The decode step's outputs by their contract names: `logits` `[1, V]`, then the caches."""
+        outputs = {LOGITS: logits}
+        for i in range(self.layers):
+            outputs[contract.present_name("key", i)] = keys[i]
+            outputs[contract.present_name("value", i)] = values[i]
+        return outputs
+
+    def decode_signature(self):
+        signature = [tf.TensorSpec([1, 1], tf.int32, name=TOKEN_ID),
+                     tf.TensorSpec([1], tf.int32, name=POSITION)]
+        signature += [tf.TensorSpec(self.cache_shape, tf.float32, name=name) for name in self.past_names]
+        signature += [tf.TensorSpec(self.cross_shape, tf.float32, name=name) for name in self.cross_names]
+        signature += [tf.TensorSpec([1, self.source_length], tf.float32, name=SOURCE_MASK)]
+        return signature
+
+    def functions(self):
+        """`(encode, decode)` `tf.function`s with their input signatures, and their output names."""
+        return ((self.encode_function(), self.encode_outputs), (self.decode_function(), self.decode_outputs))
+
+
+class ShaderTranslatorSignatures(TranslatorSignatures):
+    """The `gpu` signatures: `gl_translate`'s graphs over the same inputs and outputs (int32 ids)."""
+
+    def __init__(self, clone, source_length, cache_length, target):
+        super().__init__(clone, source_length, cache_length)
+        self.context = ExportContext(target, FORMULATIONS)
+
+    def encode_function(self):
+        def encode(source_ids):
+            with self.context.tracing() as context:
+                pairs, mask = gl_translate.encode_graph(self.clone, context, source_ids)
+            tensors = [tensor for pair in pairs for tensor in pair]
+            return {**dict(zip(self.cross_names, tensors)), SOURCE_MASK: mask}
+
+        return tf.function(encode, input_signature=[tf.TensorSpec([1, self.source_length], tf.int32,
+                                                                   name=SOURCE_IDS)])
+
+    def decode_function(self):
+        count = 2 * self.layers
+
+        def decode(token_id, position, *tensors):
+            past, cross, source_mask = tensors[:count], tensors[count:2 * count], tensors[-1]
+            with self.context.tracing() as context:
+                logits, keys, values = gl_translate.decode_graph(
+                    self.clone, context, token_id, position, list(past[0::2]), list(past[1::2]),
+                    list(zip(cross[0::2], cross[1::2])), source_mask)
+            return self.named_outputs(logits, keys, values)
+
+        return tf.function(decode, input_signature=self.decode_signature())
+
+
+def to_tflite_translator(model, *, source_length, cache_length, target=DEFAULT_TARGET, recipe=None,
+                         litert_python=None):
+    """One `.tflite` holding the `encode` and `decode` signatures (`cpu`, `gpu`), quantized by `recipe`."""
+    target = target_of(target)
+    clone = float32_clone(model, cache_length)
+    if target.shader_generation:
+        module = ShaderTranslatorSignatures(clone, source_length, cache_length, target)
+    else:
+        module = TranslatorSignatures(clone, source_length, cache_length)
+    signatures = {key: frozen_signature(function, names)
+                  for key, (function, names) in zip(contract.TRANSLATE_SIGNATURES, module.functions())}
+    return convert_signatures(signatures, recipe, litert_python)
+
+
+def to_onnx_translator(model, *, source_length, cache_length, recipe=None, opset=ONNX_OPSET,
+                       calibration=None):
+    """The `encode` and `decode` graphs as two ONNX models (`tensorrt`), static shapes.
+
+    `calibration`: for an int8 `recipe`, `{signature: [feeds]}` of float32 runs (`recorded_feeds`).
+    """
+    from keras_posenc.export.onnx_tools import import_tf2onnx
+
+    tf2onnx = import_tf2onnx()
+    module = TranslatorSignatures(float32_clone(model, cache_length), source_length, cache_length)
+    protos = [onnx_graph.finish(frozen_onnx(tf2onnx, function, names, opset))
+              for function, names in module.functions()]
+    if recipe is None:
+        return tuple(protos)
+    calibration = calibration or {}
+    return tuple(quantize_onnx(proto, recipe, calibration.get(key, ()))
+                 for proto, key in zip(protos, contract.TRANSLATE_SIGNATURES))
+
+
+def _log_softmax(logits):
+    logits = np.asarray(logits, np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def translate_with(session, source_row, *, bos_id, eos_id, pad_id, max_new_tokens, beam_size=1, alpha=1.0,
+                   forced_ids=None, logits=None):
+    """One sentence through the files: `encode`, then the package's search over `decode` steps.
+
+    Args:
+        session: a `runners.TranslatorSession`.
+        source_row: int ids of the source (`pieces </s>`), at most the file's source length.
+        bos_id, eos_id, pad_id: the model's special ids.
+        max_new_tokens: int, tokens at most (the end token included), at most the cache length.
+        beam_size: int >= 1 (1: greedy), alpha: the length penalty's exponent, as `translate`.
+        forced_ids: optional target ids fed instead of the search's (teacher forcing, greedy
+            only): the file's pick after each of them.
+        logits: optional list that receives the float32 logits `[V]` of each step (greedy).
+
+    Returns:
+        A `keras_posenc.beam_search.SearchResult` (`.ids[0]`: without `<s>` and `</s>`), or with
+        `forced_ids` the list of the file's picks.
+    """
+    row = np.full([1, session.source_length], pad_id, np.int32)
+    row[0, :len(source_row)] = source_row
+    cross = session.run(ENCODE, {SOURCE_IDS: row})
+    empty = {name: np.zeros(session.cache_shape, np.float32) for name in _past_names(cross)}
+
+    def run(tokens, state):
+        outputs = [session.run(DECODE, {TOKEN_ID: np.array([[token]], np.int32),
+                                        POSITION: np.array([state["index"]], np.int32), **cache, **cross})
+                   for token, cache in zip(np.asarray(tokens).reshape(-1), state["caches"])]
+        step_logits = np.stack([out.pop(LOGITS)[0] for out in outputs])
+        if logits is not None:
+            logits.append(np.array(step_logits[0], np.float32))
+        caches = [{contract.present_to_past(name): value for name, value in out.items()} for out in outputs]
+        return _log_softmax(step_logits), {"caches": caches, "index": state["index"] + 1}
+
+    def reorder(state, rows):
+        return {**state, "caches": [state["caches"][r] for r in np.asarray(rows).reshape(-1)]}
+
+    first, state = run([bos_id], {"caches": [empty], "index": 0})
+    if forced_ids is not None:
+        picks, log_probs = [], first
+        for step, token in enumerate(forced_ids):
+            masked = log_probs[0].copy()
+            masked[[pad_id, bos_id]] = -np.inf
+            picks.append(int(np.argmax(masked)))
+            if step + 1 < len(forced_ids):
+                log_probs, state = run([token], state)
+        return picks
+    return beam_search(first, state, run, reorder, beam_size=beam_size, max_new_tokens=max_new_tokens,
+                       end_id=eos_id, alpha=alpha, forbidden_ids=(pad_id, bos_id))
+
+
+def _past_names(cross):
+    layers = sum(1 for name in cross if name.startswith(contract.TENSORS["cross_prefix"])) // 2
+    return [contract.past_name(kind, i) for i in range(layers) for kind in ("key", "value")]

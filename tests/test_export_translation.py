@@ -1,0 +1,199 @@
+"""The translator export (`export_translation`): encode + cached decode files that translate as Keras does.
+
+A tiny `Seq2SeqTransformer` per position kind is exported for `cpu` and `gpu` (one `.tflite`,
+TensorFlow's interpreter; `gpu` of shader-only ops) and `tensorrt` (the ONNX pair, onnxruntime);
+the package's own search over the files (`translator.translate_with`) must give `translate`'s ids,
+greedy and with beams, for sources of every length up to the file's, and the logits must equal the
+model's teacher-forced ones.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from keras_posenc.export import contract, kinds, pipeline, translation_export, translator
+from keras_posenc.export.flatbuffer import op_counts
+from keras_posenc.export.result import ExportResult
+from keras_posenc.export.runners import TranslatorSession
+from keras_posenc.export.targets import ONNX, TFLITE
+from keras_posenc.models import CausalLM
+from keras_posenc.seq2seq import Seq2SeqTransformer
+
+SOURCE_LENGTH, CACHE_LENGTH, VOCAB = 10, 12, 48
+
+
+def _model(**options):
+    model = Seq2SeqTransformer(num_layers=2, d_model=16, num_heads=2, dff=32, vocab_size=VOCAB, max_length=16,
+                               dropout=0.0, **options)
+    model.build_on_dummy()
+    return model
+
+
+def _sources(model, count=4, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = [1, 4, SOURCE_LENGTH - 1, 6][:count]
+    return [list(map(int, rng.integers(5, VOCAB, n))) + [model.eos_id] for n in lengths]
+
+
+@pytest.fixture(scope="module", params=[{}, {"position": "sinusoidal"}, {"position": "alibi"}],
+                ids=["rope", "sinusoidal-language-scale", "alibi"])
+def model(request):
+    return _model(**request.param)
+
+
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def tflite_file(model, request):
+    return translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                           target=request.param)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_tflite_file_translates_as_translate(model, tflite_file, beam_size):
+    session = TranslatorSession((tflite_file, tflite_file), TFLITE)
+    for row in _sources(model):
+        keras_ids = model.translate(np.array([row]), CACHE_LENGTH - 1, beam_size=beam_size).ids[0].tolist()
+        file_ids = translator.translate_with(session, row, bos_id=model.bos_id, eos_id=model.eos_id,
+                                             pad_id=model.pad_id, max_new_tokens=CACHE_LENGTH - 1,
+                                             beam_size=beam_size).ids[0].tolist()
+        assert file_ids == keras_ids
+
+
+def test_the_files_logits_are_the_models_teacher_forced_logits(model, tflite_file):
+    session = TranslatorSession((tflite_file, tflite_file), TFLITE)
+    same, parity, tokens = translation_export.check_parity(model, session, _sources(model), CACHE_LENGTH - 1)
+    assert same and parity < 1e-4 and tokens >= 4
+
+
+def test_the_encoder_outputs_mark_the_real_source_tokens(model, tflite_file):
+    session = TranslatorSession((tflite_file, tflite_file), TFLITE)
+    row = np.full([1, SOURCE_LENGTH], model.pad_id, np.int32)
+    row[0, :3] = [7, 8, model.eos_id]
+    outputs = session.run(translator.ENCODE, {contract.TENSORS["source_ids"]: row})
+    assert outputs[contract.TENSORS["source_mask"]].tolist() == [[1.0] * 3 + [0.0] * (SOURCE_LENGTH - 3)]
+    encoded, _ = model.encode(row)
+    keys, values = model.cross_key_values(encoded)[1]
+    # At the real tokens (the padding's rows are masked wherever they are read).
+    for kind, expected in (("key", keys), ("value", values)):
+        np.testing.assert_allclose(outputs[contract.cross_name(kind, 1)][:, :3], np.asarray(expected)[:, :3],
+                                   atol=1e-5)
+
+
+def test_the_onnx_pair_translates_as_translate():
+    model = _model()
+    protos = translator.to_onnx_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH)
+    session = TranslatorSession(protos, ONNX)
+    for beam_size in (1, 2):
+        for row in _sources(model, seed=1):
+            keras_ids = model.translate(np.array([row]), 8, beam_size=beam_size).ids[0].tolist()
+            assert translator.translate_with(session, row, bos_id=model.bos_id, eos_id=model.eos_id,
+                                             pad_id=model.pad_id, max_new_tokens=8,
+                                             beam_size=beam_size).ids[0].tolist() == keras_ids
+
+
+@pytest.mark.parametrize("target, suffix, names", [
+    ("cpu", ".tflite", ["de.tflite"]),
+    ("tensorrt", ".onnx", ["de.encode.onnx", "de.decode.onnx"]),
+])
+def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, names):
+    model = _model()
+    result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                         target=target)
+    assert result.kind is kinds.TRANSLATE and result.failures() == []
+    assert result.report["same_tokens"] and result.parity < 1e-4
+    out = str(tmp_path / ("de" + suffix))
+    paths = result.save(out)
+    beside = ["de" + suffix + ".json", "de" + suffix + ".contract.json"]
+    assert [os.path.basename(p) for p in paths] == names + beside
+    metadata = json.loads((tmp_path / ("de" + suffix + ".json")).read_text())
+    head_dim = 16 // 2
+    assert metadata["kind"] == "translate" and metadata["target"] == target
+    assert metadata["signature_files"] == dict(zip(contract.TRANSLATE_SIGNATURES, names * (3 - len(names))))
+    assert metadata["cache_shape"] == [1, CACHE_LENGTH, 2, head_dim]
+    assert metadata["cross_shape"] == [1, SOURCE_LENGTH, 2, head_dim]
+    assert metadata["cache_bytes"] == 2 * 2 * CACHE_LENGTH * 16 * 4
+    assert (metadata["bos_id"], metadata["eos_id"], metadata["pad_id"]) == (model.bos_id, model.eos_id,
+                                                                            model.pad_id)
+    assert metadata["length_penalty"] == 1.0 and metadata["source_length"] == SOURCE_LENGTH
+    assert set(metadata["files"]) == set(names)
+
+
+def test_a_quantized_file_is_scored_against_float32():
+    model = _model()
+    seen = []
+
+    def score(translations):
+        seen.append(translations)
+        return {"bleu": 30.0 - len(seen), "chrf": 50.0}
+
+    result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                         target="cpu", quantize="float16", score=score,
+                                         quality_sources=_sources(model, count=3))
+    quality = result.report["quality"]
+    assert len(seen) == 2 and all(len(translations) == 3 for translations in seen)
+    assert quality["bleu_float"] == 29.0 and quality["bleu_quantized"] == 28.0 and quality["bleu_drop"] == 1.0
+    assert quality["sentences"] == 3 and 0.0 <= quality["generation_agreement"] <= 1.0
+    assert result.failures() == []  # a drop of exactly the limit passes
+    assert any(line.startswith("Quality against float32 (3 sentences") and "BLEU 29.00 -> 28.00" in line
+               for line in result.lines)
+    assert result.metadata["quantization"]["precision"] == "float16"
+
+
+@pytest.mark.parametrize("drop, failed", [(0.99, False), (1.0, False), (1.01, True)])
+def test_the_bleu_gate_at_its_boundary(drop, failed):
+    quality = {"bleu_float": 20.0, "bleu_quantized": 20.0 - drop, "bleu_drop": drop,
+               "generation_agreement": 1.0}
+    report = {"same_tokens": True, "parity": 0.0, "quality": quality, "max_bleu_drop": 1.0}
+    result = ExportResult("cpu", "int8", "graph", (b"",), report, [], {}, kind=kinds.TRANSLATE)
+    lines = result.failures()
+    assert bool(lines) is failed
+    if failed:
+        assert lines == [f"FAILED: the quantized translator loses {drop:.2f} BLEU against float32's "
+                         f"(20.00 -> {20.0 - drop:.2f}), over the limit 1."]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: translation_export.check_translation(CausalLM({"num_layers": 1, "d_model": 8, "num_heads": 2,
+                                                              "dff": 16, "vocab_size": 20, "max_length": 8}),
+                                                     4, 4, "cpu"),
+     "A translator export (--translate) needs a keras_posenc Seq2SeqTransformer"),
+    (lambda m: translation_export.check_translation(m, 4, 4, "gl"),
+     "A translator export supports target in ('cpu', 'gpu', 'tensorrt'), got target='gl'."),
+    (lambda m: translation_export.check_translation(m, 4, 4, "npu"),
+     "A translator export supports target in ('cpu', 'gpu', 'tensorrt'), got target='npu'."),
+    (lambda m: translation_export.check_translation(m, 17, 4, "cpu"),
+     "`source_length` must be an int in [2, max_length=16], got source_length=17."),
+    (lambda m: translation_export.check_translation(m, 16, 1, "cpu"),
+     "`cache_length` must be an int in [2, max_length=16], got cache_length=1."),
+    (lambda m: pipeline.export_translation(m, source_length=4, cache_length=6, target="cpu",
+                                           max_new_tokens=7),
+     "`max_new_tokens` must be an int in [1, 6] (the cache length and the model's max_length - 1), got "
+     "max_new_tokens=7."),
+    (lambda m: pipeline.export_translation(m, source_length=4, cache_length=6, target="cpu", quantize="int4"),
+     "int4"),
+])
+def test_refusals_name_the_argument_and_value(call, message):
+    model = _model()
+    with pytest.raises(ValueError) as error:
+        call(model)
+    assert message in str(error.value)
+
+
+def test_the_boundary_lengths_export():
+    model = _model()
+    assert translation_export.check_translation(model, 16, 16, "cpu").name == "cpu"
+    assert translation_export.check_translation(model, 2, 2, "tensorrt").name == "tensorrt"
+
+
+def test_the_gpu_file_runs_every_op_on_the_litert_gpu_accelerator_and_reads_ids_past_2048():
+    model = Seq2SeqTransformer(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=2300, max_length=16,
+                               dropout=0.0)
+    model.build_on_dummy()
+    result = pipeline.export_translation(model, source_length=8, cache_length=8, target="gpu",
+                                         check_sources=[[2200, 2299, 7, model.eos_id], [2100, model.eos_id]])
+    assert result.report["verdicts"]["webgpu"] == [] and result.report["verdicts"]["opencl"] == []
+    assert result.failures(require_gpu=True) == [] and result.report["same_tokens"]
+    assert result.metadata["input_dtype"] == "int32" and result.metadata["accelerators"][0] == "gpu"
+    ops = set(op_counts(result.models[0]))
+    assert not ops & {"GATHER", "EMBEDDING_LOOKUP", "DYNAMIC_UPDATE_SLICE", "BATCH_MATMUL"}, ops
