@@ -24,6 +24,7 @@ import kit_runtime  # noqa: E402
 import kit_sessions  # noqa: E402
 import run_generate  # noqa: E402
 import run_tflite  # noqa: E402
+import run_translate  # noqa: E402
 
 TFLITE = b"\x1c\x00\x00\x00TFL3" + bytes(range(40))  # a flatbuffer's head: the identifier at byte 4
 
@@ -1319,7 +1320,9 @@ def test_run_tflite_main_checks_the_file_before_a_runtime_opens_it(tmp_path, mon
     )
 
 
-@pytest.mark.parametrize("runner", [run_tflite, run_generate], ids=["run_tflite", "run_generate"])
+@pytest.mark.parametrize(
+    "runner", [run_tflite, run_generate, run_translate], ids=["run_tflite", "run_generate", "run_translate"]
+)
 def test_the_runners_help_is_what_a_device_user_reads(runner, monkeypatch, capsys):
     """`--help` word for word (tests/data/kit_help/; after a change to an option, regenerate it with
     `COLUMNS=100 python3 export/jetson/RUNNER.py --help > tests/data/kit_help/RUNNER.txt`)."""
@@ -1633,3 +1636,38 @@ def test_run_generate_names_a_missing_sentencepiece_model(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_generate.parse_args(["m.tflite", "--prompt", "x", "--spm", str(tmp_path / "spm.model")])
     assert capsys.readouterr().err.endswith(f"error: file not found: {tmp_path / 'spm.model'}\n")
+
+
+def test_each_session_names_its_inputs(tmp_path, monkeypatch):
+    meta = generation_export(tmp_path)
+    monkeypatch.setattr(
+        kit_sessions, "compiled_model", lambda *args: StandInCompiled(prefill_decode_signatures())
+    )
+    litert = kit_sessions.LiteRtSession(meta, "cpu", None, "fp32")
+    assert litert.input_names("decode") == ["token_id", "position", "past_k"]
+    monkeypatch.setattr(
+        kit_sessions,
+        "open_interpreter",
+        lambda *args: (
+            types.SimpleNamespace(get_signature_runner=lambda key: StandInSignatureRunner(key, [])),
+            "tflite_runtime",
+        ),
+    )
+    classic = kit_sessions.InterpreterSession(meta, None, None)
+    assert classic.input_names("prefill") == ["token_ids", "position"]
+
+    class Session:
+        def __init__(self, file, providers):
+            pass
+
+        def get_inputs(self):
+            return [types.SimpleNamespace(name="token_id"), types.SimpleNamespace(name="past_k")]
+
+    monkeypatch.setitem(
+        sys.modules,
+        "onnxruntime",
+        module(
+            "onnxruntime", get_available_providers=lambda: ["CPUExecutionProvider"], InferenceSession=Session
+        ),
+    )
+    assert kit_sessions.OnnxSession(meta).input_names("decode") == ["token_id", "past_k"]
