@@ -21,8 +21,10 @@ import kit_contract  # noqa: E402  (the kit's modules import each other by name,
 import kit_embeddings  # noqa: E402
 import kit_report  # noqa: E402
 import kit_runtime  # noqa: E402
+import kit_sessions  # noqa: E402
 import run_generate  # noqa: E402
 import run_tflite  # noqa: E402
+import run_translate  # noqa: E402
 
 TFLITE = b"\x1c\x00\x00\x00TFL3" + bytes(range(40))  # a flatbuffer's head: the identifier at byte 4
 
@@ -730,14 +732,14 @@ def test_typed_feeds_in_the_file_s_dtypes_and_host_rows(tmp_path):
     meta = host_export(str(tmp_path), table)
     host = kit_embeddings.HostTable(meta)
     tensors = meta.tensors
-    arrays = run_generate.typed(
+    arrays = kit_sessions.typed(
         {"token_ids": np.array([[1, 2]]), "x": [1.5]},
         {"embeddings": np.float32, "x": np.float32},
         host,
         tensors,
     )
     assert arrays["embeddings"].tolist() == table[[[1, 2]]].tolist() and arrays["x"].dtype == np.float32
-    arrays = run_generate.typed(
+    arrays = kit_sessions.typed(
         {"token_id": np.array([[3]]), "position": np.array([5])},
         {"embeddings": np.float32, "position": np.float32},
         host,
@@ -745,7 +747,7 @@ def test_typed_feeds_in_the_file_s_dtypes_and_host_rows(tmp_path):
     )
     assert arrays["embeddings"].tolist() == [[table[3].tolist()]] and arrays["position"].dtype == np.float32
     assert (
-        run_generate.typed({"token_ids": [[1]]}, {"token_ids": np.int32}, None, tensors)["token_ids"].dtype
+        kit_sessions.typed({"token_ids": [[1]]}, {"token_ids": np.int32}, None, tensors)["token_ids"].dtype
         == np.int32
     )
 
@@ -803,7 +805,8 @@ def run_generate_main(tmp_path, monkeypatch, argv, **metadata):
     meta = generation_export(tmp_path, **metadata)
     made = []
 
-    def session(args):
+    def session(args, export):
+        assert export.model == meta.model
         made.append(args)
         model = CountingModel(meta.tensors)
         model.name, model.fully_accelerated = "stand-in", None
@@ -875,7 +878,7 @@ def test_run_generate_main_refuses_another_kind_a_foreign_file_and_another_accel
 def test_make_session_of_an_onnx_pair_needs_onnxruntime(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     args = types.SimpleNamespace(model="m.onnx")
-    assert exited(lambda: run_generate.make_session(args)) == (
+    assert exited(lambda: run_generate.make_session(args, None)) == (
         "An .onnx pair needs onnxruntime (onnxruntime-gpu on a Jetson)."
     )
 
@@ -1145,11 +1148,10 @@ def prefill_decode_signatures():
 
 def test_the_litert_session_runs_each_signature_by_its_index(tmp_path, monkeypatch):
     meta = generation_export(tmp_path)
-    monkeypatch.setattr(run_generate, "EXPORT", meta)
     model = StandInCompiled(prefill_decode_signatures())
     opened = []
-    monkeypatch.setattr(run_generate, "compiled_model", lambda *args: opened.append(args) or model)
-    session = run_generate.LiteRtSession(meta.model, "cpu", 4, "fp32")
+    monkeypatch.setattr(kit_sessions, "compiled_model", lambda *args: opened.append(args) or model)
+    session = kit_sessions.LiteRtSession(meta, "cpu", 4, "fp32")
     assert opened == [(meta.model, "cpu", 4, "fp32")]  # one file: one compiled model for both signatures
     assert session.index == {"prefill": 0, "decode": 1} and session.fully_accelerated is True
     assert session.dtypes["decode"] == {
@@ -1173,15 +1175,14 @@ def test_a_gl_pair_opens_each_file_once_with_its_own_runtime(tmp_path, monkeypat
     meta = generation_export(
         tmp_path, signature_files={"prefill": "s.prefill.tflite", "decode": "s.decode.tflite"}
     )
-    monkeypatch.setattr(run_generate, "EXPORT", meta)
     opened = []
 
     def compiled(path, *args):
         opened.append(path)
         return StandInCompiled(prefill_decode_signatures(), accelerated=path.endswith("decode.tflite"))
 
-    monkeypatch.setattr(run_generate, "compiled_model", compiled)
-    session = run_generate.LiteRtSession(meta.model, "gpu", None, "fp16")
+    monkeypatch.setattr(kit_sessions, "compiled_model", compiled)
+    session = kit_sessions.LiteRtSession(meta, "gpu", None, "fp16")
     assert sorted(opened) == sorted(meta.signature_files().values())
     assert session.fully_accelerated is False  # all files must be fully accelerated
 
@@ -1206,10 +1207,9 @@ def test_the_interpreter_session_opens_one_interpreter_per_file(tmp_path, monkey
         made = types.SimpleNamespace(get_signature_runner=lambda key: StandInSignatureRunner(key, log))
         return made, "tflite_runtime"
 
-    monkeypatch.setattr(run_generate, "open_interpreter", open_interpreter)
+    monkeypatch.setattr(kit_sessions, "open_interpreter", open_interpreter)
     one = generation_export(tmp_path)
-    monkeypatch.setattr(run_generate, "EXPORT", one)
-    session = run_generate.InterpreterSession(one.model, "d.so", 2)
+    session = kit_sessions.InterpreterSession(one, "d.so", 2)
     assert opened == [(one.model, "d.so", 2)] and session.name == "tflite_runtime"
     assert session.fully_accelerated is None and session.table is None
     assert session.run("decode", {"token_ids": [[1]], "position": [3]}) == {
@@ -1218,24 +1218,9 @@ def test_the_interpreter_session_opens_one_interpreter_per_file(tmp_path, monkey
     key, feeds = log[0]
     assert key == "decode" and feeds["token_ids"].dtype == np.int32 and feeds["position"].dtype == np.float32
     pair = generation_export(tmp_path, signature_files={"prefill": "p.tflite", "decode": "d.tflite"})
-    monkeypatch.setattr(run_generate, "EXPORT", pair)
     opened.clear()
-    run_generate.InterpreterSession(pair.model, "d.so", None)
+    kit_sessions.InterpreterSession(pair, "d.so", None)
     assert sorted(path for path, _, _ in opened) == sorted(pair.signature_files().values())
-
-
-def test_signature_files_of_another_model_reads_its_own_export(tmp_path, monkeypatch):
-    meta = generation_export(tmp_path)
-    other = write_export(
-        str(tmp_path),
-        {"signature_files": {"prefill": "o.p.tflite", "decode": "o.d.tflite"}},
-        name="other.tflite",
-    )
-    monkeypatch.setattr(run_generate, "EXPORT", meta)
-    assert run_generate.signature_files(meta.model) == {"prefill": meta.model, "decode": meta.model}
-    assert run_generate.signature_files(other)["decode"] == os.path.join(str(tmp_path), "o.d.tflite")
-    monkeypatch.setattr(run_generate, "EXPORT", None)
-    assert run_generate.signature_files(meta.model)["prefill"] == meta.model
 
 
 def test_the_onnx_session_prefers_tensorrt_then_cuda(tmp_path, monkeypatch):
@@ -1261,8 +1246,7 @@ def test_the_onnx_session_prefers_tensorrt_then_cuda(tmp_path, monkeypatch):
     meta = generation_export(
         tmp_path, signature_files={"prefill": "s.prefill.onnx", "decode": "s.decode.onnx"}
     )
-    monkeypatch.setattr(run_generate, "EXPORT", meta)
-    session = run_generate.OnnxSession(meta.model)
+    session = kit_sessions.OnnxSession(meta)
     assert session.name == "onnxruntime (CUDAExecutionProvider)" and session.fully_accelerated is None
     assert sorted(made) == sorted(
         (path, ["CUDAExecutionProvider", "CPUExecutionProvider"]) for path in meta.signature_files().values()
@@ -1270,16 +1254,21 @@ def test_the_onnx_session_prefers_tensorrt_then_cuda(tmp_path, monkeypatch):
     results = session.run("decode", {"token_id": np.array([[1]])})
     assert sorted(results) == ["logits", "present_k"] and results["logits"].tolist() == [[1.0, 1.0, 1.0]]
     available.insert(0, "TensorrtExecutionProvider")
-    assert run_generate.OnnxSession(meta.model).name == "onnxruntime (TensorrtExecutionProvider)"
+    assert kit_sessions.OnnxSession(meta).name == "onnxruntime (TensorrtExecutionProvider)"
 
 
-def test_run_generate_make_session_of_a_tflite_file(monkeypatch):
-    seen = []
-    monkeypatch.setattr(run_generate, "open_runtime", lambda *args: seen.append(args) or "session")
-    monkeypatch.setattr(run_generate, "EXPORT", "export")
+def test_run_generate_make_session_of_a_tflite_file_opens_the_runtime_with_the_export(monkeypatch):
+    seen, made = [], []
+    monkeypatch.setattr(kit_sessions, "open_runtime", lambda *args: seen.append(args) or "session")
     args = types.SimpleNamespace(model="m.tflite")
-    assert run_generate.make_session(args) == "session"
-    assert seen == [(args, run_generate.LiteRtSession, run_generate.InterpreterSession, "export")]
+    assert run_generate.make_session(args, "export") == "session"
+    (given, litert, classic, export), = seen
+    assert given is args and export == "export"
+    monkeypatch.setattr(kit_sessions, "LiteRtSession", lambda *given: made.append(("litert", given)))
+    monkeypatch.setattr(kit_sessions, "InterpreterSession", lambda *given: made.append(("classic", given)))
+    litert("m.tflite", "gpu", 2, "fp16")
+    classic("m.tflite", "d.so", None)
+    assert made == [("litert", ("export", "gpu", 2, "fp16")), ("classic", ("export", "d.so", None))]
 
 
 def test_embedding_table_only_for_a_host_export(tmp_path):
@@ -1331,7 +1320,9 @@ def test_run_tflite_main_checks_the_file_before_a_runtime_opens_it(tmp_path, mon
     )
 
 
-@pytest.mark.parametrize("runner", [run_tflite, run_generate], ids=["run_tflite", "run_generate"])
+@pytest.mark.parametrize(
+    "runner", [run_tflite, run_generate, run_translate], ids=["run_tflite", "run_generate", "run_translate"]
+)
 def test_the_runners_help_is_what_a_device_user_reads(runner, monkeypatch, capsys):
     """`--help` word for word (tests/data/kit_help/; after a change to an option, regenerate it with
     `COLUMNS=100 python3 export/jetson/RUNNER.py --help > tests/data/kit_help/RUNNER.txt`)."""
@@ -1504,7 +1495,7 @@ def test_run_generate_main_feeds_a_host_table_and_checks_an_onnx_pair_as_onnx(tm
     monkeypatch.setattr(
         run_generate,
         "make_session",
-        lambda args: types.SimpleNamespace(name="s", fully_accelerated=None, table="unset"),
+        lambda args, export: types.SimpleNamespace(name="s", fully_accelerated=None, table="unset"),
     )
     run_generate.main([model, "--prompt-ids", "1"])
     assert isinstance(tables[0], kit_embeddings.HostTable)
@@ -1532,40 +1523,39 @@ def test_make_session_of_an_onnx_pair(tmp_path, monkeypatch):
         {"signature_files": {"prefill": "m.prefill.onnx", "decode": "m.decode.onnx"}},
         name="m.onnx",
     )
-    monkeypatch.setattr(run_generate, "EXPORT", None)
-    session = run_generate.make_session(types.SimpleNamespace(model=onnx))
+    session = run_generate.make_session(types.SimpleNamespace(model=onnx), kit_contract.open_export(onnx))
     assert (
-        isinstance(session, run_generate.OnnxSession) and session.name == "onnxruntime (CPUExecutionProvider)"
+        isinstance(session, kit_sessions.OnnxSession) and session.name == "onnxruntime (CPUExecutionProvider)"
     )
     assert sorted(made) == [str(tmp_path / "m.decode.onnx"), str(tmp_path / "m.prefill.onnx")]
 
 
 def test_every_session_feeds_the_host_table_it_was_given(tmp_path, monkeypatch):
     meta = generation_export(tmp_path)
-    monkeypatch.setattr(run_generate, "EXPORT", meta)
     tables = []
 
-    def typed(feeds, dtypes, table, tensors=None):
+    def typed(feeds, dtypes, table, tensors):
+        assert tensors is meta.tensors
         tables.append(table)
         return {name: np.asarray(feeds[name]) for name in dtypes}
 
-    monkeypatch.setattr(run_generate, "typed", typed)
+    monkeypatch.setattr(kit_sessions, "typed", typed)
     monkeypatch.setattr(
-        run_generate, "compiled_model", lambda *args: StandInCompiled(prefill_decode_signatures())
+        kit_sessions, "compiled_model", lambda *args: StandInCompiled(prefill_decode_signatures())
     )
-    litert = run_generate.LiteRtSession(meta.model, "cpu", None, "fp32")
+    litert = kit_sessions.LiteRtSession(meta, "cpu", None, "fp32")
     litert.table = "the table"
     litert.run("prefill", {"token_ids": np.zeros([1, 4])})
     log = []
     monkeypatch.setattr(
-        run_generate,
+        kit_sessions,
         "open_interpreter",
         lambda *args: (
             types.SimpleNamespace(get_signature_runner=lambda key: StandInSignatureRunner(key, log)),
             "tensorflow",
         ),
     )
-    classic = run_generate.InterpreterSession(meta.model, None, None)
+    classic = kit_sessions.InterpreterSession(meta, None, None)
     classic.table = "another table"
     classic.run("decode", {"token_ids": [[1]], "position": [2]})
     assert tables == ["the table", "another table"]
@@ -1593,9 +1583,8 @@ def test_the_onnx_session_runs_the_feeds_it_is_given(tmp_path, monkeypatch):
         ),
     )
     meta = generation_export(tmp_path)
-    monkeypatch.setattr(run_generate, "EXPORT", meta)
     feeds = {"token_id": np.array([[1]])}
-    run_generate.OnnxSession(meta.model).run("decode", feeds)
+    kit_sessions.OnnxSession(meta).run("decode", feeds)
     assert fed == [feeds]
 
 
@@ -1647,3 +1636,38 @@ def test_run_generate_names_a_missing_sentencepiece_model(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_generate.parse_args(["m.tflite", "--prompt", "x", "--spm", str(tmp_path / "spm.model")])
     assert capsys.readouterr().err.endswith(f"error: file not found: {tmp_path / 'spm.model'}\n")
+
+
+def test_each_session_names_its_inputs(tmp_path, monkeypatch):
+    meta = generation_export(tmp_path)
+    monkeypatch.setattr(
+        kit_sessions, "compiled_model", lambda *args: StandInCompiled(prefill_decode_signatures())
+    )
+    litert = kit_sessions.LiteRtSession(meta, "cpu", None, "fp32")
+    assert litert.input_names("decode") == ["token_id", "position", "past_k"]
+    monkeypatch.setattr(
+        kit_sessions,
+        "open_interpreter",
+        lambda *args: (
+            types.SimpleNamespace(get_signature_runner=lambda key: StandInSignatureRunner(key, [])),
+            "tflite_runtime",
+        ),
+    )
+    classic = kit_sessions.InterpreterSession(meta, None, None)
+    assert classic.input_names("prefill") == ["token_ids", "position"]
+
+    class Session:
+        def __init__(self, file, providers):
+            pass
+
+        def get_inputs(self):
+            return [types.SimpleNamespace(name="token_id"), types.SimpleNamespace(name="past_k")]
+
+    monkeypatch.setitem(
+        sys.modules,
+        "onnxruntime",
+        module(
+            "onnxruntime", get_available_providers=lambda: ["CPUExecutionProvider"], InferenceSession=Session
+        ),
+    )
+    assert kit_sessions.OnnxSession(meta).input_names("decode") == ["token_id", "past_k"]

@@ -3,7 +3,8 @@ written by `keras-posenc export`) and `FILE.json`; and the checks of every file 
 opens it (size, sha256, the TFLite identifier), so a truncated, replaced or foreign file is one
 line on stderr and a non-zero exit, never a traceback or a crash inside a native runtime.
 
-Kept beside run_tflite.py, run_generate.py and run_tensorrt.py (copy them together); stdlib only.
+Kept beside run_tflite.py, run_generate.py, run_translate.py and run_tensorrt.py (copy them together);
+stdlib only.
 """
 
 import contextlib
@@ -18,8 +19,9 @@ CONTRACT_SUFFIX = ".contract.json"
 
 
 class Export:
-    """One export as the kit sees it: `contract` (`tensors`, `keys`, `kinds`, `signatures`, `files` as
-    attribute namespaces), `metadata` (FILE.json) and the folder it lies in."""
+    """One export as the kit sees it: `contract` (`tensors`, `keys`, `kinds`, `files` as attribute
+    namespaces; `signatures`, a prefill/decode file's, and `translate_signatures`, a translator's),
+    `metadata` (FILE.json) and the folder it lies in."""
 
     def __init__(self, model, contract, metadata):
         self.model = model
@@ -29,6 +31,7 @@ class Export:
         self.kinds = types.SimpleNamespace(**contract["kinds"])
         self.files = types.SimpleNamespace(**contract["files"])
         self.signatures = list(contract["signatures"])
+        self.translate_signatures = list(contract.get("translate_signatures", ()))
         self.metadata = metadata
 
     def get(self, key, default=None):

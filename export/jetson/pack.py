@@ -6,14 +6,16 @@ Run on the training machine, from the repository (stdlib only):
     python3 export/jetson/pack.py posenc model.tflite gen_gl.tflite runs/demo/spm.model
     scp -r posenc jetson:~/
 
-DEST (created when missing) gets every file of the kit, this folder: the runners, the kit_*.py modules
-they import, jetson_benchmark.sh and the README. Each exported model named (a file or a per-signature
+DEST (created when missing) gets every file of the kit, this folder: the runners (run_tflite.py,
+run_generate.py, run_translate.py, run_tensorrt.py), the kit_*.py modules they import (kit_sessions.py
+included), jetson_benchmark.sh and the README. Each exported model named (a file or a per-signature
 stem with `MODEL.contract.json` beside it, as `keras-posenc export --out MODEL` writes it) brings
 `MODEL.json`, `MODEL.contract.json` and every file its `MODEL.json` records: the model, or the
-`STEM.prefill.*` / `STEM.decode.*` pair of a `--target gl` or `tensorrt` generation export, and the
-`--embedding host` table. Each of those is checked against its record (size, sha256) before it is
-copied. Any other file named (spm.model, a delegate library) is copied as it is. A file that is
-missing, or two files of one name, is one line on stderr and exit status 1.
+`STEM.prefill.*` / `STEM.decode.*` pair of a `--target gl` or `tensorrt` generation export (the
+`STEM.encode.*` / `STEM.decode.*` pair of a translator's), and the `--embedding host` table. Each
+of those is checked against its record (size, sha256) before it is copied. Any other file named
+(spm.model, a delegate library) is copied as it is. A file that is missing, or two files of one
+name, is one line on stderr and exit status 1.
 """
 
 import argparse

@@ -34,112 +34,7 @@ import time
 import numpy as np
 from kit_contract import fail, open_export, stdout_to_stderr
 from kit_embeddings import HostTable
-from kit_runtime import compiled_model, open_runtime
-from kit_runtime import interpreter as open_interpreter
-
-EXPORT = None  # the `kit_contract.Export` of the model being run (its tensor names), set by `main`
-
-
-def typed(feeds, dtypes, table, tensors=None):
-    """The feeds of one call in the file's input dtypes (float32 for a `--target gl` file); a file
-    that takes `embeddings` (exported with the gpu/gl default `--embedding host`) gets the rows
-    `table[ids]` of the token ids instead."""
-    tensors = tensors or EXPORT.tensors
-    arrays = {}
-    for name, dtype in dtypes.items():
-        if name == tensors.embeddings:
-            ids = feeds[tensors.token_ids] if tensors.token_ids in feeds else feeds[tensors.token_id]
-            arrays[name] = table.rows(ids)
-        else:
-            arrays[name] = np.asarray(feeds[name]).astype(dtype)
-    return arrays
-
-
-def signature_files(path):
-    """`{signature: file}` of the model at `path`, as its FILE.json names them."""
-    return (EXPORT if EXPORT is not None and EXPORT.model == path else open_export(path)).signature_files()
-
-
-class InterpreterSession:
-    """The classic `Interpreter` (tflite-runtime, else TensorFlow's) and its signature runners.
-
-    A `--target gl` pair gets one interpreter per file, each with its own `--delegate` instance:
-    the classic GPU delegate serves one subgraph per interpreter.
-    """
-
-    def __init__(self, path, delegate, threads):
-        files, opened, self.runners = signature_files(path), {}, {}
-        for key, file in files.items():
-            if file not in opened:
-                opened[file], self.name = open_interpreter(file, delegate, threads)
-            self.runners[key] = opened[file].get_signature_runner(key)
-        self.dtypes = {key: {name: detail["dtype"] for name, detail in runner.get_input_details().items()}
-                       for key, runner in self.runners.items()}
-        self.fully_accelerated = None
-        self.table = None
-
-    def run(self, signature, feeds):
-        return self.runners[signature](**typed(feeds, self.dtypes[signature], self.table))
-
-
-class LiteRtSession:
-    """ai-edge-litert's `CompiledModel`, on the CPU or GPU-only on the LiteRT GPU accelerator."""
-
-    name = "ai_edge_litert.CompiledModel"
-
-    def __init__(self, path, accelerator, threads, precision):
-        files, opened = signature_files(path), {}
-        self.models, self.index = {}, {}
-        for key, file in files.items():
-            if file not in opened:
-                opened[file] = compiled_model(file, accelerator, threads, precision)
-            self.models[key] = opened[file]
-            self.index[key] = list(opened[file].get_signature_list()).index(key)
-        self.inputs = {key: self.models[key].get_input_tensor_details(key) for key in files}
-        self.outputs = {key: self.models[key].get_output_tensor_details(key) for key in files}
-        self.buffers = {key: (self.models[key].create_input_buffers(i),
-                              self.models[key].create_output_buffers(i)) for key, i in self.index.items()}
-        self.dtypes = {key: {name: np.dtype(detail["dtype"]) for name, detail in details.items()}
-                       for key, details in self.inputs.items()}
-        self.fully_accelerated = all(model.is_fully_accelerated() for model in opened.values())
-        self.table = None
-
-    def run(self, signature, feeds):
-        inputs, outputs = self.buffers[signature]
-        feeds = typed(feeds, self.dtypes[signature], self.table)
-        for buffer, name in zip(inputs, self.inputs[signature]):
-            buffer.write(np.ascontiguousarray(feeds[name]))
-        self.models[signature].run_by_index(self.index[signature], inputs, outputs)
-        results = {}
-        for buffer, (name, detail) in zip(outputs, self.outputs[signature].items()):
-            shape = [int(n) for n in detail["shape"]]
-            results[name] = buffer.read(int(np.prod(shape)), np.float32).reshape(shape)
-        return results
-
-
-class OnnxSession:
-    """The `STEM.prefill.onnx` / `STEM.decode.onnx` pair of `--target tensorrt`, on onnxruntime.
-
-    Execution providers in order of preference: TensorRT, CUDA, CPU (what the installed
-    onnxruntime offers).
-    """
-
-    def __init__(self, path):
-        try:
-            import onnxruntime
-        except ImportError:
-            raise SystemExit("An .onnx pair needs onnxruntime (onnxruntime-gpu on a Jetson).") from None
-        wanted = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
-        providers = [p for p in wanted if p in onnxruntime.get_available_providers()]
-        self.sessions = {key: onnxruntime.InferenceSession(file, providers=providers)
-                         for key, file in signature_files(path).items()}
-        self.name = f"onnxruntime ({providers[0]})"
-        self.fully_accelerated = None
-
-    def run(self, signature, feeds):
-        session = self.sessions[signature]
-        names = [o.name for o in session.get_outputs()]
-        return dict(zip(names, session.run(None, feeds)))
+from kit_sessions import open_session
 
 
 def sample(logits, rng, sampler="greedy", temperature=1.0, k=None, p=None):
@@ -261,16 +156,14 @@ def embedding_table(meta):
     return HostTable(meta) if meta.get("embedding_table") else None
 
 
-def make_session(args):
-    if args.model.endswith(".onnx"):
-        return OnnxSession(args.model)
-    return open_runtime(args, LiteRtSession, InterpreterSession, EXPORT)
+def make_session(args, meta):
+    """The session of the file (`kit_sessions.open_session`)."""
+    return open_session(args, meta)
 
 
 def main(argv=None):
-    global EXPORT
     args = parse_args(argv)
-    meta = EXPORT = open_export(args.model)
+    meta = open_export(args.model)
     if not meta.is_kind("prefill_decode"):
         fail(f"{args.model} is not a prefill/decode file: export it with "
              "`keras-posenc export MODEL --generate`.")
@@ -293,7 +186,7 @@ def main(argv=None):
     table = embedding_table(meta)
     chosen = []
     with stdout_to_stderr(args.json):  # native runtimes print on fd 1: keep it for the JSON object
-        session = make_session(args)
+        session = make_session(args, meta)
         session.table = table
         ids, ttft, decode_seconds, steps = generate(
             session, meta, prompt_ids, args.max_new_tokens, np.random.default_rng(args.seed), chosen=chosen,

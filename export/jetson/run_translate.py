@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Translates a file on the device with an encoder-decoder export (`keras-posenc export MODEL --translate`).
+
+Needs numpy, sentencepiece and one runtime: `ai-edge-litert` (its `CompiledModel`), else
+`tflite-runtime` or TensorFlow (the `Interpreter`, with `--delegate SO` for a GPU delegate); for the
+ONNX pair of `--target tensorrt` (`STEM.onnx` names `STEM.encode.onnx` and `STEM.decode.onnx`),
+onnxruntime. The file's two signatures: `encode(source_ids [1, S])` once per sentence gives each
+decoder layer's cross-attention keys and values and the source mask; then one `decode(token_id,
+position, past cache, cross keys and values, source mask)` per target token and hypothesis, which
+returns the logits and the cache for the next step. A `--target gl` export is the pair
+`STEM.encode.tflite` / `STEM.decode.tflite`, given as `STEM.tflite`.
+
+The search is `keras-posenc translate`'s (keras_posenc/beam_search.py, run here in float64 numpy):
+beam search ranked by GNMT's length penalty `((5 + length) / 6) ** alpha` (`--beam-size 1`: greedy),
+padding and `<s>` never chosen, a hypothesis ends at `</s>`. Each sentence is `pieces </s>` cut to S
+pieces, right-padded; the text drops the special ids, as `keras-posenc translate` prints it. Ids,
+lengths and the default alpha come from `FILE.json`, tensor names from `FILE.contract.json`; every
+model file is checked (size, sha256, the TFLite identifier) before a runtime opens it.
+
+One sentence per input line, one translation per output line (an empty line stays empty); the
+output appears whole or not at all (written to a temporary file, then renamed). Prints the runtime,
+the sentences/s, the target tokens/s (end tokens counted, as `keras-posenc translate` counts them) and
+the mean time to first token (encode + first decode step); with `--json` one object.
+
+Usage:
+    python3 run_translate.py de.tflite --spm spm.model --input src.txt --output hyp.txt [--beam-size 4]
+        [--alpha A] [--max-new-tokens N] [--accelerator cpu|gpu] [--delegate SO] [--precision fp32|fp16]
+        [--threads N] [--runtime auto|litert|tflite-runtime|onnxruntime] [--json]
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from kit_contract import fail, open_export, stdout_to_stderr
+from kit_sessions import open_session
+
+RUNTIMES = ("auto", "litert", "tflite-runtime", "onnxruntime")
+
+
+# --- the search (keras_posenc/beam_search.py, one sentence at a time) ------------------------------
+
+
+def log_softmax(logits):
+    """The log-probabilities of float logits `[vocab]`, in float64."""
+    logits = np.asarray(logits, np.float64)
+    shifted = logits - np.max(logits)
+    return shifted - np.log(np.sum(np.exp(shifted)))
+
+
+def forbid(log_probs, forbidden_ids):
+    """A float64 copy of `log_probs` with the `forbidden_ids` at -inf (never chosen)."""
+    log_probs = np.array(log_probs, np.float64)
+    log_probs[list(forbidden_ids)] = -np.inf
+    return log_probs
+
+
+def length_penalty(length, alpha):
+    """GNMT's length penalty `((5 + length) / 6) ** alpha` (the end token counted in `length`)."""
+    return ((5.0 + np.float64(length)) / 6.0) ** alpha
+
+
+def top(scores, count):
+    """The indices of the `count` largest `scores` (1-D), largest first; ties: the lower index first."""
+    count = min(count, len(scores))
+    bound = -np.partition(-scores, count - 1)[count - 1]
+    chosen = np.flatnonzero(scores >= bound)
+    return chosen[np.lexsort((chosen, -scores[chosen]))[:count]]
+
+
+def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_ids=()):
+    """The argmax token at each step until `end_id` or `max_new_tokens` tokens; the ids without the end.
+
+    `log_probs`: the first token's `[vocab]`; `step(token, state) -> (log_probs, state)`.
+    """
+    ids, log_probs = [], forbid(log_probs, forbidden_ids)
+    for t in range(max_new_tokens):
+        choice = int(np.argmax(log_probs))
+        if choice == end_id:
+            break
+        ids.append(choice)
+        if t + 1 == max_new_tokens:
+            break
+        log_probs, state = step(choice, state)
+        log_probs = forbid(log_probs, forbidden_ids)
+    return ids
+
+
+def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, alpha, forbidden_ids=()):
+    """The best hypothesis of a `beam_size` beam search, without its end token (`beam_size` 1: greedy).
+
+    At each step the `2 * beam_size` best extensions of the live hypotheses are taken in order: one
+    ending in `end_id` is finished, scored `log_prob / length_penalty(its length, alpha)`; the others
+    fill the live beams. The search stops when `beam_size` hypotheses are finished and no live one can
+    still beat the worst of them; at `max_new_tokens` the live hypotheses compete as they are. Each
+    live hypothesis keeps its own `state` (its cache): `step(token, state) -> (log_probs, state)`
+    runs once per live hypothesis and step, and a beam that extends another takes that one's state.
+    """
+    if beam_size == 1:
+        return greedy_search(log_probs, state, step, max_new_tokens=max_new_tokens, end_id=end_id,
+                             forbidden_ids=forbidden_ids)
+    vocab = len(log_probs)
+    # The live hypotheses: (ids, score, state, the next token's log-probabilities), best first.
+    live = [([], 0.0, state, forbid(log_probs, forbidden_ids))]
+    finished = []  # (score, log_prob, ids), best first, at most beam_size
+    best_possible = length_penalty(max_new_tokens, alpha)
+    done = False
+    for t in range(max_new_tokens):
+        candidates = np.full([beam_size, vocab], -np.inf)
+        for beam, (_, score, _, next_log_probs) in enumerate(live):
+            candidates[beam] = score + next_log_probs
+        candidates = candidates.reshape(-1)
+        extended = []  # (ids, score, the beam it extends)
+        for flat in top(candidates, 2 * beam_size):
+            score = candidates[flat]
+            if not np.isfinite(score):
+                break
+            beam, token = divmod(int(flat), vocab)
+            if token == end_id:
+                finished.append((score / length_penalty(t + 1, alpha), score, live[beam][0]))
+            elif len(extended) < beam_size:
+                extended.append((live[beam][0] + [token], score, beam))
+        finished.sort(key=lambda item: -item[0])
+        del finished[beam_size:]
+        first = extended[0][1] if extended else -np.inf
+        done = len(finished) == beam_size and first / best_possible <= finished[-1][0]
+        if done or t + 1 == max_new_tokens or not extended:
+            live = [(ids, score, None, None) for ids, score, _ in extended]
+            break
+        stepped = []
+        for ids, score, beam in extended:  # each extension runs from the state of the beam it extends
+            next_log_probs, next_state = step(ids[-1], live[beam][2])
+            stepped.append((ids, score, next_state, forbid(next_log_probs, forbidden_ids)))
+        live = stepped
+    pool = list(finished)
+    if not done:  # out of steps: the live hypotheses compete as they are
+        pool += [(score / length_penalty(len(ids), alpha), score, ids) for ids, score, _, _ in live]
+    return list(max(pool, key=lambda item: item[0])[2])
+
+
+# --- the file ----------------------------------------------------------------------------------------
+
+
+class Translator:
+    """The `encode` and `decode` signatures of one export, fed by the contract's tensor names.
+
+    A hypothesis' state is `(position, cross, past)`: the slot of its next token, `encode`'s outputs
+    (shared by every hypothesis of the sentence) and its own cache (the last call's `present_*` outputs
+    as `past_*` inputs; zeros of FILE.json's `cache_shape` before the first call).
+    """
+
+    def __init__(self, session, meta):
+        self.session, self.meta, self.tensors = session, meta, meta.tensors
+        self.encode_signature, self.decode_signature = meta.translate_signatures
+        self.decode_inputs = set(session.input_names(self.decode_signature))
+        self.empty = {name: np.zeros(meta["cache_shape"], np.float32) for name in sorted(self.decode_inputs)
+                      if name.startswith(self.tensors.past_prefix)}
+
+    def source_row(self, pieces):
+        """`pieces </s>` cut to `source_length` tokens and right-padded with `pad_id`: int32 `[1, S]`."""
+        length = self.meta["source_length"]
+        ids = list(pieces[:length - 1]) + [self.meta["eos_id"]]
+        row = np.full([1, length], self.meta["pad_id"], np.int32)
+        row[0, :len(ids)] = ids
+        return row
+
+    def encode(self, row):
+        """`encode`'s outputs that `decode` takes (the cross-attention keys and values, the source mask)."""
+        outputs = self.session.run(self.encode_signature, {self.tensors.source_ids: row})
+        return {name: value for name, value in outputs.items() if name in self.decode_inputs}
+
+    def step(self, token, state):
+        """One `decode` call: `(log_probs float64 [vocab], the next state)`."""
+        position, cross, past = state
+        tensors = self.tensors
+        outputs = self.session.run(self.decode_signature, {
+            tensors.token_id: np.array([[token]], np.int32), tensors.position: np.array([position], np.int32),
+            **cross, **past})
+        logits = outputs.pop(tensors.logits)[0]
+        present = {tensors.past_prefix + name[len(tensors.present_prefix):]: value
+                   for name, value in outputs.items() if name.startswith(tensors.present_prefix)}
+        return log_softmax(logits), (position + 1, cross, present)
+
+    def translate(self, pieces, *, beam_size, alpha, max_new_tokens, clock=time.perf_counter):
+        """The target ids of one sentence's `pieces` (without `<s>` and `</s>`) and its time to first
+        token (encode + the first decode step), in seconds."""
+        start = clock()
+        cross = self.encode(self.source_row(pieces))
+        first, state = self.step(self.meta["bos_id"], (0, cross, self.empty))
+        ttft = clock() - start
+        ids = beam_search(first, state, self.step, beam_size=beam_size, max_new_tokens=max_new_tokens,
+                          end_id=self.meta["eos_id"], alpha=alpha,
+                          forbidden_ids=(self.meta["pad_id"], self.meta["bos_id"]))
+        return ids, ttft
+
+
+def text_of(processor, ids, special_ids):
+    """The text of target ids without every special id (`<unk>` too): `keras-posenc translate`'s text."""
+    special = set(special_ids)
+    return processor.DecodeIds([int(i) for i in ids if int(i) not in special])
+
+
+def translate_lines(translator, processor, lines, *, beam_size, alpha, max_new_tokens,
+                    clock=time.perf_counter):
+    """The translation of each line (an empty line stays empty) and the run's figures: `sentences`
+    (lines), `translated` (lines not empty), `tokens` (target tokens, end tokens counted), `seconds`,
+    `ttft` (the mean time to first token, seconds; None without a sentence)."""
+    special = translator.meta["special_ids"]
+    outputs, tokens, ttfts = [], 0, []
+    start = clock()
+    for line in lines:
+        if not line.strip():
+            outputs.append("")
+            continue
+        ids, ttft = translator.translate(processor.EncodeAsIds(line), beam_size=beam_size, alpha=alpha,
+                                         max_new_tokens=max_new_tokens, clock=clock)
+        outputs.append(text_of(processor, ids, special))
+        tokens += len(ids) + 1
+        ttfts.append(ttft)
+    return outputs, {"sentences": len(lines), "translated": len(ttfts), "tokens": tokens,
+                     "seconds": clock() - start, "ttft": sum(ttfts) / len(ttfts) if ttfts else None}
+
+
+# --- files and the command line ---------------------------------------------------------------------
+
+
+def read_lines(path):
+    """The lines of the UTF-8 text file `path`, without their line ends."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        fail(f"--input {path}: file not found.")
+    except UnicodeDecodeError as error:
+        fail(f"--input {path}: not UTF-8 text ({error.reason} at byte {error.start}).")
+    except OSError as error:
+        fail(f"--input {path}: not readable ({error.strerror}).")
+
+
+def write_atomically(path, text):
+    """Writes `text` to `path` whole or not at all: a temporary file beside it, renamed into place."""
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        handle, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    except OSError as error:
+        fail(f"--output {path}: cannot write there ({error.strerror}).")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(handle, 0o666 & ~umask)  # mkstemp's 0600 would make the output private
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException as error:
+        if os.path.exists(temp):
+            os.remove(temp)
+        if isinstance(error, OSError):
+            fail(f"--output {path}: cannot write it ({error.strerror}).")
+        raise
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit status 1, as the kit's others."""
+
+    def error(self, message):
+        fail(f"{self.prog}: {message}")
+
+
+def parse_args(argv):
+    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="translator from `keras-posenc export MODEL --translate`: a .tflite "
+                                      "(STEM.tflite for the STEM.encode.tflite/STEM.decode.tflite pair of "
+                                      "--target gl), or STEM.onnx for the STEM.encode.onnx/STEM.decode.onnx "
+                                      "pair of --target tensorrt (onnxruntime)")
+    parser.add_argument("--spm", required=True, help="the run's SentencePiece model (spm.model)")
+    parser.add_argument("--input", required=True, help="the sentences to translate, one per line (UTF-8)")
+    parser.add_argument("--output", required=True, help="the translations, one per line")
+    parser.add_argument("--beam-size", type=int, default=4, help="default 4; 1: greedy")
+    parser.add_argument("--alpha", type=float, help="the length penalty's exponent (default: FILE.json's "
+                                                    "length_penalty, that of `keras-posenc translate`)")
+    parser.add_argument("--max-new-tokens", type=int, help="target tokens at most, the end token included "
+                                                           "(default and limit: the file's cache_length)")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="default cpu")
+    parser.add_argument("--delegate", help="tflite-runtime: a delegate library for --accelerator gpu")
+    parser.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="LiteRT GPU precision")
+    parser.add_argument("--threads", type=int, help="CPU threads")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
+                        help="auto: onnxruntime for an .onnx file, else ai-edge-litert's CompiledModel when "
+                             "installed, else the Interpreter (tflite-runtime's, else TensorFlow's)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.beam_size < 1:
+        fail(f"--beam-size must be >= 1, got {args.beam_size}.")
+    if args.alpha is not None and not args.alpha >= 0:
+        fail(f"--alpha must be >= 0, got {args.alpha}.")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+    for flag, path in (("--spm", args.spm), ("--input", args.input)):
+        if not os.path.isfile(path):
+            fail(f"{flag} {path}: file not found.")
+    if os.path.realpath(args.output) == os.path.realpath(args.input):
+        fail(f"--output {args.output} is the input: give another file.")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        fail(f"--output {args.output}: no such folder.")
+    return args
+
+
+def check_runtime(args):
+    """Refuses a runtime that cannot run the file: onnxruntime runs the .onnx pair, and only it."""
+    onnx = args.model.endswith(".onnx")
+    if onnx and args.runtime not in ("auto", "onnxruntime"):
+        fail(f"{args.model} is the ONNX pair of --target tensorrt: it runs on onnxruntime (--runtime auto or "
+             f"onnxruntime), not --runtime {args.runtime}.")
+    if not onnx and args.runtime == "onnxruntime":
+        fail(f"--runtime onnxruntime runs the STEM.onnx pair of --target tensorrt, not {args.model}.")
+
+
+def make_session(args, meta):
+    """The session of the file (`kit_sessions.open_session`); `--runtime tflite-runtime` is the
+    classic Interpreter."""
+    runtime = "interpreter" if args.runtime == "tflite-runtime" else args.runtime
+    return open_session(argparse.Namespace(**dict(vars(args), runtime=runtime)), meta)
+
+
+def open_translator(args):
+    """`(Export, max_new_tokens, alpha)` of the file, every file checked before a runtime opens it."""
+    meta = open_export(args.model)
+    if not meta.is_kind("translate"):
+        made = ("`keras-posenc export MODEL --generate`" if meta.is_kind("prefill_decode")
+                else "`keras-posenc export MODEL`")
+        fail(f"{args.model} is not a translator (FILE.json kind {meta.get('kind')!r}, made by {made}): "
+             "export the Seq2SeqTransformer with `keras-posenc export MODEL --translate`.")
+    if len(meta.translate_signatures) != 2:
+        fail(f"{args.model}: its contract names no encode/decode signatures: export it again.")
+    check_runtime(args)
+    meta.check_accelerator(args.accelerator)
+    for path in sorted(set(meta.signature_files().values())):
+        meta.verify(path, tflite=not args.model.endswith(".onnx"))
+    cache_length = meta["cache_length"]
+    max_new_tokens = cache_length if args.max_new_tokens is None else args.max_new_tokens
+    if max_new_tokens > cache_length:
+        fail(f"--max-new-tokens {max_new_tokens} needs {max_new_tokens} cache slots; the file has "
+             f"{cache_length} (export with a larger --cache-length).")
+    alpha = meta["length_penalty"] if args.alpha is None else args.alpha
+    return meta, max_new_tokens, alpha
+
+
+def load_pieces(path, meta):
+    """The SentencePiece processor of `path`, refused when its pieces do not fit the file's vocabulary."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.Load(path)
+    except (OSError, RuntimeError) as error:
+        fail(f"--spm {path}: not a SentencePiece model ({' '.join(str(error).split())}).")
+    if processor.GetPieceSize() > meta["vocab_size"]:
+        fail(f"--spm {path} has {processor.GetPieceSize()} pieces, more than the file's vocabulary of "
+             f"{meta['vocab_size']}: give the spm.model of the run that was exported.")
+    return processor
+
+
+def report(stats, session, args, alpha):
+    """The run's figures as `--json` prints them."""
+    seconds = stats["seconds"]
+    return {"sentences": stats["sentences"], "tokens": stats["tokens"], "seconds": seconds,
+            "sentences_per_s": stats["translated"] / seconds if stats["translated"] and seconds > 0 else None,
+            "tokens_per_s": stats["tokens"] / seconds if stats["tokens"] and seconds > 0 else None,
+            "ttft_ms": None if stats["ttft"] is None else stats["ttft"] * 1e3, "runtime": session.name,
+            "accelerator": args.accelerator, "fully_accelerated": session.fully_accelerated,
+            "beam_size": args.beam_size, "alpha": alpha}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    meta, max_new_tokens, alpha = open_translator(args)
+    processor = load_pieces(args.spm, meta)
+    lines = read_lines(args.input)
+    with stdout_to_stderr(args.json):  # native runtimes print on fd 1: keep it for the JSON object
+        session = make_session(args, meta)
+        translator = Translator(session, meta)
+        outputs, stats = translate_lines(translator, processor, lines, beam_size=args.beam_size, alpha=alpha,
+                                         max_new_tokens=max_new_tokens)
+    write_atomically(args.output, "".join(line + "\n" for line in outputs))
+    shown = report(stats, session, args, alpha)
+    if args.json:
+        print(json.dumps(shown))
+        return 0
+    print(f"runtime: {session.name}  accelerator: {args.accelerator}  fully accelerated: "
+          f"{session.fully_accelerated}")
+    rates = ("" if shown["sentences_per_s"] is None else
+             f" ({shown['sentences_per_s']:.2f} sentences/s, {shown['tokens_per_s']:.1f} target tokens/s)")
+    print(f"translated {stats['translated']} of {stats['sentences']} lines in {stats['seconds']:.2f} s"
+          f"{rates}, beam {args.beam_size}, alpha {alpha}")
+    if shown["ttft_ms"] is not None:
+        print(f"mean time to first token {shown['ttft_ms']:.1f} ms (encode + first decode step)")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+"""The device kit's translator (export/jetson/run_translate.py) in this process: its search gives the ids
+of keras_posenc.beam_search on the same log-probabilities; run over a Seq2SeqTransformer's own encode
+and decode steps (stand-ins for the exported signatures, with the file's names and cache shapes) it
+gives `Seq2SeqTransformer.translate`'s ids and `keras-posenc translate`'s text; its command line
+refuses what it cannot run in one line, and its output file appears whole or not at all. The kit on
+real exported files and runtimes is tests/edge/edge_kit_translate.py."""
+
+import hashlib
+import json
+import os
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from keras_posenc.app.dataset import NUM_RESERVED_IDS, train_sentencepiece
+from keras_posenc.app.translation import TranslationRun, translate_sentences
+from keras_posenc.app.translation_data import source_ids
+from keras_posenc.backend import inference_function, keras, ops
+from keras_posenc.beam_search import beam_search
+from keras_posenc.export import contract
+from keras_posenc.seq2seq import Seq2SeqTransformer
+from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "export", "jetson"))
+import kit_contract  # noqa: E402  (the kit's modules import each other by name, as on the device)
+import run_translate  # noqa: E402
+
+FORBIDDEN = (PAD_ID, BOS_ID)
+SENTENCES = ["the cat sat on the mat", "a dog ran to the old house", "the bird sang", "old mats and cats",
+             "the house by the river is small", "a cat and a dog"]
+
+
+# --- the search against keras_posenc.beam_search ------------------------------------------------------
+
+
+def table_log_probs(prefix, seed, vocab=12):
+    """Log-probabilities of the token after `prefix`: a random row picked by the prefix and the seed,
+    rounded to 0.5 so that scores tie, with the end token likelier as the prefix grows."""
+    key = zlib.crc32(f"{seed}:{list(prefix)}".encode())
+    logits = np.round(np.random.default_rng(key).normal(scale=1.5, size=vocab) * 2) / 2
+    logits[EOS_ID] += 0.4 * len(prefix) - 1.0
+    return logits - np.log(np.sum(np.exp(logits)))
+
+
+def package_ids(seed, beam_size, alpha, max_new_tokens):
+    """keras_posenc.beam_search's best hypothesis over `table_log_probs` (a batch of one row)."""
+    def step(tokens, prefixes):
+        prefixes = [prefix + (int(token),) for prefix, token in zip(prefixes, tokens)]
+        return np.stack([table_log_probs(prefix, seed) for prefix in prefixes]), prefixes
+
+    def reorder(prefixes, rows):
+        return [prefixes[row] for row in rows]
+
+    result = beam_search(table_log_probs((), seed)[None], [()], step, reorder, beam_size=beam_size,
+                         max_new_tokens=max_new_tokens, end_id=EOS_ID, alpha=alpha, forbidden_ids=FORBIDDEN)
+    return result.ids[0].tolist()
+
+
+def kit_ids(seed, beam_size, alpha, max_new_tokens, calls=None):
+    """The kit's search over the same table: each hypothesis' state is its prefix."""
+    def step(token, prefix):
+        prefix = prefix + (token,)
+        if calls is not None:
+            calls.append(prefix)
+        return table_log_probs(prefix, seed), prefix
+
+    return run_translate.beam_search(table_log_probs((), seed), (), step, beam_size=beam_size,
+                                     max_new_tokens=max_new_tokens, end_id=EOS_ID, alpha=alpha,
+                                     forbidden_ids=FORBIDDEN)
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 4])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+def test_the_kit_search_gives_the_package_s_ids(beam_size, alpha):
+    lengths = set()
+    for seed in range(40):
+        for max_new_tokens in (1, 3, 9):
+            expected = package_ids(seed, beam_size, alpha, max_new_tokens)
+            assert kit_ids(seed, beam_size, alpha, max_new_tokens) == expected, (seed, max_new_tokens)
+            lengths.add(len(expected))
+    assert {0, 1, 2, 3} <= lengths  # ended early and ran to the limit, in many lengths
+
+
+def test_the_search_cases_tell_the_beam_sizes_and_penalties_apart():
+    """The cases above can fail: beam search finds other ids than greedy, alpha changes the winner."""
+    def differing(a, b):
+        return sum(package_ids(seed, *a, 9) != package_ids(seed, *b, 9) for seed in range(40))
+
+    assert differing((1, 1.0), (4, 1.0)) >= 5
+    assert differing((4, 0.0), (4, 2.0)) >= 5
+    assert differing((2, 0.6), (4, 0.6)) >= 2
+
+
+def test_greedy_is_one_step_per_token_and_beams_step_only_live_hypotheses():
+    calls = []
+    ids = kit_ids(3, 1, 1.0, 9, calls)
+    assert len(calls) == min(len(ids), 8)  # no step after the end token or the last token
+    calls.clear()
+    kit_ids(3, 4, 1.0, 9, calls)
+    assert len(set(calls)) == len(calls)  # each live hypothesis stepped once, none for a dead beam slot
+    for length in range(1, 9):
+        assert len([prefix for prefix in calls if len(prefix) == length]) <= 4
+
+
+def test_the_kit_s_helpers():
+    assert run_translate.length_penalty(7, 0.6) == pytest.approx(1.515717, abs=1e-6)
+    assert run_translate.length_penalty(7, 0.0) == 1.0
+    assert run_translate.top(np.array([1.0, 3.0, 3.0, 2.0]), 3).tolist() == [1, 2, 3]  # ties: lower first
+    assert run_translate.top(np.array([1.0, 2.0]), 5).tolist() == [1, 0]
+    logits = np.array([1.0, 2.0, 3.0], np.float32)
+    expected = np.log(np.exp(logits.astype(np.float64)) / np.exp(logits.astype(np.float64)).sum())
+    np.testing.assert_allclose(run_translate.log_softmax(logits), expected, rtol=0, atol=1e-15)
+    assert run_translate.log_softmax(logits).dtype == np.float64
+    forbidden = run_translate.forbid(np.zeros(4), (0, 2))
+    assert forbidden.tolist() == [-np.inf, 0.0, -np.inf, 0.0]
+
+
+# --- the translate loop over a Seq2SeqTransformer's own steps -----------------------------------------
+
+
+def translate_export(model, source_length, cache_length, folder=None, name="de.tflite"):
+    """The `kit_contract.Export` of a translator of `model` (FILE.json as the exporter writes it)."""
+    head_dim = model.d_model // model.num_heads
+    metadata = {
+        "kind": "translate", "target": "cpu", "accelerators": ["cpu"], "input_dtype": "int32",
+        "vocab_size": model.vocab_size, "num_layers": model.num_layers, "pad_id": PAD_ID, "bos_id": BOS_ID,
+        "eos_id": EOS_ID, "unk_id": UNK_ID, "special_ids": list(range(NUM_RESERVED_IDS)),
+        "source_length": source_length, "cache_length": cache_length,
+        "cache_shape": [1, cache_length, model.num_heads, head_dim],
+        "cross_shape": [1, source_length, model.num_heads, head_dim], "length_penalty": 1.0,
+        "embedding": "graph", "signature_files": {"encode": name, "decode": name}}
+    model_path = os.path.join(folder or "", name)
+    return kit_contract.Export(model_path, contract.document(), metadata)
+
+
+class ModelSession:
+    """The encode/decode signatures of a translator, computed by the Keras model's own cached steps
+    (`encode`, `cross_cache`, `decode_step`), named and shaped as the exported file's."""
+
+    name, fully_accelerated, table = "keras", None, None
+
+    def __init__(self, model, meta):
+        self.model, self.layers = model, range(model.num_layers)
+        self.calls = []
+
+        def encode(source):
+            outputs, mask = model.encode(source)
+            return model.cross_cache(outputs), mask
+
+        self.encoder = inference_function(model, encode)
+        self.decoder = inference_function(model, model.decode_step)
+
+    def input_names(self, signature):
+        assert signature == "decode"
+        names = [contract.TENSORS["token_id"], contract.TENSORS["position"], contract.TENSORS["source_mask"]]
+        for i in self.layers:
+            names += [contract.past_name(kind, i) for kind in ("key", "value")]
+            names += [contract.cross_name(kind, i) for kind in ("key", "value")]
+        return names
+
+    def run(self, signature, feeds):
+        self.calls.append(signature)
+        return self.encode(feeds) if signature == "encode" else self.decode(feeds)
+
+    def encode(self, feeds):
+        source = np.asarray(feeds["source_ids"])
+        assert source.dtype == np.int32 and source.shape[0] == 1
+        cross, mask = self.encoder(ops.convert_to_tensor(source))
+        cross = ops.convert_to_numpy(cross)  # [1, layers, 2, S, heads, head_dim]
+        named = {contract.TENSORS["source_mask"]: ops.convert_to_numpy(mask).astype(np.float32)}
+        for i in self.layers:
+            named[contract.cross_name("key", i)] = cross[:, i, 0]
+            named[contract.cross_name("value", i)] = cross[:, i, 1]
+        return named
+
+    def decode(self, feeds):
+        assert set(feeds) == set(self.input_names("decode"))
+        cache = np.stack([np.stack([feeds[contract.past_name(kind, i)] for kind in ("key", "value")], axis=1)
+                          for i in self.layers], axis=1)
+        cross = np.stack([np.stack([feeds[contract.cross_name(kind, i)] for kind in ("key", "value")], axis=1)
+                          for i in self.layers], axis=1)
+        logits, cache = self.decoder(
+            ops.convert_to_tensor(np.asarray(feeds["token_id"], np.int32)), ops.convert_to_tensor(cache),
+            ops.convert_to_tensor(np.int32(feeds["position"][0])), ops.convert_to_tensor(cross),
+            ops.convert_to_tensor(feeds["source_mask"] > 0.5))
+        cache = ops.convert_to_numpy(cache)
+        named = {contract.TENSORS["logits"]: ops.convert_to_numpy(logits)[:, -1]}
+        for i in self.layers:
+            named[contract.present_name("key", i)] = cache[:, i, 0]
+            named[contract.present_name("value", i)] = cache[:, i, 1]
+        return named
+
+
+@pytest.fixture(scope="module")
+def translator_model():
+    """A tiny translator with sharp distributions (its head scaled up) whose end token ends some
+    sentences early and lets the others run to the limit; its SentencePiece model."""
+    sp_model = train_sentencepiece(SENTENCES * 4, vocab_size=32)
+    keras.utils.set_random_seed(5)
+    model = Seq2SeqTransformer(num_layers=2, d_model=16, num_heads=2, dff=32, vocab_size=32, max_length=12,
+                               dropout=0.0)
+    model.build_on_dummy()
+    model.head.kernel.assign(model.head.kernel.numpy() * 8.0)
+    bias = model.head.bias.numpy()
+    bias[EOS_ID] += 2.0
+    model.head.bias.assign(bias)
+    return model, sp_model
+
+
+def test_the_kit_translates_what_the_model_translates(translator_model):
+    """Beam 1, 2 and 4 at several alphas: the ids of `Seq2SeqTransformer.translate`, sentence by sentence."""
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9)
+    session = ModelSession(model, meta)
+    translator = run_translate.Translator(session, meta)
+    forgetful = Forgetful(session, meta)
+    lengths, expected_ids, forgotten = [], [], []
+    for beam_size, alpha in ((1, 1.0), (2, 0.6), (4, 1.0), (4, 0.0)):
+        for pieces in processor.encode(SENTENCES):
+            row = translator.source_row(pieces)
+            assert row.shape == (1, model.max_length) and row.dtype == np.int32
+            ids, ttft = translator.translate(pieces, beam_size=beam_size, alpha=alpha, max_new_tokens=7)
+            expected = model.translate(row, 7, beam_size=beam_size, alpha=alpha).ids[0].tolist()
+            assert ids == expected, (pieces, beam_size, alpha)
+            assert ttft >= 0
+            lengths.append(len(ids))
+            expected_ids.append(expected)
+            forgotten.append(forgetful.translate(pieces, beam_size=beam_size, alpha=alpha,
+                                                 max_new_tokens=7)[0])
+    assert min(lengths) < 7 == max(lengths), lengths  # ended early, and ran to the limit
+    assert session.calls.count("encode") == 2 * 4 * len(SENTENCES)
+    assert forgotten != expected_ids  # the ids depend on each hypothesis' own cache: without it they differ
+
+
+class Forgetful(run_translate.Translator):
+    """A translator that feeds every decode step the empty cache (what a kit that lost its caches does)."""
+
+    def step(self, token, state):
+        position, cross, _ = state
+        return super().step(token, (position, cross, self.empty))
+
+
+def test_the_kit_s_text_is_keras_posenc_translate_s(translator_model):
+    model, sp_model = translator_model
+    run = TranslationRun(model, sp_model)
+    expected, _ = translate_sentences(run, SENTENCES, beam_size=2, alpha=0.6, batch_size=1, max_new_tokens=7)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    lines = SENTENCES[:3] + ["", "   "] + SENTENCES[3:]
+    outputs, stats = run_translate.translate_lines(translator, run.processor, lines, beam_size=2, alpha=0.6,
+                                                   max_new_tokens=7)
+    assert outputs == expected[:3] + ["", ""] + expected[3:]
+    assert stats["sentences"] == len(lines) and stats["translated"] == len(SENTENCES)
+    assert stats["ttft"] > 0 and stats["seconds"] > 0 and stats["tokens"] >= len(SENTENCES)
+
+
+def test_a_source_is_cut_to_the_file_s_length(translator_model):
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=5, cache_length=4)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    pieces = processor.encode(SENTENCES[4])
+    assert len(pieces) > 4
+    expected = source_ids(processor, [SENTENCES[4]], 5)[0]  # what translate reads at max_length 5
+    assert translator.source_row(pieces).tolist() == [expected.tolist()]
+    assert translator.source_row(pieces[:2]).tolist() == [pieces[:2] + [EOS_ID, PAD_ID, PAD_ID]]
+    assert sorted(translator.empty) == sorted(contract.past_name(kind, i) for i in range(2)
+                                              for kind in ("key", "value"))
+    assert all(cache.shape == (1, 4, 2, 8) and not cache.any() for cache in translator.empty.values())
+
+
+def test_text_drops_every_special_id_as_translate_does(translator_model):
+    _, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    words = processor.encode("the cat sat")
+    ids = [UNK_ID] + words[:2] + [EOS_ID, 4, PAD_ID, BOS_ID] + words[2:]
+    text = run_translate.text_of(processor, ids, range(NUM_RESERVED_IDS))
+    assert text == processor.decode([i for i in ids if i >= NUM_RESERVED_IDS]) == "the cat sat"
+    assert run_translate.text_of(processor, [UNK_ID], [0, 2, 3]) == processor.decode([UNK_ID]) != ""
+
+
+# --- the command line -------------------------------------------------------------------------------
+
+
+TFLITE = b"\x1c\x00\x00\x00TFL3" + bytes(40)
+
+
+def write_translator(folder, model, **metadata):
+    """A translator's files as the exporter writes them (a stand-in model file); its path."""
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, folder=str(folder))
+    path = meta.model
+    with open(path, "wb") as f:
+        f.write(TFLITE)
+    record = {"bytes": len(TFLITE), "sha256": hashlib.sha256(TFLITE).hexdigest()}
+    with open(path + ".json", "w") as f:
+        json.dump({**meta.metadata, "files": {os.path.basename(path): record}, **metadata}, f)
+    with open(path + ".contract.json", "w") as f:
+        json.dump(contract.document(), f)
+    return path
+
+
+@pytest.fixture
+def command(tmp_path, translator_model, monkeypatch):
+    """`(run(*flags) -> exit status, folder)`: run_translate.main on a stand-in file, the model's steps as
+    its runtime, with spm.model and src.txt beside it."""
+    model, sp_model = translator_model
+    path = write_translator(tmp_path, model)
+    (tmp_path / "spm.model").write_bytes(sp_model)
+    (tmp_path / "src.txt").write_text("\n".join(SENTENCES[:2] + ["", SENTENCES[2]]) + "\n", encoding="utf-8")
+    opened = []
+
+    def session(args, meta):
+        opened.append(args)
+        return ModelSession(model, meta)
+
+    monkeypatch.setattr(run_translate, "make_session", session)
+
+    def run(*flags, model_path=path):
+        argv = [model_path, "--spm", str(tmp_path / "spm.model"), "--input", str(tmp_path / "src.txt"),
+                "--output", str(tmp_path / "hyp.txt"), *flags]
+        return run_translate.main(argv)
+
+    run.opened = opened
+    return run, tmp_path
+
+
+def exited(call):
+    """The message of the SystemExit that `call()` raises (a string: one line, exit status 1)."""
+    with pytest.raises(SystemExit) as raised:
+        call()
+    assert isinstance(raised.value.code, str) and "\n" not in raised.value.code, raised.value.code
+    return raised.value.code
+
+
+def test_main_writes_one_translation_per_line_and_prints_the_figures(command, translator_model, capsys):
+    run, folder = command
+    assert run("--beam-size", "2", "--max-new-tokens", "7") == 0
+    printed = capsys.readouterr().out.splitlines()
+    model, sp_model = translator_model
+    expected, _ = translate_sentences(TranslationRun(model, sp_model), SENTENCES[:3], beam_size=2, alpha=1.0,
+                                      batch_size=1, max_new_tokens=7)
+    written = (folder / "hyp.txt").read_text(encoding="utf-8")
+    assert written.split("\n") == expected[:2] + ["", expected[2], ""]
+    assert printed[0] == "runtime: keras  accelerator: cpu  fully accelerated: None"
+    assert printed[1].startswith("translated 3 of 4 lines in ") and printed[1].endswith(", beam 2, alpha 1.0")
+    assert "sentences/s" in printed[1] and "target tokens/s" in printed[1]
+    assert printed[2].startswith("mean time to first token ") and printed[3] == f"wrote {folder / 'hyp.txt'}"
+    assert run("--json", "--beam-size", "1", "--alpha", "0.5") == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {"sentences", "tokens", "seconds", "sentences_per_s", "tokens_per_s", "ttft_ms", "runtime",
+            "fully_accelerated"} <= set(shown)
+    assert shown["sentences"] == 4 and shown["runtime"] == "keras" and shown["alpha"] == 0.5
+    assert shown["ttft_ms"] > 0 and shown["tokens"] >= 3 and shown["tokens_per_s"] > 0
+    assert [args.runtime for args in run.opened] == ["auto", "auto"]
+
+
+def test_main_defaults_alpha_and_the_length_to_the_file_s(command, monkeypatch):
+    run, folder = command
+    seen = []
+    monkeypatch.setattr(run_translate, "translate_lines",
+                        lambda translator, processor, lines, **options: seen.append(options) or ([], {
+                            "sentences": 0, "translated": 0, "tokens": 0, "seconds": 0.0, "ttft": None}))
+    assert run() == 0
+    assert seen == [{"beam_size": 4, "alpha": 1.0, "max_new_tokens": 9}]
+    assert (folder / "hyp.txt").read_text() == ""
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--beam-size", "0"], "--beam-size must be >= 1, got 0."),
+    (["--beam-size", "x"], "run_translate.py: argument --beam-size: invalid int value: 'x'"),
+    (["--alpha", "-0.5"], "--alpha must be >= 0, got -0.5."),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0."),
+    (["--max-new-tokens", "10"], "--max-new-tokens 10 needs 10 cache slots; the file has 9 (export with a "
+                                 "larger --cache-length)."),
+    (["--runtime", "onnxruntime"], "--runtime onnxruntime runs the STEM.onnx pair of --target tensorrt"),
+    (["--runtime", "tensorrt"], "run_translate.py: argument --runtime: invalid choice: 'tensorrt'"),
+    (["--accelerator", "gpu"], "was exported with --target cpu, which runs on cpu only"),
+])
+def test_argument_errors_are_one_line(command, monkeypatch, flags, message):
+    run, folder = command
+    monkeypatch.setattr(sys, "argv", ["run_translate.py"])
+    assert message in exited(lambda: run(*flags))
+    assert not (folder / "hyp.txt").exists()
+
+
+def test_missing_files_and_an_output_over_the_input_are_one_line(command, monkeypatch):
+    run, folder = command
+    monkeypatch.setattr(sys, "argv", ["run_translate.py"])
+    model = str(folder / "de.tflite")
+    src, spm_path = str(folder / "src.txt"), str(folder / "spm.model")
+    main = run_translate.main
+    assert exited(lambda: main([model, "--spm", "no.model", "--input", src, "--output", "o"])) == (
+        "--spm no.model: file not found.")
+    assert exited(lambda: main([model, "--spm", spm_path, "--input", "no.txt", "--output", "o"])) == (
+        "--input no.txt: file not found.")
+    assert exited(lambda: main([model, "--spm", spm_path, "--input", src, "--output", src])) == (
+        f"--output {src} is the input: give another file.")
+    assert exited(lambda: main([model, "--spm", spm_path, "--input", src, "--output", "nowhere/o.txt"])) == (
+        "--output nowhere/o.txt: no such folder.")
+    assert "the following arguments are required: --spm" in exited(lambda: main([model, "--input", src]))
+    (folder / "latin1.txt").write_bytes(b"caf\xe9\n")
+    assert exited(lambda: main([model, "--spm", spm_path, "--input", str(folder / "latin1.txt"), "--output",
+                                str(folder / "o.txt")])) == (
+        f"--input {folder / 'latin1.txt'}: not UTF-8 text (invalid continuation byte at byte 3).")
+    (folder / "bad.model").write_bytes(b"not a model")
+    assert exited(lambda: run_translate.load_pieces(str(folder / "bad.model"), None)).startswith(
+        f"--spm {folder / 'bad.model'}: not a SentencePiece model")
+    assert src == str(folder / "src.txt") and (folder / "src.txt").read_text().startswith(SENTENCES[0])
+
+
+def test_another_kind_of_file_names_the_command_that_makes_a_translator(command, translator_model):
+    run, folder = command
+    model, _ = translator_model
+    for name in ("generation", "window", "small"):
+        (folder / name).mkdir()
+    generation = write_translator(folder / "generation", model, kind="prefill_decode")
+    assert exited(lambda: run(model_path=generation)) == (
+        f"{generation} is not a translator (FILE.json kind 'prefill_decode', made by `keras-posenc export "
+        "MODEL --generate`): export the Seq2SeqTransformer with `keras-posenc export MODEL --translate`.")
+    window = write_translator(folder / "window", model, kind="window")
+    assert "made by `keras-posenc export MODEL`)" in exited(lambda: run(model_path=window))
+    with open(str(folder / "de.tflite"), "r+b") as f:
+        f.write(b"\x00" * 8)
+    assert "not a TFLite file" in exited(run)
+    small = write_translator(folder / "small", model, vocab_size=30)
+    assert exited(lambda: run(model_path=small)) == (
+        f"--spm {folder / 'spm.model'} has 32 pieces, more than the file's vocabulary of 30: give the "
+        "spm.model of the run that was exported.")
+
+
+def test_the_runtime_flag_picks_the_runtime_and_fits_the_file(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(run_translate, "open_session", lambda args, meta: seen.append(args.runtime) or "s")
+    args = run_translate.argparse.Namespace(model="de.tflite", runtime="tflite-runtime", delegate=None)
+    assert run_translate.make_session(args, None) == "s" and seen == ["interpreter"]
+    assert args.runtime == "tflite-runtime"  # the caller's arguments are left as they were
+    run_translate.make_session(run_translate.argparse.Namespace(model="de.tflite", runtime="litert"), None)
+    assert seen[-1] == "litert"
+    onnx = run_translate.argparse.Namespace(model="de.onnx", runtime="litert")
+    assert exited(lambda: run_translate.check_runtime(onnx)) == (
+        "de.onnx is the ONNX pair of --target tensorrt: it runs on onnxruntime (--runtime auto or "
+        "onnxruntime), not --runtime litert.")
+    for runtime in ("auto", "onnxruntime"):
+        run_translate.check_runtime(run_translate.argparse.Namespace(model="de.onnx", runtime=runtime))
+    run_translate.check_runtime(run_translate.argparse.Namespace(model="de.tflite", runtime="tflite-runtime"))
+
+
+def test_a_runtime_that_is_not_installed_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    monkeypatch.setitem(sys.modules, "ai_edge_litert", None)
+    onnx = run_translate.argparse.Namespace(model="de.onnx", runtime="onnxruntime")
+    assert exited(lambda: run_translate.make_session(onnx, None)) == (
+        "An .onnx pair needs onnxruntime (onnxruntime-gpu on a Jetson).")
+    litert = run_translate.argparse.Namespace(model="de.tflite", runtime="litert", accelerator="cpu",
+                                              threads=None, precision="fp32", delegate=None)
+    export = kit_contract.Export("de.tflite", contract.document(), {})
+    assert exited(lambda: run_translate.make_session(litert, export)) == (
+        "--runtime litert: pip install ai-edge-litert")
+
+
+# --- the output file ----------------------------------------------------------------------------------
+
+
+def test_a_failed_run_leaves_the_old_output_and_no_temporary_file(command, monkeypatch):
+    run, folder = command
+    (folder / "hyp.txt").write_text("the old translations\n")
+    before = sorted(os.listdir(folder))
+
+    def failing(self, pieces, **options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_translate.Translator, "translate", failing)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    assert (folder / "hyp.txt").read_text() == "the old translations\n"
+    assert sorted(os.listdir(folder)) == before
+
+
+def test_write_atomically_replaces_whole_files_or_leaves_them(tmp_path, monkeypatch):
+    path = str(tmp_path / "hyp.txt")
+    run_translate.write_atomically(path, "eins\nzwei\n")
+    assert open(path, encoding="utf-8").read() == "eins\nzwei\n" and os.listdir(tmp_path) == ["hyp.txt"]
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask()  # not mkstemp's private 0600
+    def full_disk(source, destination):
+        raise OSError(28, "No space")
+
+    monkeypatch.setattr(run_translate.os, "replace", full_disk)
+    assert exited(lambda: run_translate.write_atomically(path, "drei\n")) == (
+        f"--output {path}: cannot write it (No space).")
+    assert open(path, encoding="utf-8").read() == "eins\nzwei\n" and os.listdir(tmp_path) == ["hyp.txt"]
+
+
+def umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
