@@ -1,7 +1,8 @@
 """The translator export (`export_translation`): encode + cached decode files that translate as Keras does.
 
-A tiny `Seq2SeqTransformer` per position kind is exported for `cpu` and `gpu` (one `.tflite`,
-TensorFlow's interpreter; `gpu` of shader-only ops) and `tensorrt` (the ONNX pair, onnxruntime);
+A tiny `Seq2SeqTransformer` per position kind is exported for `cpu`, `gpu` and `gl` (TensorFlow's
+interpreter; `gpu` and `gl` of shader-only ops, `gl` one file per signature) and `tensorrt` (the
+ONNX pair, onnxruntime);
 the package's own search over the files (`translator.translate_with`) must give `translate`'s ids,
 greedy and with beams, for sources of every length up to the file's, and the logits must equal the
 model's teacher-forced ones.
@@ -43,15 +44,17 @@ def model(request):
     return _model(**request.param)
 
 
-@pytest.fixture(scope="module", params=["cpu", "gpu"])
-def tflite_file(model, request):
-    return translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+@pytest.fixture(scope="module", params=["cpu", "gpu", "gl"])
+def tflite_files(model, request):
+    """`(encode, decode)` flatbuffers: one file twice, or `gl`'s pair."""
+    flat = translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
                                            target=request.param)
+    return flat if isinstance(flat, tuple) else (flat, flat)
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_the_tflite_file_translates_as_translate(model, tflite_file, beam_size):
-    session = TranslatorSession((tflite_file, tflite_file), TFLITE)
+def test_the_tflite_file_translates_as_translate(model, tflite_files, beam_size):
+    session = TranslatorSession(tflite_files, TFLITE)
     for row in _sources(model):
         keras_ids = model.translate(np.array([row]), CACHE_LENGTH - 1, beam_size=beam_size).ids[0].tolist()
         file_ids = translator.translate_with(session, row, bos_id=model.bos_id, eos_id=model.eos_id,
@@ -60,14 +63,14 @@ def test_the_tflite_file_translates_as_translate(model, tflite_file, beam_size):
         assert file_ids == keras_ids
 
 
-def test_the_files_logits_are_the_models_teacher_forced_logits(model, tflite_file):
-    session = TranslatorSession((tflite_file, tflite_file), TFLITE)
+def test_the_files_logits_are_the_models_teacher_forced_logits(model, tflite_files):
+    session = TranslatorSession(tflite_files, TFLITE)
     same, parity, tokens = translation_export.check_parity(model, session, _sources(model), CACHE_LENGTH - 1)
     assert same and parity < 1e-4 and tokens >= 4
 
 
-def test_the_encoder_outputs_mark_the_real_source_tokens(model, tflite_file):
-    session = TranslatorSession((tflite_file, tflite_file), TFLITE)
+def test_the_encoder_outputs_mark_the_real_source_tokens(model, tflite_files):
+    session = TranslatorSession(tflite_files, TFLITE)
     row = np.full([1, SOURCE_LENGTH], model.pad_id, np.int32)
     row[0, :3] = [7, 8, model.eos_id]
     outputs = session.run(translator.ENCODE, {contract.TENSORS["source_ids"]: row})
@@ -94,6 +97,7 @@ def test_the_onnx_pair_translates_as_translate():
 
 @pytest.mark.parametrize("target, suffix, names", [
     ("cpu", ".tflite", ["de.tflite"]),
+    ("gl", ".tflite", ["de.encode.tflite", "de.decode.tflite"]),
     ("tensorrt", ".onnx", ["de.encode.onnx", "de.decode.onnx"]),
 ])
 def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, names):
@@ -158,10 +162,8 @@ def test_the_bleu_gate_at_its_boundary(drop, failed):
                                                               "dff": 16, "vocab_size": 20, "max_length": 8}),
                                                      4, 4, "cpu"),
      "A translator export (--translate) needs a keras_posenc Seq2SeqTransformer"),
-    (lambda m: translation_export.check_translation(m, 4, 4, "gl"),
-     "A translator export supports target in ('cpu', 'gpu', 'tensorrt'), got target='gl'."),
     (lambda m: translation_export.check_translation(m, 4, 4, "npu"),
-     "A translator export supports target in ('cpu', 'gpu', 'tensorrt'), got target='npu'."),
+     "A translator export supports target in ('cpu', 'gpu', 'gl', 'tensorrt'), got target='npu'."),
     (lambda m: translation_export.check_translation(m, 17, 4, "cpu"),
      "`source_length` must be an int in [2, max_length=16], got source_length=17."),
     (lambda m: translation_export.check_translation(m, 16, 1, "cpu"),
@@ -186,14 +188,16 @@ def test_the_boundary_lengths_export():
     assert translation_export.check_translation(model, 2, 2, "tensorrt").name == "tensorrt"
 
 
-def test_the_gpu_file_runs_every_op_on_the_litert_gpu_accelerator_and_reads_ids_past_2048():
+@pytest.mark.parametrize("target, backends, dtype", [("gpu", ("webgpu", "opencl"), "int32"),
+                                                     ("gl", ("gl", "webgpu"), "float32")])
+def test_the_gpu_files_run_every_op_on_their_gpu_backends_and_read_ids_past_2048(target, backends, dtype):
     model = Seq2SeqTransformer(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=2300, max_length=16,
                                dropout=0.0)
     model.build_on_dummy()
-    result = pipeline.export_translation(model, source_length=8, cache_length=8, target="gpu",
+    result = pipeline.export_translation(model, source_length=8, cache_length=8, target=target,
                                          check_sources=[[2200, 2299, 7, model.eos_id], [2100, model.eos_id]])
-    assert result.report["verdicts"]["webgpu"] == [] and result.report["verdicts"]["opencl"] == []
+    assert [result.report["verdicts"][backend] for backend in backends] == [[], []]
     assert result.failures(require_gpu=True) == [] and result.report["same_tokens"]
-    assert result.metadata["input_dtype"] == "int32" and result.metadata["accelerators"][0] == "gpu"
-    ops = set(op_counts(result.models[0]))
+    assert result.metadata["input_dtype"] == dtype and result.metadata["accelerators"][0] == "gpu"
+    ops = set().union(*(op_counts(flat) for flat in result.models))
     assert not ops & {"GATHER", "EMBEDDING_LOOKUP", "DYNAMIC_UPDATE_SLICE", "BATCH_MATMUL"}, ops

@@ -1,14 +1,16 @@
-"""A translator's `encode` and `decode` on the LiteRT GPU accelerator (`--target gpu`): shader-only graphs.
+"""A translator's `encode` and `decode` on the GPU (`--target gpu` and `gl`): shader-only graphs.
 
-The `gpu` formulations (`keras_posenc.export.formulations`) run the encoder; the decode step is
-built from the blocks of `keras_posenc.export.gl_generate` (no GATHER, no DYNAMIC_UPDATE_SLICE,
-int32 inputs cast once):
+The target's formulations (`keras_posenc.export.formulations`: `gpu`'s or `gl`'s) run the
+encoder; the decode step is built from the blocks of `keras_posenc.export.gl_generate` (no
+GATHER, no DYNAMIC_UPDATE_SLICE; `gpu`'s int32 inputs cast once, `gl`'s float32 inputs as they
+are):
 
 - the self-attention cache is written by `gl_generate`'s one-hot blend and attended to at slots
   `0 .. position` (`_cached_attention`, the `--generate` files' decode step);
 - the cross-attention's one query attends to the `S` source keys by `gl_generate.attend`, the
   source's padding masked by the `source_mask` input (`(mask - 1) * 1e4`, finite in float16);
-- the target token's row is a one-hot product (two digits above 2048, `shader_ops.token_one_hot`).
+- the target token's row is a one-hot product (two digits above 2048, exact in float16 from int32
+  and from float ids: `shader_ops.token_one_hot`).
 
 Each decoder layer is `DecoderLayer`'s three residual blocks (`residual_block`), in its order.
 """

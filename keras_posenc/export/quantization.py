@@ -155,6 +155,7 @@ RECIPES = {
     (TARGETS["gpu"], LITERTLM): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
     (TARGETS["cpu"], TRANSLATE): {"float16": _FLOAT16, "int8": _INT8, "int4": _NO_INT4_TRANSLATOR},
     (TARGETS["gpu"], TRANSLATE): {"float16": _FLOAT16, "int8": _INT8_SHADER, "int4": _NO_INT4_GPU_GENERATION},
+    (TARGETS["gl"], TRANSLATE): {"float16": _FLOAT16, "int8": _INT8_GL, "int4": _GL_INT4},
     (TARGETS["tensorrt"], TRANSLATE): {"float16": _ONNX_FLOAT16, "int8": _ONNX_INT8, "int4": _ONNX_INT4},
 }
 

@@ -151,7 +151,8 @@ def _files(model, target, source_length, cache_length, recipe, litert_python, in
     options = dict(source_length=source_length, cache_length=cache_length, recipe=recipe)
     if target.file_format is TFLITE:
         flat = to_tflite_translator(model, target=target, litert_python=litert_python, **options)
-        return (flat,), TranslatorSession((flat, flat), TFLITE, interpreter)
+        files = flat if isinstance(flat, tuple) else (flat,)
+        return files, TranslatorSession(files * (3 - len(files)), TFLITE, interpreter)
     protos = to_onnx_translator(model, calibration=calibration, **options)
     return tuple(protos), TranslatorSession(protos, ONNX)
 
@@ -207,8 +208,11 @@ def build_translation(model, *, target, precision, litert_python=None, source_le
     metadata["quantize"] = precision
     verdicts, verdict_lines = {}, []
     if target.file_format is TFLITE:
-        verdicts = {backend: gpu_incompatible_ops(models[0], backend) for backend in target.backends}
-        verdict_lines = [verdict_line(models[0], backend) for backend in target.backends]
+        verdicts = {backend: sorted({op for flat in models for op in gpu_incompatible_ops(flat, backend)})
+                    for backend in target.backends}
+        named = list(zip(TRANSLATE.signatures, models))
+        verdict_lines = [(f"{signature}: " if len(models) > 1 else "") + verdict_line(flat, backend)
+                         for backend in target.backends for signature, flat in named]
     report = {"same_tokens": same, "parity": parity, "tokens_checked": tokens, "verdicts": verdicts,
               "max_bleu_drop": max_bleu_drop}
     lines = verdict_lines + [f"Greedy parity over {tokens} tokens of {len(sources)} sources: "

@@ -18,8 +18,10 @@ computes what `translate` computes; `translate_with` runs the package's own sear
 token against `translate`.
 
 Targets: `cpu` (one `.tflite` with both signatures, XNNPACK), `gpu` (one `.tflite`, the shader
-graphs of `gl_translate` for LiteRT's GPU accelerator, int32 inputs) and `tensorrt` (the ONNX
-pair `STEM.encode.onnx` / `STEM.decode.onnx`, static shapes).
+graphs of `gl_translate` for LiteRT's GPU accelerator, int32 inputs), `gl` (the same graphs with
+float32 inputs, one file per signature, `STEM.encode.tflite` / `STEM.decode.tflite`: the classic
+GPU delegate serves one subgraph per interpreter, see `generator`) and `tensorrt` (the ONNX pair
+`STEM.encode.onnx` / `STEM.decode.onnx`, static shapes).
 """
 
 import numpy as np
@@ -43,7 +45,7 @@ ENCODE, DECODE = contract.TRANSLATE_SIGNATURES
 SOURCE_IDS, SOURCE_MASK, TOKEN_ID, POSITION, LOGITS = (
     contract.TENSORS[name] for name in ("source_ids", "source_mask", "token_id", "position", "logits"))
 # The targets a translator is exported for.
-TRANSLATOR_TARGETS = ("cpu", "gpu", "tensorrt")
+TRANSLATOR_TARGETS = ("cpu", "gpu", "gl", "tensorrt")
 
 
 def float32_clone(model, cache_length):
@@ -116,9 +118,9 @@ class TranslatorSignatures:
             outputs[contract.present_name("value", i)] = values[i]
         return outputs
 
-    def decode_signature(self):
-        signature = [tf.TensorSpec([1, 1], tf.int32, name=TOKEN_ID),
-                     tf.TensorSpec([1], tf.int32, name=POSITION)]
+    def decode_signature(self, ids_dtype=tf.int32):
+        signature = [tf.TensorSpec([1, 1], ids_dtype, name=TOKEN_ID),
+                     tf.TensorSpec([1], ids_dtype, name=POSITION)]
         signature += [tf.TensorSpec(self.cache_shape, tf.float32, name=name) for name in self.past_names]
         signature += [tf.TensorSpec(self.cross_shape, tf.float32, name=name) for name in self.cross_names]
         signature += [tf.TensorSpec([1, self.source_length], tf.float32, name=SOURCE_MASK)]
@@ -130,11 +132,13 @@ class TranslatorSignatures:
 
 
 class ShaderTranslatorSignatures(TranslatorSignatures):
-    """The `gpu` signatures: `gl_translate`'s graphs over the same inputs and outputs (int32 ids)."""
+    """The `gpu` and `gl` signatures: `gl_translate`'s graphs over the same inputs and outputs, the ids
+    and position in the target's input dtype (int32 on `gpu`, float32 on `gl`)."""
 
     def __init__(self, clone, source_length, cache_length, target):
         super().__init__(clone, source_length, cache_length)
         self.context = ExportContext(target, FORMULATIONS)
+        self.ids_dtype = tf.as_dtype(target.input_dtype)
 
     def encode_function(self):
         def encode(source_ids):
@@ -143,7 +147,7 @@ class ShaderTranslatorSignatures(TranslatorSignatures):
             tensors = [tensor for pair in pairs for tensor in pair]
             return {**dict(zip(self.cross_names, tensors)), SOURCE_MASK: mask}
 
-        return tf.function(encode, input_signature=[tf.TensorSpec([1, self.source_length], tf.int32,
+        return tf.function(encode, input_signature=[tf.TensorSpec([1, self.source_length], self.ids_dtype,
                                                                    name=SOURCE_IDS)])
 
     def decode_function(self):
@@ -157,12 +161,13 @@ class ShaderTranslatorSignatures(TranslatorSignatures):
                     list(zip(cross[0::2], cross[1::2])), source_mask)
             return self.named_outputs(logits, keys, values)
 
-        return tf.function(decode, input_signature=self.decode_signature())
+        return tf.function(decode, input_signature=self.decode_signature(self.ids_dtype))
 
 
 def to_tflite_translator(model, *, source_length, cache_length, target=DEFAULT_TARGET, recipe=None,
                          litert_python=None):
-    """One `.tflite` holding the `encode` and `decode` signatures (`cpu`, `gpu`), quantized by `recipe`."""
+    """The `encode` and `decode` signatures as TFLite, quantized by `recipe`: one file holding both
+    (`cpu`, `gpu`), or the pair `(encode, decode)` of one-signature files (`gl`)."""
     target = target_of(target)
     clone = float32_clone(model, cache_length)
     if target.shader_generation:
@@ -171,6 +176,9 @@ def to_tflite_translator(model, *, source_length, cache_length, target=DEFAULT_T
         module = TranslatorSignatures(clone, source_length, cache_length)
     signatures = {key: frozen_signature(function, names)
                   for key, (function, names) in zip(contract.TRANSLATE_SIGNATURES, module.functions())}
+    if target.file_per_signature:
+        return tuple(convert_signatures({key: signature}, recipe, litert_python)
+                     for key, signature in signatures.items())
     return convert_signatures(signatures, recipe, litert_python)
 
 
