@@ -360,7 +360,7 @@ tensorrt: STEM.prefill.onnx and STEM.decode.onnx)
   --generate            export prefill + decode (default: off)
   --cache-length CACHE_LENGTH
                         cache slots: prompt + generated tokens, at most max_length (default: none; \
-required with --generate; --translate: the model's max_length)
+required with --generate; --translate: the model's max_length - 1)
   --prompt-length PROMPT_LENGTH
                         prefill length P, prompts are right-padded to it (default: cache-length // 2)
   --format {{tflite,litertlm,genai}}
@@ -378,7 +378,7 @@ translation:
   a Seq2SeqTransformer (train --task translate) as an `encode` signature (the source to every decoder \
 layer's cross-attention keys and values) and the cached `decode` step, for export/jetson/run_translate.py \
 (--target cpu: one file; tensorrt: STEM.encode.onnx and STEM.decode.onnx); --cache-length: target tokens at \
-most (default: the model's max_length)
+most (default: the model's max_length - 1, as translate)
 
   --translate           export a translator (default: off)
   --source-length SOURCE_LENGTH

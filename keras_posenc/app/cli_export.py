@@ -91,7 +91,7 @@ def add_export_parser(subparsers):
     generation.add_argument("--generate", action="store_true", help="export prefill + decode (default: off)")
     generation.add_argument("--cache-length", type=positive_int,
                             help="cache slots: prompt + generated tokens, at most max_length (default: none; "
-                                 "required with --generate; --translate: the model's max_length)")
+                                 "required with --generate; --translate: the model's max_length - 1)")
     generation.add_argument("--prompt-length", type=positive_int,
                             help="prefill length P, prompts are right-padded to it (default: "
                                  "cache-length // 2)")
@@ -112,7 +112,7 @@ def add_export_parser(subparsers):
                        "source to every decoder layer's cross-attention keys and values) and the cached "
                        "`decode` step, for export/jetson/run_translate.py (--target cpu: one file; tensorrt: "
                        "STEM.encode.onnx and STEM.decode.onnx); --cache-length: target tokens at most "
-                       "(default: the model's max_length)")
+                       "(default: the model's max_length - 1, as translate)")
     translation.add_argument("--translate", action="store_true", help="export a translator (default: off)")
     translation.add_argument("--source-length", type=positive_int,
                              help="source ids per sentence (pieces and </s>), right-padded (default: the "

@@ -77,7 +77,7 @@ def export_translator(args, save_and_print):
     export.recipe_for(target, args.quantize, "translate", litert_python=args.litert_python)
     model = export.load_model(args.model, translator=True)
     source_length = args.source_length or model.max_length
-    cache_length = args.cache_length or model.max_length
+    cache_length = args.cache_length or model.max_length - 1  # translate's longest output, `</s>` included
     check_sources, quality_sources, score = _dev_set(args, model, source_length)
     result = export.export_translation(
         model, source_length=source_length, cache_length=cache_length, target=target, quantize=args.quantize,

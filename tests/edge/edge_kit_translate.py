@@ -16,7 +16,7 @@ from stacks import once_on_keras2
 from keras_posenc.app.dataset import train_sentencepiece
 from keras_posenc.app.translation import TranslationRun, translate_sentences
 from keras_posenc.backend import keras
-from keras_posenc.export.translation_export import export_translation
+from keras_posenc.export import export_translation
 from keras_posenc.seq2seq import Seq2SeqTransformer
 from keras_posenc.special_ids import EOS_ID
 
