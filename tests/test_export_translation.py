@@ -26,9 +26,13 @@ SOURCE_LENGTH, CACHE_LENGTH, VOCAB = 10, 12, 48
 
 
 def _model(**options):
+    """A tiny translator with sharp distributions (its head scaled up), so that greedy and beams pick
+    real tokens and some sentences end early."""
     model = Seq2SeqTransformer(num_layers=2, d_model=16, num_heads=2, dff=32, vocab_size=VOCAB, max_length=16,
                                dropout=0.0, **options)
     model.build_on_dummy()
+    if model.head is not None:
+        model.head.kernel.assign(np.asarray(model.head.kernel) * 8.0)
     return model
 
 
@@ -38,39 +42,47 @@ def _sources(model, count=4, seed=0):
     return [list(map(int, rng.integers(5, VOCAB, n))) + [model.eos_id] for n in lengths]
 
 
-@pytest.fixture(scope="module", params=[{}, {"position": "sinusoidal"}, {"position": "alibi"}],
-                ids=["rope", "sinusoidal-language-scale", "alibi"])
-def model(request):
-    return _model(**request.param)
+# Each target with RoPE (the default) and one other position kind: the cpu file runs the model's own
+# step, the gpu and gl files the shader graphs, which handle additive and ALiBi positions themselves.
+CASES = [("cpu", {}), ("cpu", {"position": "alibi"}), ("gpu", {}), ("gpu", {"position": "sinusoidal"}),
+         ("gl", {}), ("gl", {"position": "alibi"})]
 
 
-@pytest.fixture(scope="module", params=["cpu", "gpu", "gl"])
-def tflite_files(model, request):
-    """`(encode, decode)` flatbuffers: one file twice, or `gl`'s pair."""
+@pytest.fixture(scope="module", params=CASES, ids=[f"{t}-{o.get('position', 'rope')}" for t, o in CASES])
+def case(request):
+    """`(model, (encode, decode) flatbuffers)`: one file twice, or `gl`'s pair."""
+    target, options = request.param
+    model = _model(**options)
     flat = translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                           target=request.param)
-    return flat if isinstance(flat, tuple) else (flat, flat)
+                                           target=target)
+    return model, (flat if isinstance(flat, tuple) else (flat, flat))
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_the_tflite_file_translates_as_translate(model, tflite_files, beam_size):
-    session = TranslatorSession(tflite_files, TFLITE)
+def test_the_tflite_file_translates_as_translate(case, beam_size):
+    model, files = case
+    session = TranslatorSession(files, TFLITE)
+    lengths = []
     for row in _sources(model):
         keras_ids = model.translate(np.array([row]), CACHE_LENGTH - 1, beam_size=beam_size).ids[0].tolist()
         file_ids = translator.translate_with(session, row, bos_id=model.bos_id, eos_id=model.eos_id,
                                              pad_id=model.pad_id, max_new_tokens=CACHE_LENGTH - 1,
                                              beam_size=beam_size).ids[0].tolist()
         assert file_ids == keras_ids
+        lengths.append(len(keras_ids))
+    assert max(lengths) > 0  # real translations, not the empty one
 
 
-def test_the_files_logits_are_the_models_teacher_forced_logits(model, tflite_files):
-    session = TranslatorSession(tflite_files, TFLITE)
+def test_the_files_logits_are_the_models_teacher_forced_logits(case):
+    model, files = case
+    session = TranslatorSession(files, TFLITE)
     same, parity, tokens = translation_export.check_parity(model, session, _sources(model), CACHE_LENGTH - 1)
     assert same and parity < 1e-4 and tokens >= 4
 
 
-def test_the_encoder_outputs_mark_the_real_source_tokens(model, tflite_files):
-    session = TranslatorSession(tflite_files, TFLITE)
+def test_the_encoder_outputs_mark_the_real_source_tokens(case):
+    model, files = case
+    session = TranslatorSession(files, TFLITE)
     row = np.full([1, SOURCE_LENGTH], model.pad_id, np.int32)
     row[0, :3] = [7, 8, model.eos_id]
     outputs = session.run(translator.ENCODE, {contract.TENSORS["source_ids"]: row})
@@ -95,12 +107,14 @@ def test_the_onnx_pair_translates_as_translate():
                                              beam_size=beam_size).ids[0].tolist() == keras_ids
 
 
-@pytest.mark.parametrize("target, suffix, names", [
-    ("cpu", ".tflite", ["de.tflite"]),
-    ("gl", ".tflite", ["de.encode.tflite", "de.decode.tflite"]),
-    ("tensorrt", ".onnx", ["de.encode.onnx", "de.decode.onnx"]),
+@pytest.mark.parametrize("target, suffix, signature_files, beam_rows", [
+    ("cpu", ".tflite", {"encode": "de.tflite", "decode": "de.tflite", "decode_beams": "de.tflite"}, 4),
+    ("gl", ".tflite", {"encode": "de.encode.tflite", "decode": "de.decode.tflite"}, 0),
+    ("tensorrt", ".onnx", {"encode": "de.encode.onnx", "decode": "de.decode.onnx",
+                           "decode_beams": "de.decode_beams.onnx"}, 4),
 ])
-def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, names):
+def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, signature_files, beam_rows):
+    names = list(dict.fromkeys(signature_files.values()))
     model = _model()
     result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
                                          target=target)
@@ -113,7 +127,7 @@ def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, names)
     metadata = json.loads((tmp_path / ("de" + suffix + ".json")).read_text())
     head_dim = 16 // 2
     assert metadata["kind"] == "translate" and metadata["target"] == target
-    assert metadata["signature_files"] == dict(zip(contract.TRANSLATE_SIGNATURES, names * (3 - len(names))))
+    assert metadata["signature_files"] == signature_files and metadata["beam_rows"] == beam_rows
     assert metadata["cache_shape"] == [1, CACHE_LENGTH, 2, head_dim]
     assert metadata["cross_shape"] == [1, SOURCE_LENGTH, 2, head_dim]
     assert metadata["cache_bytes"] == 2 * 2 * CACHE_LENGTH * 16 * 4
@@ -201,3 +215,47 @@ def test_the_gpu_files_run_every_op_on_their_gpu_backends_and_read_ids_past_2048
     assert result.metadata["input_dtype"] == dtype and result.metadata["accelerators"][0] == "gpu"
     ops = set().union(*(op_counts(flat) for flat in result.models))
     assert not ops & {"GATHER", "EMBEDDING_LOOKUP", "DYNAMIC_UPDATE_SLICE", "BATCH_MATMUL"}, ops
+
+
+@pytest.mark.parametrize("target", ["cpu", "tensorrt"])
+def test_decode_beams_steps_a_beam_in_one_call_and_gives_translates_ids(target, tmp_path):
+    model = _model()
+    result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                         target=target, beam_rows=3)
+    assert result.report["same_beam_tokens"] is True and result.failures() == []
+    assert result.metadata["beam_rows"] == 3 and len(result.models) == (3 if target == "tensorrt" else 1)
+    files = result.models if target == "tensorrt" else result.models * 3
+    session = TranslatorSession(files, ONNX if target == "tensorrt" else TFLITE)
+    assert session.beam_rows == 3
+    calls = []
+    run = session.run
+    session.run = lambda signature, feeds: calls.append(signature) or run(signature, feeds)
+    lengths = []
+    for beam_size in (2, 3, 4):  # padded rows, full rows, and more beams than rows (one decode each)
+        for row in _sources(model, seed=2):
+            keras_ids = model.translate(np.array([row]), 10, beam_size=beam_size).ids[0].tolist()
+            assert translator.translate_with(session, row, bos_id=model.bos_id, eos_id=model.eos_id,
+                                             pad_id=model.pad_id, max_new_tokens=10,
+                                             beam_size=beam_size).ids[0].tolist() == keras_ids
+            lengths.append(len(keras_ids))
+    assert max(lengths) > 0 and contract.BEAM_SIGNATURE in calls
+    out = str(tmp_path / ("de" + (".onnx" if target == "tensorrt" else ".tflite")))
+    result.save(out)
+    named = json.loads(open(out + ".json").read())["signature_files"]
+    assert set(named) == {"encode", "decode", "decode_beams"}
+    if target == "tensorrt":
+        assert named["decode_beams"] == "de.decode_beams.onnx"
+
+
+def test_the_gpu_targets_have_no_decode_beams_by_default_and_refuse_one():
+    model = _model()
+    target = translation_export.target_of("gl")
+    assert translation_export.beam_rows_of(target, None) == 0
+    assert translation_export.beam_rows_of(translation_export.target_of("cpu"), None) == 4
+    with pytest.raises(ValueError, match=r"`beam_rows` is for the cpu and tensorrt targets .*got beam_rows=2 "
+                                         r"with target='gl'\."):
+        translation_export.beam_rows_of(target, 2)
+    for bad in (1, -1, True, 2.0):
+        with pytest.raises(ValueError, match=r"`beam_rows` must be 0 \(no decode_beams\) or an int >= 2"):
+            translation_export.beam_rows_of(translation_export.target_of("cpu"), bad)
+    assert model is not None

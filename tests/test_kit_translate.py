@@ -121,8 +121,9 @@ def test_the_kit_s_helpers():
 # --- the translate loop over a Seq2SeqTransformer's own steps -----------------------------------------
 
 
-def translate_export(model, source_length, cache_length, folder=None, name="de.tflite"):
-    """The `kit_contract.Export` of a translator of `model` (FILE.json as the exporter writes it)."""
+def translate_export(model, source_length, cache_length, folder=None, name="de.tflite", beam_rows=0):
+    """The `kit_contract.Export` of a translator of `model` (FILE.json as the exporter writes it; with
+    `beam_rows`, a `decode_beams` signature of that many rows)."""
     head_dim = model.d_model // model.num_heads
     metadata = {
         "kind": "translate", "target": "cpu", "accelerators": ["cpu"], "input_dtype": "int32",
@@ -132,6 +133,9 @@ def translate_export(model, source_length, cache_length, folder=None, name="de.t
         "cache_shape": [1, cache_length, model.num_heads, head_dim],
         "cross_shape": [1, source_length, model.num_heads, head_dim], "length_penalty": 1.0,
         "embedding": "graph", "signature_files": {"encode": name, "decode": name}}
+    if beam_rows:
+        metadata["beam_rows"] = beam_rows
+        metadata["signature_files"][contract.BEAM_SIGNATURE] = name
     model_path = os.path.join(folder or "", name)
     return kit_contract.Export(model_path, contract.document(), metadata)
 
@@ -154,7 +158,7 @@ class ModelSession:
         self.decoder = inference_function(model, model.decode_step)
 
     def input_names(self, signature):
-        assert signature == "decode"
+        assert signature in ("decode", contract.BEAM_SIGNATURE)
         names = [contract.TENSORS["token_id"], contract.TENSORS["position"], contract.TENSORS["source_mask"]]
         for i in self.layers:
             names += [contract.past_name(kind, i) for kind in ("key", "value")]
@@ -163,7 +167,16 @@ class ModelSession:
 
     def run(self, signature, feeds):
         self.calls.append(signature)
-        return self.encode(feeds) if signature == "encode" else self.decode(feeds)
+        if signature == "encode":
+            return self.encode(feeds)
+        if signature == contract.BEAM_SIGNATURE:  # K rows against the one sentence's source
+            rows = len(feeds["token_id"])
+            assert all(len(feeds[contract.past_name(kind, i)]) == rows for i in self.layers
+                       for kind in ("key", "value"))
+            shared = [name for name in feeds if name.startswith(contract.TENSORS["cross_prefix"])]
+            shared.append(contract.TENSORS["source_mask"])
+            feeds = dict(feeds, **{name: np.repeat(feeds[name], rows, axis=0) for name in shared})
+        return self.decode(feeds)
 
     def encode(self, feeds):
         source = np.asarray(feeds["source_ids"])
@@ -234,6 +247,28 @@ def test_the_kit_translates_what_the_model_translates(translator_model):
     assert min(lengths) < 7 == max(lengths), lengths  # ended early, and ran to the limit
     assert session.calls.count("encode") == 2 * 4 * len(SENTENCES)
     assert forgotten != expected_ids  # the ids depend on each hypothesis' own cache: without it they differ
+
+
+@pytest.mark.parametrize("beam_size", [2, 3, 4])
+def test_a_beam_search_steps_its_hypotheses_in_one_decode_beams_call(translator_model, beam_size):
+    """With `decode_beams` (4 rows) every step of a beam of 2 to 4 hypotheses is one call, rows past them
+    padded, and the ids are still `translate`'s; one hypothesis (the first step) calls `decode`."""
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    session = ModelSession(model, meta)
+    translator = run_translate.Translator(session, meta)
+    assert translator.beam_rows == 4
+    lengths = []
+    for pieces in processor.encode(SENTENCES):
+        session.calls.clear()
+        ids, _ = translator.translate(pieces, beam_size=beam_size, alpha=1.0, max_new_tokens=7)
+        row = translator.source_row(pieces)
+        assert ids == model.translate(row, 7, beam_size=beam_size, alpha=1.0).ids[0].tolist(), pieces
+        assert session.calls[:2] == ["encode", "decode"]
+        assert set(session.calls[2:]) <= {contract.BEAM_SIGNATURE}
+        lengths.append(len(ids))
+    assert max(lengths) > 0
 
 
 class Forgetful(run_translate.Translator):

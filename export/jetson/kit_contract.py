@@ -32,6 +32,7 @@ class Export:
         self.files = types.SimpleNamespace(**contract["files"])
         self.signatures = list(contract["signatures"])
         self.translate_signatures = list(contract.get("translate_signatures", ()))
+        self.beam_signature = contract.get("beam_signature")
         self.metadata = metadata
 
     def get(self, key, default=None):

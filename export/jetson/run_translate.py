@@ -7,8 +7,9 @@ ONNX pair of `--target tensorrt` (`STEM.onnx` names `STEM.encode.onnx` and `STEM
 onnxruntime. The file's two signatures: `encode(source_ids [1, S])` once per sentence gives each
 decoder layer's cross-attention keys and values and the source mask; then one `decode(token_id,
 position, past cache, cross keys and values, source mask)` per target token and hypothesis, which
-returns the logits and the cache for the next step. A `--target gl` export is the pair
-`STEM.encode.tflite` / `STEM.decode.tflite`, given as `STEM.tflite`.
+returns the logits and the cache for the next step. A file with a `decode_beams` signature (`--target
+cpu` and `tensorrt`, `FILE.json` `beam_rows` K) steps up to K hypotheses of a beam search in one call.
+A `--target gl` export is the pair `STEM.encode.tflite` / `STEM.decode.tflite`, given as `STEM.tflite`.
 
 The search is `keras-posenc translate`'s (keras_posenc/beam_search.py, run here in float64 numpy):
 beam search ranked by GNMT's length penalty `((5 + length) / 6) ** alpha` (`--beam-size 1`: greedy),
@@ -90,7 +91,8 @@ def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_i
     return ids
 
 
-def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, alpha, forbidden_ids=()):
+def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, alpha, forbidden_ids=(),
+                step_many=None):
     """The best hypothesis of a `beam_size` beam search, without its end token (`beam_size` 1: greedy).
 
     At each step the `2 * beam_size` best extensions of the live hypotheses are taken in order: one
@@ -98,7 +100,8 @@ def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, al
     fill the live beams. The search stops when `beam_size` hypotheses are finished and no live one can
     still beat the worst of them; at `max_new_tokens` the live hypotheses compete as they are. Each
     live hypothesis keeps its own `state` (its cache): `step(token, state) -> (log_probs, state)`
-    runs once per live hypothesis and step, and a beam that extends another takes that one's state.
+    runs once per live hypothesis and step, and a beam that extends another takes that one's state;
+    `step_many(tokens, states) -> [(log_probs, state), ...]`, where given, steps them all at once.
     """
     if beam_size == 1:
         return greedy_search(log_probs, state, step, max_new_tokens=max_new_tokens, end_id=end_id,
@@ -131,11 +134,11 @@ def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, al
         if done or t + 1 == max_new_tokens or not extended:
             live = [(ids, score, None, None) for ids, score, _ in extended]
             break
-        stepped = []
-        for ids, score, beam in extended:  # each extension runs from the state of the beam it extends
-            next_log_probs, next_state = step(ids[-1], live[beam][2])
-            stepped.append((ids, score, next_state, forbid(next_log_probs, forbidden_ids)))
-        live = stepped
+        # Each extension runs from the state of the beam it extends.
+        tokens, states = [ids[-1] for ids, _, _ in extended], [live[beam][2] for _, _, beam in extended]
+        steps = step_many(tokens, states) if step_many else [step(t, s) for t, s in zip(tokens, states)]
+        live = [(ids, score, next_state, forbid(next_log_probs, forbidden_ids))
+                for (ids, score, _), (next_log_probs, next_state) in zip(extended, steps)]
     pool = list(finished)
     if not done:  # out of steps: the live hypotheses compete as they are
         pool += [(score / length_penalty(len(ids), alpha), score, ids) for ids, score, _, _ in live]
@@ -159,6 +162,8 @@ class Translator:
         self.decode_inputs = set(session.input_names(self.decode_signature))
         self.empty = {name: np.zeros(meta["cache_shape"], np.float32) for name in sorted(self.decode_inputs)
                       if name.startswith(self.tensors.past_prefix)}
+        files = meta.signature_files()
+        self.beam_rows = (meta.get("beam_rows") or 0) if meta.beam_signature in files else 0
 
     def source_row(self, pieces):
         """`pieces </s>` cut to `source_length` tokens and right-padded with `pad_id`: int32 `[1, S]`."""
@@ -185,6 +190,28 @@ class Translator:
                    for name, value in outputs.items() if name.startswith(tensors.present_prefix)}
         return log_softmax(logits), (position + 1, cross, present)
 
+    def step_many(self, tokens, states):
+        """`step` of each hypothesis (all at one position): one `decode_beams` call for 2 to
+        `beam_rows` of them (the rows past them padded with zeros), else one `decode` each."""
+        if not 1 < len(tokens) <= self.beam_rows:
+            return [self.step(token, state) for token, state in zip(tokens, states)]
+        tensors, rows, count = self.tensors, self.beam_rows, len(tokens)
+        position, cross = states[0][0], states[0][1]
+        fed = np.zeros([rows, 1], np.int32)
+        fed[:count, 0] = tokens
+        past = {name: np.concatenate([state[2][name] for state in states]
+                                     + [np.zeros_like(states[0][2][name])] * (rows - count))
+                for name in states[0][2]}
+        outputs = self.session.run(self.meta.beam_signature, {
+            tensors.token_id: fed, tensors.position: np.array([position], np.int32), **cross, **past})
+        logits = outputs.pop(tensors.logits)
+        steps = []
+        for row in range(count):
+            present = {tensors.past_prefix + name[len(tensors.present_prefix):]: value[row:row + 1]
+                       for name, value in outputs.items() if name.startswith(tensors.present_prefix)}
+            steps.append((log_softmax(logits[row]), (position + 1, cross, present)))
+        return steps
+
     def translate(self, pieces, *, beam_size, alpha, max_new_tokens, clock=time.perf_counter):
         """The target ids of one sentence's `pieces` (without `<s>` and `</s>`) and its time to first
         token (encode + the first decode step), in seconds."""
@@ -194,7 +221,7 @@ class Translator:
         ttft = clock() - start
         ids = beam_search(first, state, self.step, beam_size=beam_size, max_new_tokens=max_new_tokens,
                           end_id=self.meta["eos_id"], alpha=alpha,
-                          forbidden_ids=(self.meta["pad_id"], self.meta["bos_id"]))
+                          forbidden_ids=(self.meta["pad_id"], self.meta["bos_id"]), step_many=self.step_many)
         return ids, ttft
 
 

@@ -121,6 +121,10 @@ def add_export_parser(subparsers):
                              help="with --quantize: fail when the quantized file's greedy BLEU on the "
                                   "run's dev pairs (or --eval-corpus TSV) is lower than float32's by more "
                                   "than this (default: %(default)s)")
+    translation.add_argument("--beam-rows", type=int, default=None,
+                             help="rows of the decode_beams signature (a beam search's hypotheses in one "
+                                  "call; 0: none) (default: 4, translate's beam, on cpu and tensorrt; none "
+                                  "on gpu and gl, batch 1)")
     translation.add_argument("--dev-sentences", type=positive_int, default=200,
                              help="with --quantize: dev pairs both files translate (default: %(default)s)")
 

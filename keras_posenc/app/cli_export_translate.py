@@ -82,6 +82,6 @@ def export_translator(args, save_and_print):
     result = export.export_translation(
         model, source_length=source_length, cache_length=cache_length, target=target, quantize=args.quantize,
         check_sources=check_sources, quality_sources=quality_sources if args.quantize else None,
-        score=score if args.quantize else None, max_bleu_drop=args.max_bleu_drop,
+        score=score if args.quantize else None, max_bleu_drop=args.max_bleu_drop, beam_rows=args.beam_rows,
         litert_python=args.litert_python)
     return save_and_print(result, args.out, tolerance=args.tolerance)

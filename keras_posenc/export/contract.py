@@ -9,10 +9,10 @@ refuses a file without its contract (one exported before the contract existed): 
 import hashlib
 import os
 
-__all__ = ["CONTRACT_SUFFIX", "EMBEDDINGS_QUANTIZED_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS", "LITERTLM_SUFFIX",
-           "METADATA_SUFFIX", "SIGNATURES", "TENSORS", "TRANSLATE_SIGNATURES", "VERSION", "contract_path",
-           "cross_name", "document", "embeddings_path", "file_record", "kv_cache_name", "metadata_path",
-           "model_paths", "past_name", "present_name", "present_to_past"]
+__all__ = ["BEAM_SIGNATURE", "CONTRACT_SUFFIX", "EMBEDDINGS_QUANTIZED_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS",
+           "LITERTLM_SUFFIX", "METADATA_SUFFIX", "SIGNATURES", "TENSORS", "TRANSLATE_SIGNATURES", "VERSION",
+           "contract_path", "cross_name", "document", "embeddings_path", "file_record", "kv_cache_name",
+           "metadata_path", "model_paths", "past_name", "present_name", "present_to_past"]
 
 VERSION = 1
 
@@ -54,11 +54,14 @@ KEYS = {name: name for name in (
     # a .litertlm bundle
     "format", "max_num_tokens",
     # a translator: the source window, the caches' shapes and translate's length-penalty exponent
-    "source_length", "cache_shape", "cross_shape", "length_penalty")}
+    "source_length", "cache_shape", "cross_shape", "length_penalty", "beam_rows")}
 
 KINDS = {"window": "window", "prefill_decode": "prefill_decode", "translate": "translate"}
 SIGNATURES = ("prefill", "decode")
 TRANSLATE_SIGNATURES = ("encode", "decode")
+# A translator's optional third signature: `decode` over `beam_rows` rows at once (the hypotheses of
+# one sentence's beam search), the cross-attention inputs still those of the one sentence.
+BEAM_SIGNATURE = "decode_beams"
 METADATA_SUFFIX = ".json"
 CONTRACT_SUFFIX = ".contract.json"
 EMBEDDINGS_SUFFIX = ".embeddings.npy"  # float32 (or float16 with --quantize float16)
@@ -141,6 +144,7 @@ def document():
     """
     return {"version": VERSION, "tensors": dict(TENSORS), "keys": dict(KEYS), "kinds": dict(KINDS),
             "signatures": list(SIGNATURES), "translate_signatures": list(TRANSLATE_SIGNATURES),
+            "beam_signature": BEAM_SIGNATURE,
             "files": {"metadata_suffix": METADATA_SUFFIX, "contract_suffix": CONTRACT_SUFFIX,
                       "embeddings_suffix": EMBEDDINGS_SUFFIX,
                       "embeddings_quantized_suffix": EMBEDDINGS_QUANTIZED_SUFFIX,

@@ -274,7 +274,7 @@ def export_genai(model, sp_model, *, cache_length, prompt_length, check_texts=()
 
 def export_translation(model, *, source_length, cache_length, target=DEFAULT_TARGET, quantize=None,
                        check_sources=None, quality_sources=None, score=None, max_new_tokens=None,
-                       max_bleu_drop=DEFAULT_MAX_BLEU_DROP, litert_python=None):
+                       max_bleu_drop=DEFAULT_MAX_BLEU_DROP, beam_rows=None, litert_python=None):
     """Exports a `Seq2SeqTransformer` as a translator (`encode` + cached `decode`) and checks it.
 
     Args:
@@ -283,7 +283,8 @@ def export_translation(model, *, source_length, cache_length, target=DEFAULT_TAR
             the model's `max_length`.
         cache_length: int, `C`: target tokens at most, `<s>` included; at most `max_length`.
         target: "gpu" (one `.tflite` of shader-only graphs, LiteRT's GPU accelerator; the default),
-            "cpu" (one `.tflite`, XNNPACK) or "tensorrt" (the ONNX pair).
+            "gl" (the same graphs, one file per signature, float32 ids: the GL delegate), "cpu"
+            (one `.tflite`, XNNPACK) or "tensorrt" (one ONNX file per signature).
         quantize: None (float32), "float16" or "int8" (`quantization.RECIPES`).
         check_sources: id rows (each ending in `eos_id`) the files translate greedily against
             `translate` (default `translation_export.default_sources`).
@@ -292,6 +293,9 @@ def export_translation(model, *, source_length, cache_length, target=DEFAULT_TAR
             sacrebleu against the dev references); without it only token agreement is measured.
         max_new_tokens: int, tokens per check translation (default `min(C, max_length - 1)`).
         max_bleu_drop: float, the largest BLEU a quantized file may lose against float32's.
+        beam_rows: int, the rows of the `decode_beams` signature (a beam search's hypotheses in one
+            call; checked against `translate` with that beam size), 0 for none; default 4
+            (translate's beam) on "cpu" and "tensorrt", none on the batch-1 GPU targets.
         litert_python: as in `export`.
 
     Returns:
@@ -302,4 +306,4 @@ def export_translation(model, *, source_length, cache_length, target=DEFAULT_TAR
     return export(model, TRANSLATE, target=target, quantize=quantize, litert_python=litert_python,
                   source_length=source_length, cache_length=cache_length, check_sources=check_sources,
                   quality_sources=quality_sources, score=score, max_new_tokens=max_new_tokens,
-                  max_bleu_drop=max_bleu_drop)
+                  max_bleu_drop=max_bleu_drop, beam_rows=beam_rows)

@@ -53,6 +53,8 @@ class ExportResult:
             `[vocab, d_model]`, or the int rows of `host_table.quantize_table`; else None.
         kind: the export's `Kind` (`keras_posenc.export.kinds`).
         names: a folder kind's file names (`models` in the same order), else empty.
+        signatures: the files' signatures where they are not the kind's (`Kind.signatures`): a
+            translator with `decode_beams`; else empty.
     """
 
     target: str
@@ -66,6 +68,7 @@ class ExportResult:
     host_table: object = None
     kind: object = WINDOW
     names: tuple = ()
+    signatures: tuple = ()
 
     @property
     def exported(self):
@@ -98,6 +101,8 @@ class ExportResult:
                 failed.append(f"FAILED: the quantized file's greedy tokens differ from float32's, and fed "
                               f"float32's tokens it picks the same token at {agreement:.1%} of the steps "
                               f"(at least {MIN_GENERATION_AGREEMENT:.0%} needed).")
+        if self.report.get("same_beam_tokens") is False:
+            failed.append("FAILED: the beam search over decode_beams does not give translate's tokens.")
         if self.report.get("engine_same_text") is False:
             failed.append("FAILED: LiteRT-LM's engine does not generate the text CausalLM.generate generates "
                           "(a quantized bundle: its model on LiteRT's interpreter), or did not run "
@@ -129,7 +134,7 @@ class ExportResult:
             return [os.path.join(out, name) for name in self.names]
         suffix = self.kind.suffix or target_of(self.target).suffix
         return contract.model_paths(out, suffix, per_signature=len(self.models) > 1,
-                                    signatures=self.kind.signatures)
+                                    signatures=self.signatures or self.kind.signatures)
 
     def save(self, out):
         """Writes the model file(s), `out.embeddings.npy` (host embeddings), `out.json` and the contract.
@@ -166,12 +171,11 @@ class ExportResult:
                 files.save_npy(table, self.host_table)
             metadata[keys["embedding_table"]] = os.path.basename(table)
             paths.append(table)
+        signatures = self.signatures or self.kind.signatures
         if len(self.models) > 1:
-            metadata[keys["signature_files"]] = dict(zip(self.kind.signatures,
-                                                         (os.path.basename(p) for p in paths)))
-        elif self.kind.signatures != contract.SIGNATURES:  # the kit's default is the prefill/decode pair
-            metadata[keys["signature_files"]] = dict.fromkeys(self.kind.signatures,
-                                                              os.path.basename(paths[0]))
+            metadata[keys["signature_files"]] = dict(zip(signatures, (os.path.basename(p) for p in paths)))
+        elif signatures != contract.SIGNATURES:  # the kit's default is the prefill/decode pair
+            metadata[keys["signature_files"]] = dict.fromkeys(signatures, os.path.basename(paths[0]))
         metadata[keys["files"]] = {os.path.basename(path): contract.file_record(path) for path in paths}
         files.write_json(contract.contract_path(out), contract.document())
         files.write_json(contract.metadata_path(out), metadata)

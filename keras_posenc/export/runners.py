@@ -311,20 +311,23 @@ def past(outputs):
 
 
 class TranslatorSession:
-    """The `encode` and `decode` signatures of a translator export (`translator`), by name.
+    """The `encode`, `decode` (and `decode_beams`) signatures of a translator export, by name.
 
     Args:
-        files: `(encode, decode)`: the `.tflite` flatbuffers (one file twice where it holds both
-            signatures) or the two ONNX models.
+        files: the file of each signature, in the order `encode`, `decode`, `decode_beams`: the
+            `.tflite` flatbuffers (one file repeated where it holds them all) or the ONNX models.
         file_format: `TFLITE` (TensorFlow's interpreter, or `interpreter`) or `ONNX`
             (onnxruntime, CPU).
         interpreter: optional interpreter class for the `.tflite` files.
+
+    Attributes:
+        beam_rows: the rows of `decode_beams`, 0 without it.
 
     Feeds are cast to the files' input dtypes (float32 ids for `gl`).
     """
 
     def __init__(self, files, file_format=TFLITE, interpreter=None):
-        signatures = contract.TRANSLATE_SIGNATURES
+        signatures = contract.TRANSLATE_SIGNATURES + (contract.BEAM_SIGNATURE,)
         self.calls, self.inputs = {}, {}
         if file_format is TFLITE:
             opened = {content: (interpreter or tf.lite.Interpreter)(model_content=content)
@@ -344,9 +347,11 @@ class TranslatorSession:
                 names = [o.name for o in session.get_outputs()]
                 self.calls[key] = lambda session=session, names=names, **feeds: dict(
                     zip(names, session.run(None, feeds)))
-        encode, decode = signatures
+        encode, decode = contract.TRANSLATE_SIGNATURES
         self.source_length = int(self.inputs[encode][contract.TENSORS["source_ids"]][1][1])
         self.cache_shape = self.inputs[decode][contract.past_name("key", 0)][1]
+        beams = self.inputs.get(contract.BEAM_SIGNATURE)
+        self.beam_rows = int(beams[contract.TENSORS["token_id"]][1][0]) if beams else 0
 
     def run(self, signature, feeds):
         typed = {name: np.asarray(feeds[name]).astype(dtype)

@@ -11,17 +11,18 @@ and chrF of both files' greedy translations; `ExportResult.failures` refuses a d
 over `max_bleu_drop`.
 """
 
+import collections
+
 import numpy as np
 
 from keras_posenc import special_ids
+from keras_posenc.export.contract import BEAM_SIGNATURE
 from keras_posenc.export.kinds import TRANSLATE
 from keras_posenc.export.quantization import interpreter_for, recipe_for
 from keras_posenc.export.result import Built
 from keras_posenc.export.runners import TranslatorSession
 from keras_posenc.export.targets import ONNX, TARGETS, TFLITE, target_of
 from keras_posenc.export.translator import (
-    DECODE,
-    ENCODE,
     TRANSLATOR_TARGETS,
     cache_bytes,
     to_onnx_translator,
@@ -31,11 +32,13 @@ from keras_posenc.export.translator import (
 from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
 from keras_posenc.seq2seq import DEFAULT_LENGTH_PENALTY
 
-__all__ = ["DEFAULT_MAX_BLEU_DROP", "build_translation", "check_translation", "translation_metadata",
-           "translation_quality"]
+__all__ = ["DEFAULT_BEAM_ROWS", "DEFAULT_MAX_BLEU_DROP", "beam_rows_of", "build_translation", "check_beams",
+           "check_translation", "translation_metadata", "translation_quality"]
 
 # The largest BLEU a quantized translator may lose against the float32 file of its target.
 DEFAULT_MAX_BLEU_DROP = 1.0
+# `decode_beams`' rows by default on the CPU targets: translate's default beam size.
+DEFAULT_BEAM_ROWS = 4
 
 
 def check_translation(model, source_length, cache_length, target):
@@ -147,19 +150,23 @@ def default_sources(model, source_length, count=3):
             for row, n in enumerate(lengths)]
 
 
-def _files(model, target, source_length, cache_length, recipe, litert_python, interpreter, calibration=None):
-    options = dict(source_length=source_length, cache_length=cache_length, recipe=recipe)
+def _files(model, target, source_length, cache_length, beam_rows, recipe, litert_python, interpreter,
+           calibration=None):
+    """`(models, session)`: the files' contents in file order and a session of their signatures."""
+    options = dict(source_length=source_length, cache_length=cache_length, recipe=recipe, beam_rows=beam_rows)
     if target.file_format is TFLITE:
         flat = to_tflite_translator(model, target=target, litert_python=litert_python, **options)
-        files = flat if isinstance(flat, tuple) else (flat,)
-        return files, TranslatorSession(files * (3 - len(files)), TFLITE, interpreter)
+        if isinstance(flat, tuple):  # gl: one file per signature
+            return flat, TranslatorSession(flat, TFLITE, interpreter)
+        return (flat,), TranslatorSession((flat,) * (3 if beam_rows else 2), TFLITE, interpreter)
     protos = to_onnx_translator(model, calibration=calibration, **options)
     return tuple(protos), TranslatorSession(protos, ONNX)
 
 
 def _onnx_calibration(session, model, sources, max_new_tokens):
-    """`{signature: [feeds]}` of the float32 files' greedy runs over `sources` (ONNX int8)."""
-    calls = {ENCODE: [], DECODE: []}
+    """`{signature: [feeds]}` of the float32 files' greedy runs over `sources` (ONNX int8), and with
+    `decode_beams` their beam searches."""
+    calls = collections.defaultdict(list)
     run = session.run
 
     def recording(signature, feeds):
@@ -170,18 +177,30 @@ def _onnx_calibration(session, model, sources, max_new_tokens):
     try:
         for row in sources:
             _ids(model, session, row, max_new_tokens)
+            if session.beam_rows:
+                _ids(model, session, row, max_new_tokens, beam_size=session.beam_rows)
     finally:
         session.run = run
-    return calls
+    return dict(calls)
+
+
+def check_beams(model, session, sources, max_new_tokens):
+    """Whether the files' beam search over `decode_beams` (as many beams as its rows) gives
+    `translate`'s ids with that beam size, on every source."""
+    beam = session.beam_rows
+    return all(_ids(model, session, row, max_new_tokens, beam_size=beam).ids[0].tolist()
+               == model.translate(np.array([row], np.int32), max_new_tokens, beam_size=beam).ids[0].tolist()
+               for row in sources)
 
 
 def build_translation(model, *, target, precision, litert_python=None, source_length, cache_length,
                       check_sources=None, quality_sources=None, score=None, max_new_tokens=None,
-                      max_bleu_drop=DEFAULT_MAX_BLEU_DROP):
+                      max_bleu_drop=DEFAULT_MAX_BLEU_DROP, beam_rows=None):
     """The translator export of `model`, checked: a `Built` for the pass (arguments as
     `pipeline.export_translation`)."""
     target = check_translation(model, source_length, cache_length, target)
     recipe = recipe_for(target, precision, TRANSLATE, litert_python=litert_python)
+    beam_rows = beam_rows_of(target, beam_rows)
     limit = min(cache_length, model.max_length - 1)
     max_new_tokens = limit if max_new_tokens is None else max_new_tokens
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
@@ -189,38 +208,63 @@ def build_translation(model, *, target, precision, litert_python=None, source_le
         raise ValueError(f"`max_new_tokens` must be an int in [1, {limit}] (the cache length and the model's "
                          f"max_length - 1), got max_new_tokens={max_new_tokens!r}.")
     sources = [list(row)[:source_length] for row in (check_sources or default_sources(model, source_length))]
-    quality = None
+    quality, same_beams = None, None
+    files = dict(target=target, source_length=source_length, cache_length=cache_length, beam_rows=beam_rows,
+                 litert_python=litert_python)
     with interpreter_for(recipe, litert_python) as interpreter:
         float_files = None
         calibration = None
         if recipe is not None:
-            float_files = _files(model, target, source_length, cache_length, None, litert_python, interpreter)
+            float_files = _files(model, recipe=None, interpreter=interpreter, **files)
             if target.file_format is ONNX and recipe.precision == "int8":
                 calibration = _onnx_calibration(float_files[1], model, sources, max_new_tokens)
-        models, session = _files(model, target, source_length, cache_length, recipe, litert_python,
-                                 interpreter, calibration)
+        models, session = _files(model, recipe=recipe, interpreter=interpreter, calibration=calibration,
+                                 **files)
         same, parity, tokens = check_parity(model, session, sources, max_new_tokens)
+        if beam_rows and recipe is None:
+            same_beams = check_beams(model, session, sources, max_new_tokens)
         if recipe is not None:
             quality = translation_quality(model, float_files[1], session, list(quality_sources or sources),
                                           max_new_tokens, score)
+    signatures = TRANSLATE.signatures + ((BEAM_SIGNATURE,) if beam_rows else ())
     metadata = translation_metadata(model, source_length=source_length, cache_length=cache_length,
                                     target=target)
     metadata["quantize"] = precision
+    metadata["beam_rows"] = beam_rows
     verdicts, verdict_lines = {}, []
     if target.file_format is TFLITE:
         verdicts = {backend: sorted({op for flat in models for op in gpu_incompatible_ops(flat, backend)})
                     for backend in target.backends}
-        named = list(zip(TRANSLATE.signatures, models))
+        named = list(zip(signatures, models))
         verdict_lines = [(f"{signature}: " if len(models) > 1 else "") + verdict_line(flat, backend)
                          for backend in target.backends for signature, flat in named]
     report = {"same_tokens": same, "parity": parity, "tokens_checked": tokens, "verdicts": verdicts,
-              "max_bleu_drop": max_bleu_drop}
+              "max_bleu_drop": max_bleu_drop, "same_beam_tokens": same_beams}
     lines = verdict_lines + [f"Greedy parity over {tokens} tokens of {len(sources)} sources: "
-             f"{'same tokens as' if same else 'TOKENS DIFFER from'} Seq2SeqTransformer.translate, "
-             f"max abs logit diff {parity:.3g}"]
-    description = (f"target {target.name}: encode [1, {source_length}], decode [1, 1], cache "
-                   f"{cache_length} slots = {metadata['cache_bytes']} bytes"
+                             f"{'same tokens as' if same else 'TOKENS DIFFER from'} "
+                             f"Seq2SeqTransformer.translate, max abs logit diff {parity:.3g}"]
+    if same_beams is not None:
+        lines.append(f"Beam search of {beam_rows} over decode_beams: "
+                     f"{'same tokens as' if same_beams else 'TOKENS DIFFER from'} "
+                     f"translate(beam_size={beam_rows})")
+    description = (f"target {target.name}: encode [1, {source_length}], decode [1, 1]"
+                   + (f" and [{beam_rows}, 1] (decode_beams)" if beam_rows else "")
+                   + f", cache {cache_length} slots = {metadata['cache_bytes']} bytes"
                    + (f", {precision} weights" if precision else ""))
     return Built(target.name, precision, "graph", models, report, lines, metadata, description, None,
-                 kind=TRANSLATE, recipe=recipe, quality=quality,
+                 kind=TRANSLATE, signatures=signatures, recipe=recipe, quality=quality,
                  format_quality=lambda quality, _: format_translation_quality(quality, max_bleu_drop))
+
+
+def beam_rows_of(target, beam_rows):
+    """The rows of a target's `decode_beams`: `beam_rows` checked, or the default (translate's beam
+    size on `cpu` and `tensorrt`; none on the batch-1 GPU targets)."""
+    if beam_rows is None:
+        return 0 if target.shader_generation else DEFAULT_BEAM_ROWS
+    if isinstance(beam_rows, bool) or not isinstance(beam_rows, int) or beam_rows < 0 or beam_rows == 1:
+        raise ValueError(f"`beam_rows` must be 0 (no decode_beams) or an int >= 2, got "
+                         f"beam_rows={beam_rows!r}.")
+    if beam_rows and target.shader_generation:
+        raise ValueError(f"`beam_rows` is for the cpu and tensorrt targets (the GPU files are batch 1), got "
+                         f"beam_rows={beam_rows} with target={target.name!r}.")
+    return beam_rows

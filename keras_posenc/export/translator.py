@@ -11,6 +11,9 @@ The runtimes hold no state between calls, so what the decoder reads is an input 
   token at slot `position` against the self-attention cache (`[1, C, heads, head_dim]` per layer
   and kind) and the source. The target starts with `<s>` at slot 0, so there is no prefill: a
   translation is `encode`, then one `decode` per token, `<s>` first.
+- `decode_beams` (`cpu` and `tensorrt`, with `beam_rows` K): `decode` over `[K, 1]` tokens and
+  `[K, C, heads, head_dim]` caches at one position, against the one sentence's `encode` outputs:
+  a beam search steps its K hypotheses in one call instead of K.
 
 The decode step is `Seq2SeqTransformer.cached_layers`, the step `translate` runs, so the file
 computes what `translate` computes; `translate_with` runs the package's own search
@@ -72,10 +75,12 @@ class TranslatorSignatures:
         clone: the float32 `Seq2SeqTransformer` (`float32_clone`).
         source_length: int, `S`.
         cache_length: int, `C`: target tokens at most, `<s>` included.
+        beam_rows: int, `K` rows of `decode_beams` (0: no such signature).
     """
 
-    def __init__(self, clone, source_length, cache_length):
+    def __init__(self, clone, source_length, cache_length, beam_rows=0):
         self.clone = clone
+        self.beam_rows = beam_rows
         self.layers = clone.num_layers
         head_dim = clone.d_model // clone.num_heads
         self.source_length, self.cache_length = source_length, cache_length
@@ -98,17 +103,21 @@ class TranslatorSignatures:
         return tf.function(encode, input_signature=[tf.TensorSpec([1, self.source_length], tf.int32,
                                                                    name=SOURCE_IDS)])
 
-    def decode_function(self):
+    def decode_function(self, rows=1):
+        """`decode` (`rows` 1), or `decode_beams` over `rows` hypotheses of one sentence."""
         count = 2 * self.layers
 
         def decode(token_id, position, *tensors):
             past, cross, source_mask = tensors[:count], tensors[count:2 * count], tensors[-1]
+            if rows > 1:  # every hypothesis reads the sentence's one source
+                cross = [tf.tile(tensor, [rows, 1, 1, 1]) for tensor in cross]
+                source_mask = tf.tile(source_mask, [rows, 1])
             logits, keys, values = self.clone.cached_layers(
                 token_id, list(past[0::2]), list(past[1::2]), position[0], list(cross[0::2]),
                 list(cross[1::2]), tf.greater(source_mask, 0.5))
             return self.named_outputs(logits[:, 0], keys, values)
 
-        return tf.function(decode, input_signature=self.decode_signature())
+        return tf.function(decode, input_signature=self.decode_signature(rows=rows))
 
     def named_outputs(self, logits, keys, values):
         """The decode step's outputs by their contract names: `logits` `[1, V]`, then the caches."""
@@ -118,17 +127,23 @@ class TranslatorSignatures:
             outputs[contract.present_name("value", i)] = values[i]
         return outputs
 
-    def decode_signature(self, ids_dtype=tf.int32):
-        signature = [tf.TensorSpec([1, 1], ids_dtype, name=TOKEN_ID),
+    def decode_signature(self, ids_dtype=tf.int32, rows=1):
+        signature = [tf.TensorSpec([rows, 1], ids_dtype, name=TOKEN_ID),
                      tf.TensorSpec([1], ids_dtype, name=POSITION)]
-        signature += [tf.TensorSpec(self.cache_shape, tf.float32, name=name) for name in self.past_names]
+        cache_shape = [rows] + self.cache_shape[1:]
+        signature += [tf.TensorSpec(cache_shape, tf.float32, name=name) for name in self.past_names]
         signature += [tf.TensorSpec(self.cross_shape, tf.float32, name=name) for name in self.cross_names]
         signature += [tf.TensorSpec([1, self.source_length], tf.float32, name=SOURCE_MASK)]
         return signature
 
-    def functions(self):
-        """`(encode, decode)` `tf.function`s with their input signatures, and their output names."""
-        return ((self.encode_function(), self.encode_outputs), (self.decode_function(), self.decode_outputs))
+    def signatures(self):
+        """`{signature: (tf.function with its input signature, output names)}`: encode, decode and,
+        with `beam_rows`, decode_beams."""
+        functions = {ENCODE: (self.encode_function(), self.encode_outputs),
+                     DECODE: (self.decode_function(), self.decode_outputs)}
+        if self.beam_rows:
+            functions[contract.BEAM_SIGNATURE] = (self.decode_function(self.beam_rows), self.decode_outputs)
+        return functions
 
 
 class ShaderTranslatorSignatures(TranslatorSignatures):
@@ -165,17 +180,17 @@ class ShaderTranslatorSignatures(TranslatorSignatures):
 
 
 def to_tflite_translator(model, *, source_length, cache_length, target=DEFAULT_TARGET, recipe=None,
-                         litert_python=None):
-    """The `encode` and `decode` signatures as TFLite, quantized by `recipe`: one file holding both
-    (`cpu`, `gpu`), or the pair `(encode, decode)` of one-signature files (`gl`)."""
+                         litert_python=None, beam_rows=0):
+    """The signatures as TFLite, quantized by `recipe`: one file holding them all (`cpu`, `gpu`), or
+    the pair `(encode, decode)` of one-signature files (`gl`). `beam_rows`: `cpu` only."""
     target = target_of(target)
     clone = float32_clone(model, cache_length)
     if target.shader_generation:
         module = ShaderTranslatorSignatures(clone, source_length, cache_length, target)
     else:
-        module = TranslatorSignatures(clone, source_length, cache_length)
+        module = TranslatorSignatures(clone, source_length, cache_length, beam_rows)
     signatures = {key: frozen_signature(function, names)
-                  for key, (function, names) in zip(contract.TRANSLATE_SIGNATURES, module.functions())}
+                  for key, (function, names) in module.signatures().items()}
     if target.file_per_signature:
         return tuple(convert_signatures({key: signature}, recipe, litert_python)
                      for key, signature in signatures.items())
@@ -183,22 +198,24 @@ def to_tflite_translator(model, *, source_length, cache_length, target=DEFAULT_T
 
 
 def to_onnx_translator(model, *, source_length, cache_length, recipe=None, opset=ONNX_OPSET,
-                       calibration=None):
-    """The `encode` and `decode` graphs as two ONNX models (`tensorrt`), static shapes.
+                       calibration=None, beam_rows=0):
+    """The `encode`, `decode` (and with `beam_rows` `decode_beams`) graphs as ONNX models
+    (`tensorrt`), static shapes, in that order.
 
     `calibration`: for an int8 `recipe`, `{signature: [feeds]}` of float32 runs (`recorded_feeds`).
     """
     from keras_posenc.export.onnx_tools import import_tf2onnx
 
     tf2onnx = import_tf2onnx()
-    module = TranslatorSignatures(float32_clone(model, cache_length), source_length, cache_length)
+    module = TranslatorSignatures(float32_clone(model, cache_length), source_length, cache_length, beam_rows)
+    signatures = module.signatures()
     protos = [onnx_graph.finish(frozen_onnx(tf2onnx, function, names, opset))
-              for function, names in module.functions()]
+              for function, names in signatures.values()]
     if recipe is None:
         return tuple(protos)
     calibration = calibration or {}
     return tuple(quantize_onnx(proto, recipe, calibration.get(key, ()))
-                 for proto, key in zip(protos, contract.TRANSLATE_SIGNATURES))
+                 for proto, key in zip(protos, signatures))
 
 
 def _log_softmax(logits):
@@ -231,9 +248,14 @@ def translate_with(session, source_row, *, bos_id, eos_id, pad_id, max_new_token
     empty = {name: np.zeros(session.cache_shape, np.float32) for name in _past_names(cross)}
 
     def run(tokens, state):
-        outputs = [session.run(DECODE, {TOKEN_ID: np.array([[token]], np.int32),
-                                        POSITION: np.array([state["index"]], np.int32), **cache, **cross})
-                   for token, cache in zip(np.asarray(tokens).reshape(-1), state["caches"])]
+        tokens = np.asarray(tokens).reshape(-1)
+        position = np.array([state["index"]], np.int32)
+        if 1 < len(tokens) <= session.beam_rows:
+            outputs = _beam_step(session, tokens, position, state["caches"], cross)
+        else:
+            outputs = [session.run(DECODE, {TOKEN_ID: np.array([[token]], np.int32), POSITION: position,
+                                            **cache, **cross})
+                       for token, cache in zip(tokens, state["caches"])]
         step_logits = np.stack([out.pop(LOGITS)[0] for out in outputs])
         if logits is not None:
             logits.append(np.array(step_logits[0], np.float32))
@@ -255,6 +277,19 @@ def translate_with(session, source_row, *, bos_id, eos_id, pad_id, max_new_token
         return picks
     return beam_search(first, state, run, reorder, beam_size=beam_size, max_new_tokens=max_new_tokens,
                        end_id=eos_id, alpha=alpha, forbidden_ids=(pad_id, bos_id))
+
+
+def _beam_step(session, tokens, position, caches, cross):
+    """One `decode_beams` call for the hypotheses' `tokens` (rows past them padded): per row, the
+    outputs as `decode` gives them (`[1, ...]`)."""
+    rows, count = session.beam_rows, len(tokens)
+    fed = np.zeros([rows, 1], np.int32)
+    fed[:count, 0] = tokens
+    stacked = {name: np.concatenate([cache[name] for cache in caches]
+                                    + [np.zeros_like(caches[0][name])] * (rows - count))
+               for name in caches[0]}
+    outputs = session.run(contract.BEAM_SIGNATURE, {TOKEN_ID: fed, POSITION: position, **stacked, **cross})
+    return [{name: value[row:row + 1] for name, value in outputs.items()} for row in range(count)]
 
 
 def _past_names(cross):
