@@ -300,8 +300,8 @@ target is visible in the input: a copy task that needs positions) (default: off)
 [--token-ids TOKEN_IDS] [--eval-corpus EVAL_CORPUS] [--max-loss-increase MAX_LOSS_INCREASE] \
 [--litert-python LITERT_PYTHON] [--generate] [--cache-length CACHE_LENGTH] [--prompt-length \
 PROMPT_LENGTH] [--format {{tflite,litertlm,genai}}] [--spm SPM] [--probe-prompt PROBE_PROMPTS] \
-[--translate] [--source-length SOURCE_LENGTH] [--max-bleu-drop MAX_BLEU_DROP] [--dev-sentences \
-DEV_SENTENCES] [--verbose] model
+[--translate] [--source-length SOURCE_LENGTH] [--max-bleu-drop MAX_BLEU_DROP] [--beam-rows BEAM_ROWS] \
+[--dev-sentences DEV_SENTENCES] [--verbose] model
 
 Rebuilds the model with fixed input shapes under float32, freezes the position tables as constants, \
 converts with TFLite builtin ops only (never Flex) and prints the op histogram, the GPU-delegate verdict, \
@@ -387,6 +387,9 @@ max_length)
   --max-bleu-drop MAX_BLEU_DROP
                         with --quantize: fail when the quantized file's greedy BLEU on the run's dev pairs \
 (or --eval-corpus TSV) is lower than float32's by more than this (default: 1.0)
+  --beam-rows BEAM_ROWS
+                        rows of the decode_beams signature (a beam search's hypotheses in one call; 0: \
+none) (default: 4, translate's beam, on cpu and tensorrt; none on gpu and gl, batch 1)
   --dev-sentences DEV_SENTENCES
                         with --quantize: dev pairs both files translate (default: 200)
 """,
