@@ -404,8 +404,30 @@ def test_main_defaults_alpha_and_the_length_to_the_file_s(command, monkeypatch):
     assert (folder / "hyp.txt").read_text() == ""
 
 
+def test_logits_keeps_the_greedy_steps_of_each_translated_line(command, translator_model):
+    """`--logits FILE.npz`: per translated line, the logits of its greedy steps (the end token's
+    included) as the model computes them teacher-forced on `<s>` and the translation."""
+    run, folder = command
+    model, sp_model = translator_model
+    assert run("--beam-size", "1", "--max-new-tokens", "7", "--logits", str(folder / "steps.npz")) == 0
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    with np.load(folder / "steps.npz") as kept:
+        assert sorted(kept.files) == ["line_0", "line_1", "line_3"]  # line 2 is empty
+        for key, sentence in zip(("line_0", "line_1", "line_3"), SENTENCES):
+            pieces = source_ids(processor, [sentence], model.max_length)[0]
+            row = np.full([1, model.max_length], PAD_ID, np.int32)
+            row[0, :len(pieces)] = pieces
+            ids = model.translate(row, 7, beam_size=1).ids[0].tolist()
+            fed = ids + [EOS_ID] if len(ids) < 7 else ids
+            target = np.array([[BOS_ID] + fed[:-1]], np.int32)
+            full = np.asarray(model({"source_ids": row, "target_ids": target}))[0]
+            assert kept[key].shape == full.shape and kept[key].dtype == np.float32
+            np.testing.assert_allclose(kept[key], full, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--beam-size", "0"], "--beam-size must be >= 1, got 0."),
+    (["--logits", "steps.npz"], "--logits writes the greedy steps' logits: it needs --beam-size 1, got 4."),
     (["--beam-size", "x"], "run_translate.py: argument --beam-size: invalid int value: 'x'"),
     (["--alpha", "-0.5"], "--alpha must be >= 0, got -0.5."),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0."),

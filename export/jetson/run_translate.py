@@ -21,12 +21,13 @@ model file is checked (size, sha256, the TFLite identifier) before a runtime ope
 One sentence per input line, one translation per output line (an empty line stays empty); the
 output appears whole or not at all (written to a temporary file, then renamed). Prints the runtime,
 the sentences/s, the target tokens/s (end tokens counted, as `keras-posenc translate` counts them) and
-the mean time to first token (encode + first decode step); with `--json` one object.
+the mean time to first token (encode + first decode step); with `--json` one object. With
+`--beam-size 1`, `--logits FILE.npz` also keeps the float32 logits of every greedy step, per line.
 
 Usage:
     python3 run_translate.py de.tflite --spm spm.model --input src.txt --output hyp.txt [--beam-size 4]
         [--alpha A] [--max-new-tokens N] [--accelerator cpu|gpu] [--delegate SO] [--precision fp32|fp16]
-        [--threads N] [--runtime auto|litert|tflite-runtime|onnxruntime] [--json]
+        [--threads N] [--runtime auto|litert|tflite-runtime|onnxruntime] [--json] [--logits FILE.npz]
 """
 
 import argparse
@@ -153,7 +154,8 @@ class Translator:
 
     A hypothesis' state is `(position, cross, past)`: the slot of its next token, `encode`'s outputs
     (shared by every hypothesis of the sentence) and its own cache (the last call's `present_*` outputs
-    as `past_*` inputs; zeros of FILE.json's `cache_shape` before the first call).
+    as `past_*` inputs; zeros of FILE.json's `cache_shape` before the first call). With `chosen` a
+    list (`--logits`), each sentence appends the list of its decode steps' float32 logits.
     """
 
     def __init__(self, session, meta):
@@ -164,6 +166,7 @@ class Translator:
                       if name.startswith(self.tensors.past_prefix)}
         files = meta.signature_files()
         self.beam_rows = (meta.get("beam_rows") or 0) if meta.beam_signature in files else 0
+        self.chosen = None
 
     def source_row(self, pieces):
         """`pieces </s>` cut to `source_length` tokens and right-padded with `pad_id`: int32 `[1, S]`."""
@@ -186,6 +189,8 @@ class Translator:
             tensors.token_id: np.array([[token]], np.int32), tensors.position: np.array([position], np.int32),
             **cross, **past})
         logits = outputs.pop(tensors.logits)[0]
+        if self.chosen is not None:
+            self.chosen[-1].append(np.array(logits, np.float32))
         present = {tensors.past_prefix + name[len(tensors.present_prefix):]: value
                    for name, value in outputs.items() if name.startswith(tensors.present_prefix)}
         return log_softmax(logits), (position + 1, cross, present)
@@ -215,6 +220,8 @@ class Translator:
     def translate(self, pieces, *, beam_size, alpha, max_new_tokens, clock=time.perf_counter):
         """The target ids of one sentence's `pieces` (without `<s>` and `</s>`) and its time to first
         token (encode + the first decode step), in seconds."""
+        if self.chosen is not None:
+            self.chosen.append([])
         start = clock()
         cross = self.encode(self.source_row(pieces))
         first, state = self.step(self.meta["bos_id"], (0, cross, self.empty))
@@ -321,9 +328,16 @@ def parse_args(argv):
                         help="auto: onnxruntime for an .onnx file, else ai-edge-litert's CompiledModel when "
                              "installed, else the Interpreter (tflite-runtime's, else TensorFlow's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--logits", metavar="FILE.npz",
+                        help="with --beam-size 1: write the float32 logits of each greedy step (the one "
+                             "that chose </s> included) to this .npz, one [steps, vocab] array per "
+                             "translated line, named line_K (K: the line's index from 0); for parity "
+                             "checks")
     args = parser.parse_args(argv)
     if args.beam_size < 1:
         fail(f"--beam-size must be >= 1, got {args.beam_size}.")
+    if args.logits is not None and args.beam_size != 1:
+        fail(f"--logits writes the greedy steps' logits: it needs --beam-size 1, got {args.beam_size}.")
     if args.alpha is not None and not args.alpha >= 0:
         fail(f"--alpha must be >= 0, got {args.alpha}.")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
@@ -412,9 +426,14 @@ def main(argv=None):
     with stdout_to_stderr(args.json):  # native runtimes print on fd 1: keep it for the JSON object
         session = make_session(args, meta)
         translator = Translator(session, meta)
+        translator.chosen = [] if args.logits else None
         outputs, stats = translate_lines(translator, processor, lines, beam_size=args.beam_size, alpha=alpha,
                                          max_new_tokens=max_new_tokens)
     write_atomically(args.output, "".join(line + "\n" for line in outputs))
+    if args.logits:
+        translated = [k for k, line in enumerate(lines) if line.strip()]
+        np.savez(args.logits, **{f"line_{k}": np.stack(steps)
+                                 for k, steps in zip(translated, translator.chosen)})
     shown = report(stats, session, args, alpha)
     if args.json:
         print(json.dumps(shown))

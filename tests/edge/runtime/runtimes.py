@@ -3,7 +3,9 @@
 - `run_litert`: ai-edge-litert 2.3 `CompiledModel` (GPU = the WebGPU accelerator over Vulkan,
   here Mesa lavapipe), see tests/edge/runtime/probe_litert.py;
 - `run_gl`: the classic TFLite GPU delegate's OpenGL ES backend bundled in mediapipe 0.10.21,
-  on Mesa llvmpipe (EGL surfaceless), see tests/edge/runtime/probe_gl.py;
+  on Mesa llvmpipe (EGL surfaceless), see tests/edge/runtime/probe_gl.py; `run_gl_generate` and
+  `run_gl_translate` run the greedy loops of a `gl` prefill/decode and encode/decode pair there
+  (probe_gl_generate.py, probe_gl_translate.py);
 - `run_genai`: onnxruntime-genai 0.18's generator (CPU) on a `--format genai` folder, see
   tests/edge/runtime/probe_genai.py.
 
@@ -224,4 +226,45 @@ def run_gl_generate(paths, prompt, max_new_tokens, *, pad_id, table=None, cpu=Fa
         if os.path.isfile(output):
             with np.load(output) as arrays:
                 data = (arrays["ids"].tolist(), arrays["logits"])
+        return Run(result.returncode, info, result.stderr, data)
+
+
+def run_gl_translate(paths, sources, max_new_tokens, *, pad_id, bos_id, eos_id, forced=None, cpu=False,
+                     fp16=False, timeout=900):
+    """Greedy translation of the id rows `sources` with the `(encode, decode)` files of a `gl`
+    translator export on the GL delegate (tests/edge/runtime/probe_gl_translate.py); `forced`: per
+    sentence, the tokens to feed instead of the argmax (teacher forcing, one step each).
+
+    Returns a `Run` whose `output` is a list of `(ids, logits)`, one per sentence: the greedy ids
+    without the end token (with `forced`: every step's argmax) and the float32 logits of each step.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        spec = {"sources": [[int(i) for i in row] for row in sources], "max_new_tokens": max_new_tokens,
+                "pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id,
+                "forced": None if forced is None else [[int(i) for i in row] for row in forced]}
+        for key, path in zip(("encode", "decode"), paths):
+            inputs, outputs = signature_io(path, key)
+            spec[key] = {"model": os.path.abspath(path), "inputs": inputs, "outputs": outputs}
+        from tensorflow.lite.tools import flatbuffer_utils
+
+        graph = flatbuffer_utils.read_model(spec["decode"]["model"]).subgraphs[0]
+        past = next(index for index, name in zip(graph.inputs, spec["decode"]["inputs"])
+                    if name.startswith("past_"))
+        spec["cache_shape"] = [int(n) for n in graph.tensors[past].shape]
+        spec_path, output = os.path.join(scratch, "spec.json"), os.path.join(scratch, "output.npz")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = _environment(scratch)
+        env.pop("LD_LIBRARY_PATH")  # llvmpipe from the system's Mesa, as in run_gl
+        command = [os.path.join(CACHE, "venv-mediapipe", "bin", "python"),
+                   os.path.join(HERE, "probe_gl_translate.py"), spec_path, output]
+        command += (["--cpu"] if cpu else []) + (["--fp16"] if fp16 else [])
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        info = None
+        if result.returncode == 0 and result.stdout.strip():
+            info = json.loads(result.stdout.strip().splitlines()[-1])
+        data = None
+        if os.path.isfile(output):
+            with np.load(output) as arrays:
+                data = [(arrays[f"ids_{k}"].tolist(), arrays[f"logits_{k}"]) for k in range(len(sources))]
         return Run(result.returncode, info, result.stderr, data)
