@@ -169,13 +169,9 @@ class ModelSession:
         self.calls.append(signature)
         if signature == "encode":
             return self.encode(feeds)
-        if signature == contract.BEAM_SIGNATURE:  # K rows against the one sentence's source
+        if signature == contract.BEAM_SIGNATURE:  # K rows, each with its cache and its sentence's source
             rows = len(feeds["token_id"])
-            assert all(len(feeds[contract.past_name(kind, i)]) == rows for i in self.layers
-                       for kind in ("key", "value"))
-            shared = [name for name in feeds if name.startswith(contract.TENSORS["cross_prefix"])]
-            shared.append(contract.TENSORS["source_mask"])
-            feeds = dict(feeds, **{name: np.repeat(feeds[name], rows, axis=0) for name in shared})
+            assert all(len(value) == rows for name, value in feeds.items() if name != "position")
         return self.decode(feeds)
 
     def encode(self, feeds):
@@ -269,6 +265,37 @@ def test_a_beam_search_steps_its_hypotheses_in_one_decode_beams_call(translator_
         assert set(session.calls[2:]) <= {contract.BEAM_SIGNATURE}
         lengths.append(len(ids))
     assert max(lengths) > 0
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_sentences_in_lockstep_are_translated_as_one_by_one(translator_model, beam_size):
+    """With `decode_beams` of 4 rows, 4 greedy sentences (2 with beams of 2) share every call, each
+    row with its own sentence's source; every translation is still `translate`'s, in input order."""
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    session = ModelSession(model, meta)
+    translator = run_translate.Translator(session, meta)
+    assert translator.group_size(beam_size) == 4 // beam_size
+    lines = SENTENCES + [""] + SENTENCES[:3]
+    texts, stats = run_translate.translate_lines(translator, processor, lines, beam_size=beam_size, alpha=1.0,
+                                                 max_new_tokens=7)
+    expected = []
+    for line in lines:
+        if not line:
+            expected.append("")
+            continue
+        row = translator.source_row(processor.EncodeAsIds(line))
+        ids = model.translate(row, 7, beam_size=beam_size, alpha=1.0).ids[0].tolist()
+        expected.append(run_translate.text_of(processor, ids, meta["special_ids"]))
+    assert texts == expected and stats["translated"] == len(lines) - 1
+    calls = session.calls.count("decode") + session.calls.count(contract.BEAM_SIGNATURE)
+    alone = ModelSession(model, meta)
+    alone_meta = translate_export(model, source_length=model.max_length, cache_length=9)  # no decode_beams
+    run_translate.translate_lines(run_translate.Translator(alone, alone_meta), processor, lines,
+                                  beam_size=beam_size, alpha=1.0, max_new_tokens=7)
+    assert alone.calls.count(contract.BEAM_SIGNATURE) == 0
+    assert calls < 0.8 * alone.calls.count("decode"), (calls, alone.calls.count("decode"))
 
 
 class Forgetful(run_translate.Translator):
@@ -527,10 +554,10 @@ def test_a_failed_run_leaves_the_old_output_and_no_temporary_file(command, monke
     (folder / "hyp.txt").write_text("the old translations\n")
     before = sorted(os.listdir(folder))
 
-    def failing(self, pieces, **options):
+    def failing(self, sentences, **options):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(run_translate.Translator, "translate", failing)
+    monkeypatch.setattr(run_translate.Translator, "translate_group", failing)
     with pytest.raises(KeyboardInterrupt):
         run()
     assert (folder / "hyp.txt").read_text() == "the old translations\n"

@@ -74,11 +74,10 @@ def top(scores, count):
     return chosen[np.lexsort((chosen, -scores[chosen]))[:count]]
 
 
-def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_ids=()):
-    """The argmax token at each step until `end_id` or `max_new_tokens` tokens; the ids without the end.
-
-    `log_probs`: the first token's `[vocab]`; `step(token, state) -> (log_probs, state)`.
-    """
+def greedy_steps(log_probs, state, *, max_new_tokens, end_id, forbidden_ids=()):
+    """Greedy search as a generator: the argmax token at each step until `end_id` or `max_new_tokens`
+    tokens. It yields `(tokens, states)` to step (one hypothesis) and is sent their
+    `[(log_probs, state)]`; it returns the ids without the end token."""
     ids, log_probs = [], forbid(log_probs, forbidden_ids)
     for t in range(max_new_tokens):
         choice = int(np.argmax(log_probs))
@@ -87,26 +86,26 @@ def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_i
         ids.append(choice)
         if t + 1 == max_new_tokens:
             break
-        log_probs, state = step(choice, state)
+        [(log_probs, state)] = yield [choice], [state]
         log_probs = forbid(log_probs, forbidden_ids)
     return ids
 
 
-def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, alpha, forbidden_ids=(),
-                step_many=None):
-    """The best hypothesis of a `beam_size` beam search, without its end token (`beam_size` 1: greedy).
+def beam_steps(log_probs, state, *, beam_size, max_new_tokens, end_id, alpha, forbidden_ids=()):
+    """A `beam_size` beam search as a generator (`beam_size` 1: `greedy_steps`); it returns the best
+    hypothesis without its end token.
 
     At each step the `2 * beam_size` best extensions of the live hypotheses are taken in order: one
     ending in `end_id` is finished, scored `log_prob / length_penalty(its length, alpha)`; the others
     fill the live beams. The search stops when `beam_size` hypotheses are finished and no live one can
     still beat the worst of them; at `max_new_tokens` the live hypotheses compete as they are. Each
-    live hypothesis keeps its own `state` (its cache): `step(token, state) -> (log_probs, state)`
-    runs once per live hypothesis and step, and a beam that extends another takes that one's state;
-    `step_many(tokens, states) -> [(log_probs, state), ...]`, where given, steps them all at once.
+    live hypothesis keeps its own `state` (its cache): the generator yields the live extensions'
+    `(tokens, states)` (each extension with the state of the beam it extends) and is sent their
+    `[(log_probs, state), ...]`, so whoever drives it may step them one by one or all at once.
     """
     if beam_size == 1:
-        return greedy_search(log_probs, state, step, max_new_tokens=max_new_tokens, end_id=end_id,
-                             forbidden_ids=forbidden_ids)
+        return (yield from greedy_steps(log_probs, state, max_new_tokens=max_new_tokens, end_id=end_id,
+                                        forbidden_ids=forbidden_ids))
     vocab = len(log_probs)
     # The live hypotheses: (ids, score, state, the next token's log-probabilities), best first.
     live = [([], 0.0, state, forbid(log_probs, forbidden_ids))]
@@ -135,15 +134,68 @@ def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, al
         if done or t + 1 == max_new_tokens or not extended:
             live = [(ids, score, None, None) for ids, score, _ in extended]
             break
-        # Each extension runs from the state of the beam it extends.
-        tokens, states = [ids[-1] for ids, _, _ in extended], [live[beam][2] for _, _, beam in extended]
-        steps = step_many(tokens, states) if step_many else [step(t, s) for t, s in zip(tokens, states)]
+        steps = yield [ids[-1] for ids, _, _ in extended], [live[beam][2] for _, _, beam in extended]
         live = [(ids, score, next_state, forbid(next_log_probs, forbidden_ids))
                 for (ids, score, _), (next_log_probs, next_state) in zip(extended, steps)]
     pool = list(finished)
     if not done:  # out of steps: the live hypotheses compete as they are
         pool += [(score / length_penalty(len(ids), alpha), score, ids) for ids, score, _, _ in live]
     return list(max(pool, key=lambda item: item[0])[2])
+
+
+def run_search(search, step_many):
+    """Drives one search generator to its end: `step_many(tokens, states) -> [(log_probs, state)]`."""
+    try:
+        request = next(search)
+        while True:
+            request = search.send(step_many(*request))
+    except StopIteration as stop:
+        return stop.value
+
+
+def one_by_one(step):
+    return lambda tokens, states: [step(token, state) for token, state in zip(tokens, states)]
+
+
+def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_ids=()):
+    """`greedy_steps` driven by `step(token, state) -> (log_probs, state)`; the ids without the end."""
+    return run_search(greedy_steps(log_probs, state, max_new_tokens=max_new_tokens, end_id=end_id,
+                                   forbidden_ids=forbidden_ids), one_by_one(step))
+
+
+def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, alpha, forbidden_ids=(),
+                step_many=None):
+    """`beam_steps` driven by `step(token, state) -> (log_probs, state)` once per live hypothesis and
+    step, or by `step_many(tokens, states) -> [(log_probs, state), ...]` where given."""
+    search = beam_steps(log_probs, state, beam_size=beam_size, max_new_tokens=max_new_tokens, end_id=end_id,
+                        alpha=alpha, forbidden_ids=forbidden_ids)
+    return run_search(search, step_many or one_by_one(step))
+
+
+def lockstep(searches, step_many):
+    """Drives several searches together (sentences started at the same time, so their hypotheses
+    step at the same positions): each round, every unfinished search's request in one
+    `step_many` call. Returns each search's result, in order."""
+    results, pending = [None] * len(searches), {}
+    for i, search in enumerate(searches):
+        try:
+            pending[i] = next(search)
+        except StopIteration as stop:
+            results[i] = stop.value
+    while pending:
+        order = list(pending)
+        tokens = [token for i in order for token in pending[i][0]]
+        states = [state for i in order for state in pending[i][1]]
+        stepped, first = step_many(tokens, states), 0
+        for i in order:
+            count = len(pending[i][0])
+            try:
+                pending[i] = searches[i].send(stepped[first:first + count])
+            except StopIteration as stop:
+                results[i] = stop.value
+                del pending[i]
+            first += count
+    return results
 
 
 # --- the file ----------------------------------------------------------------------------------------
@@ -196,39 +248,69 @@ class Translator:
         return log_softmax(logits), (position + 1, cross, present)
 
     def step_many(self, tokens, states):
-        """`step` of each hypothesis (all at one position): one `decode_beams` call for 2 to
-        `beam_rows` of them (the rows past them padded with zeros), else one `decode` each."""
-        if not 1 < len(tokens) <= self.beam_rows:
+        """`step` of each hypothesis (all at one position, of one sentence or several): one
+        `decode_beams` call per `beam_rows` of them (rows past them padded with zeros), one `decode`
+        for a hypothesis alone."""
+        if not self.beam_rows:
             return [self.step(token, state) for token, state in zip(tokens, states)]
+        steps = []
+        for first in range(0, len(tokens), self.beam_rows):
+            chunk = slice(first, first + self.beam_rows)
+            if len(tokens[chunk]) == 1:
+                steps.append(self.step(tokens[chunk][0], states[chunk][0]))
+            else:
+                steps.extend(self._decode_rows(tokens[chunk], states[chunk]))
+        return steps
+
+    def _decode_rows(self, tokens, states):
         tensors, rows, count = self.tensors, self.beam_rows, len(tokens)
-        position, cross = states[0][0], states[0][1]
+        position = states[0][0]
+        if any(state[0] != position for state in states):
+            raise ValueError("decode_beams steps hypotheses at one position only.")
         fed = np.zeros([rows, 1], np.int32)
         fed[:count, 0] = tokens
-        past = {name: np.concatenate([state[2][name] for state in states]
-                                     + [np.zeros_like(states[0][2][name])] * (rows - count))
-                for name in states[0][2]}
+        padding = rows - count
+        feeds = {name: np.concatenate([state[part][name] for state in states]
+                                      + [np.zeros_like(states[0][part][name])] * padding)
+                 for part in (1, 2) for name in states[0][part]}  # each row's source, each row's cache
         outputs = self.session.run(self.meta.beam_signature, {
-            tensors.token_id: fed, tensors.position: np.array([position], np.int32), **cross, **past})
+            tensors.token_id: fed, tensors.position: np.array([position], np.int32), **feeds})
         logits = outputs.pop(tensors.logits)
         steps = []
-        for row in range(count):
+        for row, state in enumerate(states):
             present = {tensors.past_prefix + name[len(tensors.present_prefix):]: value[row:row + 1]
                        for name, value in outputs.items() if name.startswith(tensors.present_prefix)}
-            steps.append((log_softmax(logits[row]), (position + 1, cross, present)))
+            steps.append((log_softmax(logits[row]), (position + 1, state[1], present)))
         return steps
+
+    def group_size(self, beam_size):
+        """Sentences translated in lockstep: as many as `decode_beams` holds with all their beams (one
+        without it, or while the logits are kept)."""
+        if not self.beam_rows or self.chosen is not None:
+            return 1
+        return max(1, self.beam_rows // beam_size)
+
+    def translate_group(self, sentences, *, beam_size, alpha, max_new_tokens, clock=time.perf_counter):
+        """The target ids of each sentence's pieces (without `<s>` and `</s>`), the sentences searched
+        in lockstep, and the group's time to first token (every sentence's encode and first step)."""
+        if self.chosen is not None:
+            self.chosen.append([])
+        start = clock()
+        crosses = [self.encode(self.source_row(pieces)) for pieces in sentences]
+        firsts = self.step_many([self.meta["bos_id"]] * len(sentences),
+                                [(0, cross, self.empty) for cross in crosses])
+        ttft = clock() - start
+        searches = [beam_steps(first, state, beam_size=beam_size, max_new_tokens=max_new_tokens,
+                               end_id=self.meta["eos_id"], alpha=alpha,
+                               forbidden_ids=(self.meta["pad_id"], self.meta["bos_id"]))
+                    for first, state in firsts]
+        return lockstep(searches, self.step_many), ttft
 
     def translate(self, pieces, *, beam_size, alpha, max_new_tokens, clock=time.perf_counter):
         """The target ids of one sentence's `pieces` (without `<s>` and `</s>`) and its time to first
         token (encode + the first decode step), in seconds."""
-        if self.chosen is not None:
-            self.chosen.append([])
-        start = clock()
-        cross = self.encode(self.source_row(pieces))
-        first, state = self.step(self.meta["bos_id"], (0, cross, self.empty))
-        ttft = clock() - start
-        ids = beam_search(first, state, self.step, beam_size=beam_size, max_new_tokens=max_new_tokens,
-                          end_id=self.meta["eos_id"], alpha=alpha,
-                          forbidden_ids=(self.meta["pad_id"], self.meta["bos_id"]), step_many=self.step_many)
+        [ids], ttft = self.translate_group([pieces], beam_size=beam_size, alpha=alpha,
+                                           max_new_tokens=max_new_tokens, clock=clock)
         return ids, ttft
 
 
@@ -244,17 +326,21 @@ def translate_lines(translator, processor, lines, *, beam_size, alpha, max_new_t
     (lines), `translated` (lines not empty), `tokens` (target tokens, end tokens counted), `seconds`,
     `ttft` (the mean time to first token, seconds; None without a sentence)."""
     special = translator.meta["special_ids"]
-    outputs, tokens, ttfts = [], 0, []
+    outputs, tokens, ttfts = [""] * len(lines), 0, []
     start = clock()
-    for line in lines:
-        if not line.strip():
-            outputs.append("")
-            continue
-        ids, ttft = translator.translate(processor.EncodeAsIds(line), beam_size=beam_size, alpha=alpha,
-                                         max_new_tokens=max_new_tokens, clock=clock)
-        outputs.append(text_of(processor, ids, special))
-        tokens += len(ids) + 1
-        ttfts.append(ttft)
+    pieces = {i: processor.EncodeAsIds(line) for i, line in enumerate(lines) if line.strip()}
+    # Sentences of similar length share a group (a group steps until its longest translation ends);
+    # one sentence at a time, they go in the input's order.
+    size = translator.group_size(beam_size)
+    order = sorted(pieces, key=lambda i: (len(pieces[i]), i)) if size > 1 else list(pieces)
+    for first in range(0, len(order), size):
+        group = order[first:first + size]
+        found, ttft = translator.translate_group([pieces[i] for i in group], beam_size=beam_size, alpha=alpha,
+                                                 max_new_tokens=max_new_tokens, clock=clock)
+        for i, ids in zip(group, found):
+            outputs[i] = text_of(processor, ids, special)
+            tokens += len(ids) + 1
+            ttfts.append(ttft)
     return outputs, {"sentences": len(lines), "translated": len(ttfts), "tokens": tokens,
                      "seconds": clock() - start, "ttft": sum(ttfts) / len(ttfts) if ttfts else None}
 

@@ -11,9 +11,10 @@ The runtimes hold no state between calls, so what the decoder reads is an input 
   token at slot `position` against the self-attention cache (`[1, C, heads, head_dim]` per layer
   and kind) and the source. The target starts with `<s>` at slot 0, so there is no prefill: a
   translation is `encode`, then one `decode` per token, `<s>` first.
-- `decode_beams` (`cpu` and `tensorrt`, with `beam_rows` K): `decode` over `[K, 1]` tokens and
-  `[K, C, heads, head_dim]` caches at one position, against the one sentence's `encode` outputs:
-  a beam search steps its K hypotheses in one call instead of K.
+- `decode_beams` (`cpu` and `tensorrt`, with `beam_rows` K): `decode` over K rows at one position:
+  `[K, 1]` tokens, `[K, C, heads, head_dim]` caches and each row's sentence's `encode` outputs
+  (`[K, S, heads, head_dim]`, `[K, S]`): the hypotheses of one sentence's beam search, or of
+  several sentences translated in lockstep, in one call instead of K.
 
 The decode step is `Seq2SeqTransformer.cached_layers`, the step `translate` runs, so the file
 computes what `translate` computes; `translate_with` runs the package's own search
@@ -109,9 +110,6 @@ class TranslatorSignatures:
 
         def decode(token_id, position, *tensors):
             past, cross, source_mask = tensors[:count], tensors[count:2 * count], tensors[-1]
-            if rows > 1:  # every hypothesis reads the sentence's one source
-                cross = [tf.tile(tensor, [rows, 1, 1, 1]) for tensor in cross]
-                source_mask = tf.tile(source_mask, [rows, 1])
             logits, keys, values = self.clone.cached_layers(
                 token_id, list(past[0::2]), list(past[1::2]), position[0], list(cross[0::2]),
                 list(cross[1::2]), tf.greater(source_mask, 0.5))
@@ -130,10 +128,10 @@ class TranslatorSignatures:
     def decode_signature(self, ids_dtype=tf.int32, rows=1):
         signature = [tf.TensorSpec([rows, 1], ids_dtype, name=TOKEN_ID),
                      tf.TensorSpec([1], ids_dtype, name=POSITION)]
-        cache_shape = [rows] + self.cache_shape[1:]
+        cache_shape, cross_shape = [rows] + self.cache_shape[1:], [rows] + self.cross_shape[1:]
         signature += [tf.TensorSpec(cache_shape, tf.float32, name=name) for name in self.past_names]
-        signature += [tf.TensorSpec(self.cross_shape, tf.float32, name=name) for name in self.cross_names]
-        signature += [tf.TensorSpec([1, self.source_length], tf.float32, name=SOURCE_MASK)]
+        signature += [tf.TensorSpec(cross_shape, tf.float32, name=name) for name in self.cross_names]
+        signature += [tf.TensorSpec([rows, self.source_length], tf.float32, name=SOURCE_MASK)]
         return signature
 
     def signatures(self):
@@ -280,15 +278,16 @@ def translate_with(session, source_row, *, bos_id, eos_id, pad_id, max_new_token
 
 
 def _beam_step(session, tokens, position, caches, cross):
-    """One `decode_beams` call for the hypotheses' `tokens` (rows past them padded): per row, the
-    outputs as `decode` gives them (`[1, ...]`)."""
+    """One `decode_beams` call for the hypotheses' `tokens` of one sentence (rows past them padded):
+    per row, the outputs as `decode` gives them (`[1, ...]`)."""
     rows, count = session.beam_rows, len(tokens)
     fed = np.zeros([rows, 1], np.int32)
     fed[:count, 0] = tokens
     stacked = {name: np.concatenate([cache[name] for cache in caches]
                                     + [np.zeros_like(caches[0][name])] * (rows - count))
                for name in caches[0]}
-    outputs = session.run(contract.BEAM_SIGNATURE, {TOKEN_ID: fed, POSITION: position, **stacked, **cross})
+    shared = {name: np.repeat(value, rows, axis=0) for name, value in cross.items()}  # one source
+    outputs = session.run(contract.BEAM_SIGNATURE, {TOKEN_ID: fed, POSITION: position, **stacked, **shared})
     return [{name: value[row:row + 1] for name, value in outputs.items()} for row in range(count)]
 
 
