@@ -276,6 +276,8 @@ def test_sentences_in_lockstep_are_translated_as_one_by_one(translator_model, be
     meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
     session = ModelSession(model, meta)
     translator = run_translate.Translator(session, meta)
+    assert translator.group_size(beam_size) == 1  # one sentence at a time by default
+    translator.sentences_per_call = 8
     assert translator.group_size(beam_size) == 4 // beam_size
     lines = SENTENCES + [""] + SENTENCES[:3]
     texts, stats = run_translate.translate_lines(translator, processor, lines, beam_size=beam_size, alpha=1.0,

@@ -219,6 +219,7 @@ class Translator:
         files = meta.signature_files()
         self.beam_rows = (meta.get("beam_rows") or 0) if meta.beam_signature in files else 0
         self.chosen = None
+        self.sentences_per_call = 1
 
     def source_row(self, pieces):
         """`pieces </s>` cut to `source_length` tokens and right-padded with `pad_id`: int32 `[1, S]`."""
@@ -284,11 +285,11 @@ class Translator:
         return steps
 
     def group_size(self, beam_size):
-        """Sentences translated in lockstep: as many as `decode_beams` holds with all their beams (one
-        without it, or while the logits are kept)."""
+        """Sentences translated in lockstep: `sentences_per_call`, at most as many as `decode_beams`
+        holds with all their beams (one without it, or while the logits are kept)."""
         if not self.beam_rows or self.chosen is not None:
             return 1
-        return max(1, self.beam_rows // beam_size)
+        return max(1, min(self.sentences_per_call, self.beam_rows // beam_size))
 
     def translate_group(self, sentences, *, beam_size, alpha, max_new_tokens, clock=time.perf_counter):
         """The target ids of each sentence's pieces (without `<s>` and `</s>`), the sentences searched
@@ -413,6 +414,10 @@ def parse_args(argv):
     parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
                         help="auto: onnxruntime for an .onnx file, else ai-edge-litert's CompiledModel when "
                              "installed, else the Interpreter (tflite-runtime's, else TensorFlow's)")
+    parser.add_argument("--sentences-per-call", type=int, default=1,
+                        help="sentences translated in lockstep, their hypotheses in one decode_beams call "
+                             "(up to FILE.json's beam_rows with all their beams; default 1: on a CPU one "
+                             "sentence at a time is the faster, benchmarks/RESULTS.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--logits", metavar="FILE.npz",
                         help="with --beam-size 1: write the float32 logits of each greedy step (the one "
@@ -422,6 +427,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.beam_size < 1:
         fail(f"--beam-size must be >= 1, got {args.beam_size}.")
+    if args.sentences_per_call < 1:
+        fail(f"--sentences-per-call must be >= 1, got {args.sentences_per_call}.")
     if args.logits is not None and args.beam_size != 1:
         fail(f"--logits writes the greedy steps' logits: it needs --beam-size 1, got {args.beam_size}.")
     if args.alpha is not None and not args.alpha >= 0:
@@ -513,6 +520,7 @@ def main(argv=None):
         session = make_session(args, meta)
         translator = Translator(session, meta)
         translator.chosen = [] if args.logits else None
+        translator.sentences_per_call = args.sentences_per_call
         outputs, stats = translate_lines(translator, processor, lines, beam_size=args.beam_size, alpha=alpha,
                                          max_new_tokens=max_new_tokens)
     write_atomically(args.output, "".join(line + "\n" for line in outputs))

@@ -37,9 +37,9 @@ __all__ = ["DEFAULT_BEAM_ROWS", "DEFAULT_MAX_BLEU_DROP", "beam_rows_of", "build_
 
 # The largest BLEU a quantized translator may lose against the float32 file of its target.
 DEFAULT_MAX_BLEU_DROP = 1.0
-# `decode_beams`' rows by default on the CPU targets: 16 greedy sentences, or 4 sentences' beams of
-# 4 (translate's default), per call.
-DEFAULT_BEAM_ROWS = 16
+# `decode_beams`' rows by default on the CPU targets: translate's default beam of 4 in one call (more
+# rows, for several sentences in lockstep, cost about as much per row on a CPU: benchmarks/RESULTS.md).
+DEFAULT_BEAM_ROWS = 4
 # The beam size the export checks `decode_beams` with (translate's default; rows past it padded).
 CHECKED_BEAM = 4
 
