@@ -33,7 +33,6 @@ the runner reads `table[ids]` from `FILE.embeddings.npy`.
 
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 
 from keras_posenc import special_ids
@@ -44,7 +43,7 @@ from keras_posenc.export.formulations import FORMULATIONS
 from keras_posenc.export.kinds import PREFILL_DECODE
 from keras_posenc.export.model_spec import ModelSpec, frozen_function, rebuild
 from keras_posenc.export.quantization import quantize_onnx, quantize_tflite, recipe_for
-from keras_posenc.export.runners import OnnxSession, greedy_generate
+from keras_posenc.export.runners import OnnxSession, greedy_generate, recording, step_outputs
 from keras_posenc.export.targets import DEFAULT_TARGET, TARGETS, TFLITE, Target, target_of
 from keras_posenc.layers.encoder_layer import ATTENTION_POSITIONS
 from keras_posenc.validation import check_positive_int
@@ -147,11 +146,7 @@ class _Generator(CachedSignatures):
                                         for kind in ("key", "value")]
 
     def _outputs(self, logits, keys, values):
-        outputs = {LOGITS: logits}
-        for i in range(self.layers):
-            outputs[contract.present_name("key", i)] = keys[i]
-            outputs[contract.present_name("value", i)] = values[i]
-        return outputs
+        return step_outputs(logits, keys, values)
 
     def _step(self, token_ids, positions, index, keys, values):
         return cached_forward(self.clone, self.context, token_ids, positions, index, keys, values)
@@ -341,20 +336,10 @@ def calibration_prompts(model, prompt_length, count=4):
 
 def recorded_feeds(session, prompts, cache_length, pad_id):
     """`{signature: [feeds of each call]}` of greedy runs of `session` on `prompts` (filling the cache)."""
-    calls = {key: [] for key in contract.SIGNATURES}
-    run = session.run
-
-    def recording(signature, feeds):
-        calls[signature].append({name: np.asarray(value) for name, value in feeds.items()})
-        return run(signature, feeds)
-
-    session.run = recording
-    try:
+    with recording(session) as calls:
         for prompt in prompts:
             greedy_generate(session, prompt, cache_length - len(prompt) + 1, pad_id=pad_id)
-    finally:
-        session.run = run
-    return calls
+    return {key: calls[key] for key in contract.SIGNATURES}
 
 
 def frozen_signature(function, output_names):

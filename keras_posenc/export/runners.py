@@ -10,6 +10,9 @@ The parity (`parity`), the quality measures (`quality`) and the generation check
 through this module.
 """
 
+import collections
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -19,8 +22,8 @@ from keras_posenc.export.model_spec import HOST_EMBEDDINGS, ROLES, host_embeddin
 from keras_posenc.export.targets import ONNX, TFLITE
 
 __all__ = ["FLOAT_TYPES", "OnnxSession", "TfliteSession", "TranslatorSession", "greedy_generate",
-           "interpreter_class", "onnx_input_names", "past", "run_file", "run_interpreter", "run_onnx",
-           "typed_feeds", "with_host_rows", "with_host_rows_of"]
+           "interpreter_class", "onnx_input_names", "past", "recording", "run_file", "run_interpreter",
+           "run_onnx", "step_outputs", "typed_feeds", "with_host_rows", "with_host_rows_of"]
 
 TOKEN_IDS, TOKEN_ID, POSITION, LOGITS = (contract.TENSORS[name]
                                          for name in ("token_ids", "token_id", "position", "logits"))
@@ -303,6 +306,34 @@ def greedy_generate(session, prompt_ids, max_new_tokens, *, pad_id=0, stop_id=No
         outputs = session.run(DECODE, {**feeds, **past(outputs)})
         logits = outputs[LOGITS][0]
     return ids, np.stack(chosen)
+
+
+@contextlib.contextmanager
+def recording(session):
+    """Inside the block, every `session.run` also records its feeds: yields `{signature: [feeds of
+    each call]}` (what calibrates an int8 ONNX file's activations)."""
+    calls = collections.defaultdict(list)
+    run = session.run
+
+    def recorded(signature, feeds):
+        calls[signature].append({name: np.asarray(value) for name, value in feeds.items()})
+        return run(signature, feeds)
+
+    session.run = recorded
+    try:
+        yield calls
+    finally:
+        session.run = run
+
+
+def step_outputs(logits, keys, values):
+    """A cached step's outputs by their contract names: `logits`, then `present_key_<i>` and
+    `present_value_<i>` of each layer."""
+    outputs = {LOGITS: logits}
+    for i, (key, value) in enumerate(zip(keys, values)):
+        outputs[contract.present_name("key", i)] = key
+        outputs[contract.present_name("value", i)] = value
+    return outputs
 
 
 def past(outputs):

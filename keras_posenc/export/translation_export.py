@@ -11,8 +11,6 @@ and chrF of both files' greedy translations; `ExportResult.failures` refuses a d
 over `max_bleu_drop`.
 """
 
-import collections
-
 import numpy as np
 
 from keras_posenc import special_ids
@@ -20,7 +18,7 @@ from keras_posenc.export.contract import BEAM_SIGNATURE
 from keras_posenc.export.kinds import TRANSLATE
 from keras_posenc.export.quantization import interpreter_for, recipe_for
 from keras_posenc.export.result import Built
-from keras_posenc.export.runners import TranslatorSession
+from keras_posenc.export.runners import TranslatorSession, recording
 from keras_posenc.export.targets import ONNX, TARGETS, TFLITE, target_of
 from keras_posenc.export.translator import (
     TRANSLATOR_TARGETS,
@@ -169,21 +167,11 @@ def _files(model, target, source_length, cache_length, beam_rows, recipe, litert
 def _onnx_calibration(session, model, sources, max_new_tokens):
     """`{signature: [feeds]}` of the float32 files' greedy runs over `sources` (ONNX int8), and with
     `decode_beams` their beam searches."""
-    calls = collections.defaultdict(list)
-    run = session.run
-
-    def recording(signature, feeds):
-        calls[signature].append({name: np.asarray(value) for name, value in feeds.items()})
-        return run(signature, feeds)
-
-    session.run = recording
-    try:
+    with recording(session) as calls:
         for row in sources:
             _ids(model, session, row, max_new_tokens)
             if session.beam_rows:
                 _ids(model, session, row, max_new_tokens, beam_size=session.beam_rows)
-    finally:
-        session.run = run
     return dict(calls)
 
 

@@ -39,6 +39,7 @@ from keras_posenc.export.formulations import FORMULATIONS
 from keras_posenc.export.generator import convert_signatures, frozen_onnx, frozen_signature
 from keras_posenc.export.model_spec import all_layers, float32_policy
 from keras_posenc.export.quantization import quantize_onnx
+from keras_posenc.export.runners import step_outputs
 from keras_posenc.export.targets import DEFAULT_TARGET, target_of
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 
@@ -113,17 +114,9 @@ class TranslatorSignatures:
             logits, keys, values = self.clone.cached_layers(
                 token_id, list(past[0::2]), list(past[1::2]), position[0], list(cross[0::2]),
                 list(cross[1::2]), tf.greater(source_mask, 0.5))
-            return self.named_outputs(logits[:, 0], keys, values)
+            return step_outputs(logits[:, 0], keys, values)
 
         return tf.function(decode, input_signature=self.decode_signature(rows=rows))
-
-    def named_outputs(self, logits, keys, values):
-        """The decode step's outputs by their contract names: `logits` `[1, V]`, then the caches."""
-        outputs = {LOGITS: logits}
-        for i in range(self.layers):
-            outputs[contract.present_name("key", i)] = keys[i]
-            outputs[contract.present_name("value", i)] = values[i]
-        return outputs
 
     def decode_signature(self, ids_dtype=tf.int32, rows=1):
         signature = [tf.TensorSpec([rows, 1], ids_dtype, name=TOKEN_ID),
@@ -172,7 +165,7 @@ class ShaderTranslatorSignatures(TranslatorSignatures):
                 logits, keys, values = gl_translate.decode_graph(
                     self.clone, context, token_id, position, list(past[0::2]), list(past[1::2]),
                     list(zip(cross[0::2], cross[1::2])), source_mask)
-            return self.named_outputs(logits, keys, values)
+            return step_outputs(logits, keys, values)
 
         return tf.function(decode, input_signature=self.decode_signature(self.ids_dtype))
 

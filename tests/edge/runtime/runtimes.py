@@ -210,23 +210,30 @@ def run_gl_generate(paths, prompt, max_new_tokens, *, pad_id, table=None, cpu=Fa
         if table is not None:
             spec["table"] = os.path.join(scratch, "table.npy")
             np.save(spec["table"], np.asarray(table, np.float32))
-        spec_path, output = os.path.join(scratch, "spec.json"), os.path.join(scratch, "output.npz")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        env = _environment(scratch)
-        env.pop("LD_LIBRARY_PATH")  # llvmpipe from the system's Mesa, as in run_gl
-        command = [os.path.join(CACHE, "venv-mediapipe", "bin", "python"),
-                   os.path.join(HERE, "probe_gl_generate.py"), spec_path, output]
-        command += (["--cpu"] if cpu else []) + (["--fp16"] if fp16 else [])
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        info = None
-        if result.returncode == 0 and result.stdout.strip():
-            info = json.loads(result.stdout.strip().splitlines()[-1])
-        data = None
-        if os.path.isfile(output):
-            with np.load(output) as arrays:
-                data = (arrays["ids"].tolist(), arrays["logits"])
-        return Run(result.returncode, info, result.stderr, data)
+        return _run_gl_probe("probe_gl_generate.py", spec, scratch, cpu, fp16, timeout,
+                             lambda arrays: (arrays["ids"].tolist(), arrays["logits"]))
+
+
+def _run_gl_probe(script, spec, scratch, cpu, fp16, timeout, read):
+    """Runs a GL-delegate probe (`script`, tests/edge/runtime/) on `spec` in mediapipe's venv: a `Run`
+    whose `output` is `read(the probe's arrays)`, None where it wrote none."""
+    spec_path, output = os.path.join(scratch, "spec.json"), os.path.join(scratch, "output.npz")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    env = _environment(scratch)
+    env.pop("LD_LIBRARY_PATH")  # llvmpipe from the system's Mesa, as in run_gl
+    command = [os.path.join(CACHE, "venv-mediapipe", "bin", "python"), os.path.join(HERE, script),
+               spec_path, output]
+    command += (["--cpu"] if cpu else []) + (["--fp16"] if fp16 else [])
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    info = None
+    if result.returncode == 0 and result.stdout.strip():
+        info = json.loads(result.stdout.strip().splitlines()[-1])
+    data = None
+    if os.path.isfile(output):
+        with np.load(output) as arrays:
+            data = read(arrays)
+    return Run(result.returncode, info, result.stderr, data)
 
 
 def run_gl_translate(paths, sources, max_new_tokens, *, pad_id, bos_id, eos_id, forced=None, cpu=False,
@@ -251,20 +258,6 @@ def run_gl_translate(paths, sources, max_new_tokens, *, pad_id, bos_id, eos_id, 
         past = next(index for index, name in zip(graph.inputs, spec["decode"]["inputs"])
                     if name.startswith("past_"))
         spec["cache_shape"] = [int(n) for n in graph.tensors[past].shape]
-        spec_path, output = os.path.join(scratch, "spec.json"), os.path.join(scratch, "output.npz")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        env = _environment(scratch)
-        env.pop("LD_LIBRARY_PATH")  # llvmpipe from the system's Mesa, as in run_gl
-        command = [os.path.join(CACHE, "venv-mediapipe", "bin", "python"),
-                   os.path.join(HERE, "probe_gl_translate.py"), spec_path, output]
-        command += (["--cpu"] if cpu else []) + (["--fp16"] if fp16 else [])
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        info = None
-        if result.returncode == 0 and result.stdout.strip():
-            info = json.loads(result.stdout.strip().splitlines()[-1])
-        data = None
-        if os.path.isfile(output):
-            with np.load(output) as arrays:
-                data = [(arrays[f"ids_{k}"].tolist(), arrays[f"logits_{k}"]) for k in range(len(sources))]
-        return Run(result.returncode, info, result.stderr, data)
+        return _run_gl_probe("probe_gl_translate.py", spec, scratch, cpu, fp16, timeout,
+                             lambda arrays: [(arrays[f"ids_{k}"].tolist(), arrays[f"logits_{k}"])
+                                             for k in range(len(sources))])
