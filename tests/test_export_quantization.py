@@ -43,6 +43,7 @@ def _held_out(rows=8, seed=2):
 def test_every_target_and_kind_names_a_recipe_or_a_reason_for_each_precision():
     kinds = {(target, kind) for target in export.TARGETS for kind in ("window", "prefill_decode")}
     kinds |= {(name, "litertlm") for name, target in export.TARGETS.items() if target.litertlm_backend}
+    kinds |= {(target, "translate") for target in export.TARGETS}  # every target exports a translator
     table = {(target.name, kind.name): recipes for (target, kind), recipes in quantization.RECIPES.items()}
     assert set(table) == kinds  # no genai recipes: its folders are float32
     for key, recipes in table.items():

@@ -214,7 +214,11 @@ def test_the_gpu_files_run_every_op_on_their_gpu_backends_and_read_ids_past_2048
     assert result.failures(require_gpu=True) == [] and result.report["same_tokens"]
     assert result.metadata["input_dtype"] == dtype and result.metadata["accelerators"][0] == "gpu"
     ops = set().union(*(op_counts(flat) for flat in result.models))
-    assert not ops & {"GATHER", "EMBEDDING_LOOKUP", "DYNAMIC_UPDATE_SLICE", "BATCH_MATMUL"}, ops
+    # No lookup and no cache write by index; BATCH_MATMUL only where the target's GPU runs it.
+    refused = {"GATHER", "EMBEDDING_LOOKUP", "DYNAMIC_UPDATE_SLICE"}
+    if target == "gl":
+        refused.add("BATCH_MATMUL")
+    assert not ops & refused, ops
 
 
 @pytest.mark.parametrize("target", ["cpu", "tensorrt"])

@@ -244,7 +244,8 @@ def test_export_translate_writes_files_that_translate_as_the_model(translate_run
     metadata = json.loads((tmp_path / "de.tflite.json").read_text())
     assert metadata["kind"] == "translate"
     assert (metadata["source_length"], metadata["cache_length"]) == (24, 23)  # max_length, translate's limit
-    assert metadata["signature_files"] == {"encode": "de.tflite", "decode": "de.tflite"}
+    assert metadata["signature_files"] == dict.fromkeys(("encode", "decode", "decode_beams"), "de.tflite")
+    assert metadata["beam_rows"] == 4
 
 
 def test_export_translate_quantized_is_scored_in_bleu_on_the_dev_pairs(translate_run, tmp_path, capsys):
