@@ -196,6 +196,15 @@ def test_refusals_name_the_argument_and_value(call, message):
     assert message in str(error.value)
 
 
+def test_the_gpu_targets_refuse_positions_past_float16s_integers():
+    model = Seq2SeqTransformer(num_layers=1, d_model=8, num_heads=2, dff=16, vocab_size=20, max_length=2050)
+    assert translation_export.check_translation(model, 2048, 2048, "gl").name == "gl"
+    with pytest.raises(ValueError, match=r"target='gpu' takes `cache_length` up to 2048 \(the GPU compares "
+                                         r"positions as float16 integers\), got cache_length=2049\."):
+        translation_export.check_translation(model, 8, 2049, "gpu")
+    assert translation_export.check_translation(model, 2049, 2049, "cpu").name == "cpu"
+
+
 def test_the_boundary_lengths_export():
     model = _model()
     assert translation_export.check_translation(model, 16, 16, "cpu").name == "cpu"

@@ -58,6 +58,9 @@ def check_translation(model, source_length, cache_length, target):
         if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= model.max_length:
             raise ValueError(f"`{name}` must be an int in [2, max_length={model.max_length}], got "
                              f"{name}={value!r}.")
+        if target.max_cache_length is not None and value > target.max_cache_length:
+            raise ValueError(f"target={target.name!r} takes `{name}` up to {target.max_cache_length} (the "
+                             f"GPU compares positions as float16 integers), got {name}={value}.")
     return target
 
 
