@@ -13,8 +13,9 @@ translate the corpus's test packages (`make corpus`: test.tsv, 2,412 pairs), gre
 
 BLEU and chrF are sacrebleu's on the detokenized text; "same" is the share of sentences whose
 translation equals Keras's. Then the speed on the CPU: `export/jetson/run_translate.py` (the
-device kit: batch 1, one sentence at a time) on the `cpu` file (XNNPACK through this Python's
-interpreter) and on the `tensorrt` pair (onnxruntime), against Keras's `translate_sentences` on
+device kit: one sentence at a time, a beam's hypotheses in one `decode_beams` call) on the `cpu`
+file (XNNPACK, through LiteRT's CompiledModel and through the classic Interpreter, what
+tflite-runtime users run) and on the `tensorrt` files (onnxruntime), against Keras's `translate_sentences` on
 the same `--speed-sentences` sentences, greedy and beam 4, the two sides alternated over
 `--rounds` rounds; sentences/s and the ratio per round (median).
 
@@ -79,14 +80,15 @@ def quality_rows(args, run, model, source_length):
     return rows, score
 
 
-def kit_speed(python, model_path, spm_path, sources, beam, folder):
-    """`run_translate.py --json` on `sources`: its sentences/s."""
+def kit_speed(python, model_path, spm_path, sources, beam, folder, runtime):
+    """`run_translate.py --json --runtime RUNTIME` on `sources`: its sentences/s."""
     source = os.path.join(folder, "speed.src")
     with open(source, "w", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in sources))
     output = os.path.join(folder, f"speed-{beam}.hyp")
     done = subprocess.run([python, KIT, model_path, "--spm", spm_path, "--input", source, "--output", output,
-                           "--beam-size", str(beam), "--json"], capture_output=True, text=True, check=True)
+                           "--beam-size", str(beam), "--runtime", runtime, "--json"], capture_output=True,
+                          text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["sentences_per_s"]
 
 
@@ -155,14 +157,17 @@ def main():
     speed_sources = sources[:args.speed_sentences]
     if speed_sources:
         translate_sentences(run, speed_sources[:32], beam_size=1)  # Keras traces its functions once
-    for target, label in (("cpu", "cpu .tflite (XNNPACK)"), ("tensorrt", "tensorrt ONNX (onnxruntime)")):
+    runs = (("cpu", "litert", "cpu .tflite, LiteRT CompiledModel (XNNPACK)"),
+            ("cpu", "tflite-runtime", "cpu .tflite, the classic Interpreter (XNNPACK)"),
+            ("tensorrt", "onnxruntime", "tensorrt ONNX, onnxruntime"))
+    for target, runtime, label in runs:
         if (target, "float32") not in paths or not speed_sources:
             continue
         for beam in (1, 4):
             kit, keras, ratios = [], [], []
             for _ in range(args.rounds):
                 kit.append(kit_speed(sys.executable, paths[(target, "float32")], spm_path, speed_sources,
-                                     beam, folder))
+                                     beam, folder, runtime))
                 keras.append(keras_speed(run, speed_sources, beam))
                 ratios.append(kit[-1] / keras[-1])
             entry = {"file": label, "beam": beam, "kit_sentences_per_s": statistics.median(kit),

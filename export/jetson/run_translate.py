@@ -220,6 +220,7 @@ class Translator:
         self.beam_rows = (meta.get("beam_rows") or 0) if meta.beam_signature in files else 0
         self.chosen = None
         self.sentences_per_call = 1
+        self.normalized = True  # greedy needs only the argmax, which the logits give as they are
 
     def source_row(self, pieces):
         """`pieces </s>` cut to `source_length` tokens and right-padded with `pad_id`: int32 `[1, S]`."""
@@ -246,7 +247,7 @@ class Translator:
             self.chosen[-1].append(np.array(logits, np.float32))
         present = {tensors.past_prefix + name[len(tensors.present_prefix):]: value
                    for name, value in outputs.items() if name.startswith(tensors.present_prefix)}
-        return log_softmax(logits), (position + 1, cross, present)
+        return self.scores(logits), (position + 1, cross, present)
 
     def step_many(self, tokens, states):
         """`step` of each hypothesis (all at one position, of one sentence or several): one
@@ -281,8 +282,13 @@ class Translator:
         for row, state in enumerate(states):
             present = {tensors.past_prefix + name[len(tensors.present_prefix):]: value[row:row + 1]
                        for name, value in outputs.items() if name.startswith(tensors.present_prefix)}
-            steps.append((log_softmax(logits[row]), (position + 1, state[1], present)))
+            steps.append((self.scores(logits[row]), (position + 1, state[1], present)))
         return steps
+
+    def scores(self, logits):
+        """A step's scores: the log-probabilities (a beam compares them across hypotheses), or for a
+        greedy search the float64 logits, whose argmax is theirs."""
+        return log_softmax(logits) if self.normalized else np.array(logits, np.float64)
 
     def group_size(self, beam_size):
         """Sentences translated in lockstep: `sentences_per_call`, at most as many as `decode_beams`
@@ -296,6 +302,7 @@ class Translator:
         in lockstep, and the group's time to first token (every sentence's encode and first step)."""
         if self.chosen is not None:
             self.chosen.append([])
+        self.normalized = beam_size > 1
         start = clock()
         crosses = [self.encode(self.source_row(pieces)) for pieces in sentences]
         firsts = self.step_many([self.meta["bos_id"]] * len(sentences),
