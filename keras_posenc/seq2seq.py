@@ -272,7 +272,7 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         return logits, ops.stack([ops.stack(pair, axis=1) for pair in zip(keys, values)], axis=1)
 
     def cached_layers(self, target_ids, keys, values, cache_index, cross_keys, cross_values, source_mask,
-                      embeddings=None):
+                      embeddings=None, write_cache=None):
         """`decode_step` over one cache tensor per layer and kind (an exported decoder's inputs).
 
         Args:
@@ -281,6 +281,8 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
             cross_keys, cross_values: per decoder layer, `cross_key_values(encoder_outputs)`.
             embeddings: optional float `[batch, length, d_model]`, the target embedding's output
                 (an export computes it in its target's formulation), else the layer's.
+            write_cache: optional, how each layer's cache is written
+                (`PositionalAttention.cached_attention`; an export may use its runtime's op).
 
         Returns:
             `(logits float32 [batch, length, vocab_size], keys, values)`, the caches with the chunk
@@ -296,7 +298,7 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         for layer, key, value, cross_key, cross_value in zip(self.decoder_layers, keys, values, cross_keys,
                                                              cross_values):
             x, key, value = layer.cached_step(x, key, value, cache_index, positions, cross_key, cross_value,
-                                              source_mask)
+                                              source_mask, write_cache=write_cache)
             new_keys.append(key)
             new_values.append(value)
         return self._logits(x), new_keys, new_values

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_posenc.backend import keras
 from keras_posenc.export import contract, kinds, pipeline, translation_export, translator
@@ -233,6 +234,39 @@ def test_the_gpu_files_run_every_op_on_their_gpu_backends_and_read_ids_past_2048
     if target == "gl":
         refused.add("BATCH_MATMUL")
     assert not ops & refused, ops
+
+
+@pytest.mark.parametrize("index", [0, 5, CACHE_LENGTH - 1])
+def test_write_by_update_slice_writes_the_chunk_and_keeps_every_other_slot(index):
+    rng = np.random.default_rng(index)
+    cache = rng.normal(size=[3, CACHE_LENGTH, 2, 4]).astype(np.float32)
+    chunk = rng.normal(size=[3, 1, 2, 4]).astype(np.float32)
+    written = translator.write_by_update_slice(tf.constant(cache), tf.constant(chunk), tf.constant(index))
+    expected = cache.copy()
+    expected[:, index] = chunk[:, 0]
+    np.testing.assert_array_equal(written.numpy(), expected)
+
+
+def test_the_cpu_decode_writes_by_update_slice_what_the_one_hot_product_writes():
+    """The cpu file's decode step (one DYNAMIC_UPDATE_SLICE per layer, kind and decode signature; no
+    one-hot write) computes the layer's one-hot step bit for bit; `tensorrt` keeps the one-hot write."""
+    model = _model()
+    clone = translator.float32_clone(model, CACHE_LENGTH)
+    rng = np.random.default_rng(0)
+    signatures = [translator.TranslatorSignatures(clone, SOURCE_LENGTH, CACHE_LENGTH, write_cache=write)
+                  for write in (None, translator.write_by_update_slice)]
+    feeds = [tf.constant([[7], [9]], tf.int32), tf.constant([4], tf.int32)]
+    for spec in signatures[0].decode_signature(rows=2)[2:]:
+        feeds.append(tf.constant(rng.normal(size=spec.shape).astype(np.float32)))
+    feeds[-1] = tf.constant((rng.random(feeds[-1].shape) < 0.7).astype(np.float32))
+    one_hot, update_slice = (module.decode_function(rows=2)(*feeds) for module in signatures)
+    assert sorted(one_hot) == sorted(update_slice)
+    for name in one_hot:
+        np.testing.assert_array_equal(update_slice[name].numpy(), one_hot[name].numpy(), err_msg=name)
+    flat = translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                           target="cpu", beam_rows=2)
+    ops = op_counts(flat)
+    assert ops["DYNAMIC_UPDATE_SLICE"] == 2 * model.num_layers * 2 and "ONE_HOT" not in ops, ops
 
 
 @pytest.mark.parametrize("target", ["cpu", "tensorrt"])

@@ -81,6 +81,31 @@ def test_cached_attention_equals_the_full_causal_call():
     np.testing.assert_allclose(np.concatenate([to_numpy(first), to_numpy(rest)], axis=1), full, atol=1e-5)
 
 
+def test_cached_attention_writes_its_cache_with_the_given_write_cache():
+    """A `write_cache` (an export's runtime op) gets the chunk in the cache's dtype and its first slot;
+    writing its slots as the one-hot product does gives the same outputs and caches, bit for bit."""
+    layer = PositionalAttention(2, 4, position="alibi")
+    ids = np.arange(5, dtype=np.int32)[None]
+    layer(X[:1], position_ids=ids, use_causal_mask=True)  # built
+    cache = ops.convert_to_tensor(np.random.default_rng(1).normal(size=[1, 6, 2, 4]).astype(np.float32))
+    calls = []
+
+    def write(cache, chunk, index):
+        calls.append((tuple(chunk.shape), str(chunk.dtype), int(index)))
+        written = np.array(to_numpy(cache))
+        written[:, int(index):int(index) + chunk.shape[1]] = to_numpy(chunk)
+        return ops.convert_to_tensor(written)
+
+    default = layer.cached_attention(X[:1, 2:5], cache, cache, 2, ids[:, 2:5])
+    given = layer.cached_attention(X[:1, 2:5], cache, cache, 2, ids[:, 2:5], write_cache=write)
+    assert [call[0] for call in calls] == [(1, 3, 2, 4)] * 2 and {call[2] for call in calls} == {2}
+    assert {call[1] for call in calls} <= {"float32", "<dtype: 'float32'>"}
+    for expected, got in zip(default, given):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(expected))
+    kept = to_numpy(given[1])  # the other slots as they were
+    np.testing.assert_array_equal(kept[:, [0, 1, 5]], to_numpy(cache)[:, [0, 1, 5]])
+
+
 @pytest.mark.parametrize("position", ["rope", "alibi"])
 def test_layer_contract(position, tmp_path):
     config = {"max_length": 8} if position == "rope" else {}

@@ -21,15 +21,18 @@ computes what `translate` computes; `translate_with` runs the package's own sear
 (`keras_posenc.beam_search`) over the files, and `translation_export` checks them token for
 token against `translate`.
 
-Targets: `cpu` (one `.tflite` with both signatures, XNNPACK), `gpu` (one `.tflite`, the shader
-graphs of `gl_translate` for LiteRT's GPU accelerator, int32 inputs), `gl` (the same graphs with
-float32 inputs, one file per signature, `STEM.encode.tflite` / `STEM.decode.tflite`: the classic
-GPU delegate serves one subgraph per interpreter, see `generator`) and `tensorrt` (the ONNX pair
-`STEM.encode.onnx` / `STEM.decode.onnx`, static shapes).
+Targets: `cpu` (one `.tflite` with every signature, XNNPACK; the cache written by
+DYNAMIC_UPDATE_SLICE, `write_by_update_slice`), `gpu` (one `.tflite`, the shader graphs of
+`gl_translate` for LiteRT's GPU accelerator, int32 inputs), `gl` (the same graphs with float32
+inputs, one file per signature, `STEM.encode.tflite` / `STEM.decode.tflite`: the classic GPU
+delegate serves one subgraph per interpreter, see `generator`) and `tensorrt` (the ONNX pair
+`STEM.encode.onnx` / `STEM.decode.onnx`, static shapes; tf2onnx has no DYNAMIC_UPDATE_SLICE, so
+the one-hot write).
 """
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla
 
 from keras_posenc.beam_search import beam_search
 from keras_posenc.export import contract, gl_translate, onnx_graph
@@ -44,7 +47,7 @@ from keras_posenc.export.targets import DEFAULT_TARGET, target_of
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 
 __all__ = ["TRANSLATOR_TARGETS", "TranslatorSignatures", "cache_bytes", "float32_clone", "to_onnx_translator",
-           "to_tflite_translator", "translate_with"]
+           "to_tflite_translator", "translate_with", "write_by_update_slice"]
 
 ENCODE, DECODE = contract.TRANSLATE_SIGNATURES
 SOURCE_IDS, SOURCE_MASK, TOKEN_ID, POSITION, LOGITS = (
@@ -65,6 +68,15 @@ def float32_clone(model, cache_length):
     return clone
 
 
+def write_by_update_slice(cache, chunk, cache_index):
+    """`chunk` written into `cache` at slot `cache_index` by one DYNAMIC_UPDATE_SLICE (the `cpu`
+    file's cache write): TFLite's kernel copies the cache once, where the layer's one-hot product
+    passes over it three times (a quarter of a 4-row `decode_beams` call on XNNPACK). The values
+    are the same: the chunk in its slots, every other slot as it was."""
+    start = tf.stack([0, tf.cast(cache_index, tf.int32), 0, 0])
+    return xla.dynamic_update_slice(cache, chunk, start)
+
+
 def cache_bytes(model, cache_length):
     """Bytes of one sentence's float32 self-attention cache: `2 * layers * cache_length * d_model * 4`."""
     return 2 * model.num_layers * cache_length * model.d_model * 4
@@ -78,11 +90,14 @@ class TranslatorSignatures:
         source_length: int, `S`.
         cache_length: int, `C`: target tokens at most, `<s>` included.
         beam_rows: int, `K` rows of `decode_beams` (0: no such signature).
+        write_cache: optional, how the decode step writes its cache (`write_by_update_slice`;
+            default the layer's one-hot product, which every runtime runs).
     """
 
-    def __init__(self, clone, source_length, cache_length, beam_rows=0):
+    def __init__(self, clone, source_length, cache_length, beam_rows=0, write_cache=None):
         self.clone = clone
         self.beam_rows = beam_rows
+        self.write_cache = write_cache
         self.layers = clone.num_layers
         head_dim = clone.d_model // clone.num_heads
         self.source_length, self.cache_length = source_length, cache_length
@@ -113,7 +128,7 @@ class TranslatorSignatures:
             past, cross, source_mask = tensors[:count], tensors[count:2 * count], tensors[-1]
             logits, keys, values = self.clone.cached_layers(
                 token_id, list(past[0::2]), list(past[1::2]), position[0], list(cross[0::2]),
-                list(cross[1::2]), tf.greater(source_mask, 0.5))
+                list(cross[1::2]), tf.greater(source_mask, 0.5), write_cache=self.write_cache)
             return step_outputs(logits[:, 0], keys, values)
 
         return tf.function(decode, input_signature=self.decode_signature(rows=rows))
@@ -179,7 +194,8 @@ def to_tflite_translator(model, *, source_length, cache_length, target=DEFAULT_T
     if target.shader_generation:
         module = ShaderTranslatorSignatures(clone, source_length, cache_length, target)
     else:
-        module = TranslatorSignatures(clone, source_length, cache_length, beam_rows)
+        module = TranslatorSignatures(clone, source_length, cache_length, beam_rows,
+                                      write_cache=write_by_update_slice)
     signatures = {key: frozen_signature(function, names)
                   for key, (function, names) in module.signatures().items()}
     if target.file_per_signature:

@@ -186,7 +186,7 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
         return residual_block(x, cross_attend, self.cross_attention_norm, self.norm_first)
 
     def cached_step(self, x, key_cache, value_cache, cache_index, position_ids, cross_keys, cross_values,
-                    encoder_mask=None):
+                    encoder_mask=None, write_cache=None):
         """One incremental step: self-attention over the cache, cross-attention over precomputed keys.
 
         The self-attention cache works as `EncoderLayer.cached_step`'s (slot
@@ -201,6 +201,8 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
             position_ids: int `[batch, length]`.
             cross_keys, cross_values: float `[batch, source_length, num_heads, head_dim]`.
             encoder_mask: optional bool `[batch, source_length]`.
+            write_cache: optional, how the self-attention cache is written
+                (`PositionalAttention.cached_attention`).
 
         Returns:
             `(outputs, key_cache, value_cache)`.
@@ -212,7 +214,7 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
 
         def self_attend(h):
             h, key, value, _ = self.self_attention.cached_attention(h, key_cache, value_cache, cache_index,
-                                                                    position_ids)
+                                                                    position_ids, write_cache=write_cache)
             caches.extend((key, value))
             return h
 

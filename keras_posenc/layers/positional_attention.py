@@ -213,7 +213,7 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
         # Keras 2 builds the projections under the global policy (float32 under a mixed layer).
         return ops.cast(output, self.compute_dtype)
 
-    def cached_attention(self, x, key_cache, value_cache, cache_index, position_ids):
+    def cached_attention(self, x, key_cache, value_cache, cache_index, position_ids, write_cache=None):
         """One step of cached self-attention: writes the chunk's keys and values, attends over the caches.
 
         Slot `s` of a cache holds the token of step `s` (a left-padded row's
@@ -229,6 +229,12 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
                 head_dim]`.
             cache_index: int scalar (tensor).
             position_ids: int `[batch, length]`.
+            write_cache: optional `(cache, chunk, cache_index) -> cache`, how
+                the chunk's keys and values (`[batch, length, num_heads,
+                head_dim]`, in the cache's dtype) are written at slots
+                `cache_index ..`; by default a one-hot product, which every
+                backend and runtime computes. An export may write with its
+                runtime's own op instead (the same values).
 
         Returns:
             `(outputs, key_cache, value_cache, scores)`.
@@ -240,13 +246,17 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
             key = self.rotary(key, position_ids=position_ids)
         cache_length = ops.shape(key_cache)[1]
         query_slots = ops.cast(cache_index, "int32") + ops.arange(ops.shape(x)[1], dtype="int32")
-        # Writing by a one-hot product keeps every other slot bit for bit (x * 1 + 0).
-        write = ops.cast(ops.equal(query_slots[:, None], ops.arange(cache_length, dtype="int32")[None]),
-                         key_cache.dtype)  # [length, cache_length]
-        keep = (1.0 - ops.sum(write, axis=0))[None, :, None, None]
-        key_cache = key_cache * keep + ops.einsum("sc,bshd->bchd", write, ops.cast(key, key_cache.dtype))
-        value_cache = value_cache * keep + ops.einsum("sc,bshd->bchd", write,
-                                                      ops.cast(value, value_cache.dtype))
+        if write_cache is None:
+            # Writing by a one-hot product keeps every other slot bit for bit (x * 1 + 0).
+            write = ops.cast(ops.equal(query_slots[:, None], ops.arange(cache_length, dtype="int32")[None]),
+                             key_cache.dtype)  # [length, cache_length]
+            keep = (1.0 - ops.sum(write, axis=0))[None, :, None, None]
+            key_cache = key_cache * keep + ops.einsum("sc,bshd->bchd", write, ops.cast(key, key_cache.dtype))
+            value_cache = value_cache * keep + ops.einsum("sc,bshd->bchd", write,
+                                                          ops.cast(value, value_cache.dtype))
+        else:
+            key_cache = write_cache(key_cache, ops.cast(key, key_cache.dtype), cache_index)
+            value_cache = write_cache(value_cache, ops.cast(value, value_cache.dtype), cache_index)
         logits = ops.einsum("bqhd,bkhd->bhqk", ops.cast(query, "float32"), ops.cast(key_cache, "float32"))
         logits = logits * (1.0 / float(self.head_dim) ** 0.5)
         key_slots = ops.arange(cache_length, dtype="int32")[None, None, :]
