@@ -118,6 +118,47 @@ def test_the_kit_s_helpers():
     assert forbidden.tolist() == [-np.inf, 0.0, -np.inf, 0.0]
 
 
+def reference_top(scores, count):
+    """The `count` largest scores' indices by a full sort: score descending, then index ascending."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:count]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_top_is_a_full_sort_s_first_ids(seed):
+    # A beam's candidates: `beams * vocab` scores, many far below the best, some tied, forbidden ids
+    # at -inf, with gaps from 0 (ties at the k-th place) to past every gap near_best tries.
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 300))
+    scale = [0.01, 1.0, 30.0, 1e7][seed % 4]
+    scores = np.round(rng.normal(scale=scale, size=size) * 4) / 4
+    scores[rng.random(size) < 0.2] = -np.inf
+    if seed % 5 == 0:
+        scores[:] = -np.inf
+        scores[rng.integers(size)] = -3.0
+    for count in (1, 2, 8, size, size + 3):
+        expected = reference_top(scores.tolist(), count)
+        assert run_translate.top(scores, count).tolist() == expected, (seed, count)
+
+
+def test_near_best_keeps_every_score_that_reaches_the_k_th():
+    scores = np.array([-1.0, -2.9, -3.5, -3.5, -20.0, -np.inf, -3.5, -100.0])
+    # The gap 2 holds two scores, 8 five: the third largest (-3.5) and all its ties; 32 six, 128 seven.
+    assert run_translate.near_best(scores, 2).tolist() == [0, 1]
+    assert run_translate.near_best(scores, 3).tolist() == [0, 1, 2, 3, 6]
+    assert run_translate.near_best(scores, 6).tolist() == [0, 1, 2, 3, 4, 6]
+    assert run_translate.near_best(scores, 7).tolist() == [0, 1, 2, 3, 4, 6, 7]
+    assert run_translate.near_best(scores, 8).tolist() == list(range(8))  # not enough finite ones: all
+    assert run_translate.near_best(np.full(3, -np.inf), 1).tolist() == [0, 1, 2]
+
+
+def test_log_softmax_of_rows_is_each_row_s():
+    rows = np.random.default_rng(0).normal(scale=4, size=(3, 50)).astype(np.float32)
+    together = run_translate.log_softmax(rows)
+    assert together.shape == (3, 50) and together.dtype == np.float64
+    for row, expected in zip(rows, together):
+        np.testing.assert_array_equal(run_translate.log_softmax(row), expected)
+
+
 # --- the translate loop over a Seq2SeqTransformer's own steps -----------------------------------------
 
 
@@ -422,6 +463,54 @@ def test_main_writes_one_translation_per_line_and_prints_the_figures(command, tr
     assert [args.runtime for args in run.opened] == ["auto", "auto"]
 
 
+def test_main_with_jobs_opens_a_session_per_job_and_writes_what_one_job_writes(command, capsys):
+    run, folder = command
+    assert run("--beam-size", "2", "--max-new-tokens", "7", "--json") == 0
+    alone = (folder / "hyp.txt").read_text(encoding="utf-8")
+    assert json.loads(capsys.readouterr().out)["jobs"] == 1 and len(run.opened) == 1
+    (folder / "hyp.txt").unlink()
+    assert run("--beam-size", "2", "--max-new-tokens", "7", "--jobs", "3", "--json") == 0
+    assert (folder / "hyp.txt").read_text(encoding="utf-8") == alone
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["jobs"] == 3 and shown["sentences"] == 4 and len(run.opened) == 4
+    assert run("--beam-size", "2", "--max-new-tokens", "7", "--jobs", "2") == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(", beam 2, alpha 1.0, 2 jobs")
+
+
+def test_jobs_translate_each_sentence_once_as_one_job_does(translator_model):
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    sessions = [ModelSession(model, meta) for _ in range(3)]
+    translators = [run_translate.Translator(session, meta) for session in sessions]
+    lines = SENTENCES + [""] + SENTENCES[:2]
+    options = {"beam_size": 2, "alpha": 1.0, "max_new_tokens": 7}
+    alone, _ = run_translate.translate_lines(translators[0], processor, lines, **options)
+    for session in sessions:
+        session.calls.clear()
+    together, stats = run_translate.translate_lines(translators[0], processor, lines, helpers=translators[1:],
+                                                    **options)
+    assert together == alone and stats["translated"] == len(lines) - 1 and stats["sentences"] == len(lines)
+    assert sum(session.calls.count("encode") for session in sessions) == len(lines) - 1
+
+
+def test_a_job_s_failure_reaches_the_caller(translator_model):
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9)
+
+    class Failing(ModelSession):
+        def run(self, signature, feeds):
+            raise RuntimeError("the runtime failed")
+
+    # The first sentence takes the first translator: the failing one.
+    translators = [run_translate.Translator(Failing(model, meta), meta),
+                   run_translate.Translator(ModelSession(model, meta), meta)]
+    with pytest.raises(RuntimeError, match="the runtime failed"):
+        run_translate.translate_lines(translators[0], processor, SENTENCES, beam_size=1, alpha=1.0,
+                                      max_new_tokens=7, helpers=translators[1:])
+
+
 def test_main_defaults_alpha_and_the_length_to_the_file_s(command, monkeypatch):
     run, folder = command
     seen = []
@@ -429,7 +518,7 @@ def test_main_defaults_alpha_and_the_length_to_the_file_s(command, monkeypatch):
                         lambda translator, processor, lines, **options: seen.append(options) or ([], {
                             "sentences": 0, "translated": 0, "tokens": 0, "seconds": 0.0, "ttft": None}))
     assert run() == 0
-    assert seen == [{"beam_size": 4, "alpha": 1.0, "max_new_tokens": 9}]
+    assert seen == [{"beam_size": 4, "alpha": 1.0, "max_new_tokens": 9, "helpers": []}]
     assert (folder / "hyp.txt").read_text() == ""
 
 
@@ -465,6 +554,12 @@ def test_logits_keeps_the_greedy_steps_of_each_translated_line(command, translat
     (["--runtime", "onnxruntime"], "--runtime onnxruntime runs the STEM.onnx pair of --target tensorrt"),
     (["--runtime", "tensorrt"], "run_translate.py: argument --runtime: invalid choice: 'tensorrt'"),
     (["--accelerator", "gpu"], "was exported with --target cpu, which runs on cpu only"),
+    (["--jobs", "0"], "--jobs must be >= 1, got 0."),
+    (["--jobs", "2", "--accelerator", "gpu"],
+     "--jobs 2 opens a session per job: it is for --accelerator cpu, not gpu (one GPU runs one session at "
+     "a time)."),
+    (["--jobs", "2", "--beam-size", "1", "--logits", "s.npz"],
+     "--logits keeps the steps in the order they run: it needs --jobs 1, got 2."),
 ])
 def test_argument_errors_are_one_line(command, monkeypatch, flags, message):
     run, folder = command

@@ -1171,6 +1171,27 @@ def test_the_litert_session_runs_each_signature_by_its_index(tmp_path, monkeypat
     assert prefill["logits"].shape == (1, 4, 3) and ("run", 0, 1, 2) in model.log
 
 
+def test_the_litert_session_writes_an_input_again_only_when_its_array_changes(tmp_path, monkeypatch):
+    meta = generation_export(tmp_path)
+    model = StandInCompiled(prefill_decode_signatures())
+    monkeypatch.setattr(kit_sessions, "compiled_model", lambda *args: model)
+    session = kit_sessions.LiteRtSession(meta, "cpu", None, "fp32")
+    source = np.array([1.0, 2.0], np.float32)  # a sentence's source: the same array at every step
+
+    def written(feeds):
+        before = len(model.log)
+        session.run("decode", feeds)
+        return [entry[1].tolist() for entry in model.log[before:] if entry[0] == "write"]
+
+    assert written({"token_id": np.array([[5]]), "position": np.array([3.0], np.float32), "past_k": source}) \
+        == [[[5]], [3.0], [1.0, 2.0]]
+    assert written({"token_id": np.array([[6]]), "position": np.array([4.0], np.float32), "past_k": source}) \
+        == [[[6]], [4.0]]
+    # An equal array that is not the same one is written.
+    assert written({"token_id": np.array([[6]]), "position": np.array([4.0], np.float32),
+                    "past_k": source.copy()}) == [[[6]], [4.0], [1.0, 2.0]]
+
+
 def test_a_gl_pair_opens_each_file_once_with_its_own_runtime(tmp_path, monkeypatch):
     meta = generation_export(
         tmp_path, signature_files={"prefill": "s.prefill.tflite", "decode": "s.decode.tflite"}

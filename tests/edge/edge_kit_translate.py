@@ -83,6 +83,10 @@ def test_tflite_runtime_on_python_3_8_translates_as_keras(edge, workspace, targe
                              "tflite-runtime", env=without_pythonpath())
     assert shown["runtime"] == "tflite_runtime" and shown["sentences"] == len(SENTENCES)
     assert lines == texts[beam], (target, beam)
+    if target == "cpu":  # two interpreters on two threads: the same text
+        shown, lines = translate(edge.kit_python("3.8"), folder, FILES[target], beam, "--runtime",
+                                 "tflite-runtime", "--jobs", "2", env=without_pythonpath())
+        assert shown["jobs"] == 2 and lines == texts[beam], beam
 
 
 def sentencepiece_only(scratch):
@@ -103,6 +107,9 @@ def test_litert_translates_as_keras_on_the_cpu_and_gpu_only(edge, workspace, bea
         env = dict(edge._environment(scratch), PYTHONPATH=sentencepiece_only(scratch))
         cpu, lines = translate(litert, folder, FILES["cpu"], beam, "--runtime", "litert", env=env)
         assert cpu["runtime"] == "ai_edge_litert.CompiledModel" and lines == texts[beam]
+        cpu, lines = translate(litert, folder, FILES["cpu"], beam, "--runtime", "litert", "--jobs", "3",
+                               env=env)
+        assert cpu["jobs"] == 3 and lines == texts[beam]
         gpu, lines = translate(litert, folder, FILES["gpu"], beam, "--runtime", "litert", "--accelerator",
                                "gpu", env=env)
         assert gpu["fully_accelerated"] is True and lines == texts[beam]
@@ -115,6 +122,9 @@ def test_onnxruntime_translates_the_tensorrt_pair_as_keras(edge, workspace, beam
                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert shown["runtime"].startswith("onnxruntime (") and lines == texts[beam]
     assert shown["tokens_per_s"] > 0 and shown["ttft_ms"] > 0
+    shown, lines = translate(sys.executable, folder, FILES["tensorrt"], beam, "--jobs", "2",
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert shown["jobs"] == 2 and lines == texts[beam]
 
 
 def test_a_missing_runtime_is_one_line_and_writes_nothing(edge, workspace):
