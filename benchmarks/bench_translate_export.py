@@ -17,7 +17,9 @@ device kit: one sentence at a time, a beam's hypotheses in one `decode_beams` ca
 file (XNNPACK, through LiteRT's CompiledModel and through the classic Interpreter, what
 tflite-runtime users run) and on the `tensorrt` files (onnxruntime), against Keras's `translate_sentences` on
 the same `--speed-sentences` sentences, greedy and beam 4, the two sides alternated over
-`--rounds` rounds; sentences/s and the ratio per round (median).
+`--rounds` rounds; sentences/s and the ratio per round (median). The kit runs one job (one session,
+one sentence at a time), then on the `cpu` file `--jobs 2` (two sessions on two threads); Keras's
+TensorFlow uses every core either way.
 
 Usage:
     make corpus
@@ -80,15 +82,15 @@ def quality_rows(args, run, model, source_length):
     return rows, score
 
 
-def kit_speed(python, model_path, spm_path, sources, beam, folder, runtime):
-    """`run_translate.py --json --runtime RUNTIME` on `sources`: its sentences/s."""
+def kit_speed(python, model_path, spm_path, sources, beam, folder, runtime, jobs=1):
+    """`run_translate.py --json --runtime RUNTIME --jobs JOBS` on `sources`: its sentences/s."""
     source = os.path.join(folder, "speed.src")
     with open(source, "w", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in sources))
     output = os.path.join(folder, f"speed-{beam}.hyp")
     done = subprocess.run([python, KIT, model_path, "--spm", spm_path, "--input", source, "--output", output,
-                           "--beam-size", str(beam), "--runtime", runtime, "--json"], capture_output=True,
-                          text=True, check=True)
+                           "--beam-size", str(beam), "--runtime", runtime, "--jobs", str(jobs), "--json"],
+                          capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["sentences_per_s"]
 
 
@@ -157,20 +159,22 @@ def main():
     speed_sources = sources[:args.speed_sentences]
     if speed_sources:
         translate_sentences(run, speed_sources[:32], beam_size=1)  # Keras traces its functions once
-    runs = (("cpu", "litert", "cpu .tflite, LiteRT CompiledModel (XNNPACK)"),
-            ("cpu", "tflite-runtime", "cpu .tflite, the classic Interpreter (XNNPACK)"),
-            ("tensorrt", "onnxruntime", "tensorrt ONNX, onnxruntime"))
-    for target, runtime, label in runs:
+    runs = (("cpu", "litert", 1, "cpu .tflite, LiteRT CompiledModel (XNNPACK)"),
+            ("cpu", "tflite-runtime", 1, "cpu .tflite, the classic Interpreter (XNNPACK)"),
+            ("cpu", "litert", 2, "cpu .tflite, LiteRT CompiledModel (XNNPACK), --jobs 2"),
+            ("cpu", "tflite-runtime", 2, "cpu .tflite, the classic Interpreter (XNNPACK), --jobs 2"),
+            ("tensorrt", "onnxruntime", 1, "tensorrt ONNX, onnxruntime"))
+    for target, runtime, jobs, label in runs:
         if (target, "float32") not in paths or not speed_sources:
             continue
         for beam in (1, 4):
             kit, keras, ratios = [], [], []
             for _ in range(args.rounds):
                 kit.append(kit_speed(sys.executable, paths[(target, "float32")], spm_path, speed_sources,
-                                     beam, folder, runtime))
+                                     beam, folder, runtime, jobs))
                 keras.append(keras_speed(run, speed_sources, beam))
                 ratios.append(kit[-1] / keras[-1])
-            entry = {"file": label, "beam": beam, "kit_sentences_per_s": statistics.median(kit),
+            entry = {"file": label, "beam": beam, "jobs": jobs, "kit_sentences_per_s": statistics.median(kit),
                      "keras_sentences_per_s": statistics.median(keras), "ratio": statistics.median(ratios)}
             results["speed"].append(entry)
             print(f"speed {label}, beam {beam}: kit {entry['kit_sentences_per_s']:.1f} sentences/s, Keras "
