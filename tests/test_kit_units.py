@@ -1154,6 +1154,7 @@ def test_the_litert_session_runs_each_signature_by_its_index(tmp_path, monkeypat
     session = kit_sessions.LiteRtSession(meta, "cpu", 4, "fp32")
     assert opened == [(meta.model, "cpu", 4, "fp32")]  # one file: one compiled model for both signatures
     assert session.index == {"prefill": 0, "decode": 1} and session.fully_accelerated is True
+    assert session.table is None  # no host embedding table until the caller gives one
     assert session.dtypes["decode"] == {
         "token_id": np.dtype("int32"),
         "position": np.dtype("float32"),
@@ -1190,6 +1191,21 @@ def test_the_litert_session_writes_an_input_again_only_when_its_array_changes(tm
     # An equal array that is not the same one is written.
     assert written({"token_id": np.array([[6]]), "position": np.array([4.0], np.float32),
                     "past_k": source.copy()}) == [[[6]], [4.0], [1.0, 2.0]]
+
+
+def test_the_litert_session_keeps_what_it_wrote_per_signature(tmp_path, monkeypatch):
+    """Two signatures with an input of the same name have two buffers: the array written to one
+    is written to the other too (decode and decode_beams both take `cross_key_0`)."""
+    meta = generation_export(tmp_path)
+    both = ({"cross": {"dtype": "float32"}}, {"logits": {"shape": [1]}})
+    model = StandInCompiled({"prefill": both, "decode": both})
+    monkeypatch.setattr(kit_sessions, "compiled_model", lambda *args: model)
+    session = kit_sessions.LiteRtSession(meta, "cpu", None, "fp32")
+    source = np.array([1.0, 2.0], np.float32)
+    for signature in ("prefill", "decode", "prefill", "decode"):
+        session.run(signature, {"cross": source})
+    assert [entry[0] for entry in model.log if entry[0] != "read"] == ["write", "run", "write", "run", "run",
+                                                                       "run"]
 
 
 def test_a_gl_pair_opens_each_file_once_with_its_own_runtime(tmp_path, monkeypatch):
@@ -1269,6 +1285,7 @@ def test_the_onnx_session_prefers_tensorrt_then_cuda(tmp_path, monkeypatch):
     )
     session = kit_sessions.OnnxSession(meta)
     assert session.name == "onnxruntime (CUDAExecutionProvider)" and session.fully_accelerated is None
+    assert session.table is None  # no host embedding table until the caller gives one
     assert sorted(made) == sorted(
         (path, ["CUDAExecutionProvider", "CPUExecutionProvider"]) for path in meta.signature_files().values()
     )
