@@ -5,6 +5,7 @@ gives `Seq2SeqTransformer.translate`'s ids and `keras-posenc translate`'s text; 
 refuses what it cannot run in one line, and its output file appears whole or not at all. The kit on
 real exported files and runtimes is tests/edge/edge_kit_translate.py."""
 
+import argparse
 import hashlib
 import json
 import os
@@ -509,6 +510,24 @@ def test_a_job_s_failure_reaches_the_caller(translator_model):
     with pytest.raises(RuntimeError, match="the runtime failed"):
         run_translate.translate_lines(translators[0], processor, SENTENCES, beam_size=1, alpha=1.0,
                                       max_new_tokens=7, helpers=translators[1:])
+
+
+@pytest.mark.parametrize("stats, rates", [
+    ({"translated": 4, "tokens": 30, "seconds": 2.0, "ttft": 0.0125}, (2.0, 15.0, 12.5)),
+    ({"translated": 3, "tokens": 12, "seconds": 0.5, "ttft": 0.002}, (6.0, 24.0, 2.0)),
+    ({"translated": 0, "tokens": 0, "seconds": 0.5, "ttft": None}, (None, None, None)),
+    ({"translated": 2, "tokens": 5, "seconds": 0.0, "ttft": 0.001}, (None, None, 1.0)),
+])
+def test_the_json_figures_are_the_run_s_rates(stats, rates):
+    args = argparse.Namespace(accelerator="cpu", beam_size=4, jobs=2)
+    session = type("Session", (), {"name": "tflite_runtime", "fully_accelerated": None})()
+    shown = run_translate.report({"sentences": 5, **stats}, session, args, 0.6)
+    assert (shown["sentences_per_s"], shown["tokens_per_s"]) == rates[:2]
+    assert shown["ttft_ms"] == pytest.approx(rates[2], rel=1e-12) if rates[2] else shown["ttft_ms"] is None
+    assert shown == {"sentences": 5, "tokens": stats["tokens"], "seconds": stats["seconds"],
+                     "sentences_per_s": rates[0], "tokens_per_s": rates[1], "ttft_ms": shown["ttft_ms"],
+                     "runtime": "tflite_runtime", "accelerator": "cpu", "fully_accelerated": None,
+                     "beam_size": 4, "alpha": 0.6, "jobs": 2}
 
 
 def test_main_defaults_alpha_and_the_length_to_the_file_s(command, monkeypatch):

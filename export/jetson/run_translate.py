@@ -180,12 +180,6 @@ def one_by_one(step):
     return lambda tokens, states: [step(token, state) for token, state in zip(tokens, states)]
 
 
-def greedy_search(log_probs, state, step, *, max_new_tokens, end_id, forbidden_ids=()):
-    """`greedy_steps` driven by `step(token, state) -> (log_probs, state)`; the ids without the end."""
-    return run_search(greedy_steps(log_probs, state, max_new_tokens=max_new_tokens, end_id=end_id,
-                                   forbidden_ids=forbidden_ids), one_by_one(step))
-
-
 def beam_search(log_probs, state, step, *, beam_size, max_new_tokens, end_id, alpha, forbidden_ids=(),
                 step_many=None):
     """`beam_steps` driven by `step(token, state) -> (log_probs, state)` once per live hypothesis and
