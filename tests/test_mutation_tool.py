@@ -138,3 +138,16 @@ def test_save_alone_saves_the_last_run_and_runs_nothing(tool, monkeypatch):
     assert tool.main([MODULE, "--save"]) == 1  # a survivor, a mutant not run: not a pass
     assert tool.meta_path(work, MODULE).is_file()  # the run's work dir is kept
     assert json.loads((tool.SAVED / "keras_posenc__m.json").read_text())["exit_code_by_key"] == CODES
+
+
+def test_only_names_the_mutants_as_mutmut_names_them(tool):
+    """A package module's mutants carry its dotted path, a kit module's its bare name (the kit imports
+    its modules by bare name): `--only` must match the names the run writes."""
+    package = tool.only_patterns("keras_posenc/export/result.py", ["save", "ExportResult.failures"])
+    assert package == ["keras_posenc.export.result.x_save__mutmut_*",
+                       "keras_posenc.export.result.xǁExportResultǁfailures__mutmut_*"]
+    kit = tool.only_patterns("export/jetson/run_translate.py", ["top", "Translator.step"])
+    assert kit == ["run_translate.x_top__mutmut_*", "run_translate.xǁTranslatorǁstep__mutmut_*"]
+    assert tool._matches("run_translate.x_top__mutmut_12", kit)
+    assert not tool._matches("run_translate.x_top_k__mutmut_1", kit)
+    assert not tool._matches("run_translate.xǁTranslatorǁstep_many__mutmut_1", kit)

@@ -209,8 +209,10 @@ def run_mutmut(work, names=(), children=1):
 
 
 def only_patterns(module, functions):
-    """mutmut's name patterns of the mutants of `functions` (`name` or `Class.method`) in `module`."""
-    dotted = module.removesuffix(".py").replace("/", ".")
+    """mutmut's name patterns of the mutants of `functions` (`name` or `Class.method`) in `module`
+    (a kit module's mutants are named by its bare module name, as the launcher names them)."""
+    path = Path(module)
+    dotted = path.stem if path.parent.as_posix() == KIT else module.removesuffix(".py").replace("/", ".")
     patterns = []
     for function in functions:
         owner, _, name = function.rpartition(".")
