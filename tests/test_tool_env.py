@@ -5,11 +5,16 @@ pip fail or take its time, so creation, reuse, failures, atomicity and the lock 
 installing a package.
 """
 
+import dataclasses
+import fcntl
+import io
+import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -26,15 +31,23 @@ NOT_FOUND = "ERROR: Could not find a version that satisfies the requirement lite
 
 # The stand-in: `-c CODE` prints $FAKE_VERSION; `-m venv DIR` makes DIR/bin/python (itself);
 # `-m pip install -r FILE` copies FILE to the environment's installed.txt; `-m pip check` passes.
+# Each call is a line of calls.log, and which of PYTHONPATH and PYTHONHOME it had a line of
+# calls.log.env. $FAKE_PIP: "venv" fails venv, "fail" fails pip install as pip does when the index
+# is out of reach, "silent" fails it without a word, "broken" fails pip check.
 STAND_IN = '''#!{python}
 import os, shutil, sys, time
 args = sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(" ".join(args) + "\\n")
+with open(os.environ["FAKE_LOG"] + ".env", "a") as log:  # the variables that steer Python, when set
+    log.write(" ".join(key for key in ("PYTHONPATH", "PYTHONHOME") if key in os.environ) + "\\n")
 mode = os.environ.get("FAKE_PIP", "ok")
 if args[0] == "-c":
     print(os.environ.get("FAKE_VERSION", "3.11"))
 elif args[:2] == ["-m", "venv"]:
+    if mode == "venv":
+        print("Error: Command 'ensurepip' returned non-zero exit status 1.")
+        sys.exit(1)
     os.makedirs(os.path.join(args[-1], "bin"))
     shutil.copy(__file__, os.path.join(args[-1], "bin", "python"))
 elif "install" in args:
@@ -42,7 +55,10 @@ elif "install" in args:
     if mode == "fail":
         print("WARNING: Retrying after connection broken", file=sys.stderr)
         print("{not_found}", file=sys.stderr)
+        print("Looking in indexes: https://pypi.org/simple")  # after the ERROR line, not an error
         sys.exit(1)
+    if mode == "silent":
+        sys.exit(3)
     here = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))
     shutil.copy(args[args.index("-r") + 1], os.path.join(here, "installed.txt"))
 elif "check" in args and mode == "broken":
@@ -90,8 +106,10 @@ def test_the_first_use_creates_it_in_one_line_and_the_next_reuses_it(stand_in, c
     first = calls(tmp_path)
     assert len(first) == 4 and first[0] == "-c " + tool_env._VERSION_CODE
     assert first[1].startswith(f"-m venv --clear {tmp_path}/home/.{os.path.basename(folder)}.tmp-")
-    assert first[2].endswith(f"install --quiet --no-deps -r {environment.requirements}")
-    assert first[3].endswith(" check")
+    pip = "-m pip --disable-pip-version-check --no-input"
+    assert first[2:] == [f"{pip} install --quiet --no-deps -r {environment.requirements}", f"{pip} check"]
+    with open(os.path.join(folder, tool_env.STAMP)) as f:  # what made it, for whoever looks
+        assert json.load(f) == {"requirements": environment.pins(), "python": python}
     assert sorted(os.listdir(tmp_path / "home")) == sorted([os.path.basename(folder),
                                                             os.path.basename(folder) + ".lock"])
     umask = os.umask(0)
@@ -103,7 +121,9 @@ def test_the_first_use_creates_it_in_one_line_and_the_next_reuses_it(stand_in, c
 
 
 @pytest.mark.parametrize("mode, step, reason", [
+    ("venv", "venv", "exit 1: Error: Command 'ensurepip' returned non-zero exit status 1."),
     ("fail", "pip install", f"exit 1: {NOT_FOUND}) (is the package index reachable from here?"),
+    ("silent", "pip install", "exit 3) (is the package index reachable from here?"),
     ("broken", "pip check", "exit 1: litert-quantizer 0.11.0 requires scipy, which is not installed."),
 ])
 def test_a_failed_build_is_one_line_and_leaves_nothing(stand_in, monkeypatch, mode, step, reason):
@@ -153,6 +173,7 @@ def test_switched_off_it_is_not_created_but_an_existing_one_is_used(stand_in, mo
     assert not (tmp_path / "home").exists()
     monkeypatch.setenv(tool_env.NO_INSTALL_ENV, "0")  # "0" and "" do not switch it off
     created = tool_env.ensure(environment, python)
+    assert os.path.isfile(created)
     monkeypatch.setenv(tool_env.NO_INSTALL_ENV, "1")
     assert tool_env.ensure(environment, python) == created
 
@@ -205,6 +226,169 @@ def test_two_commands_at_once_build_it_once(stand_in, monkeypatch):
                                 "later commands reuse it)"]
     assert second.stderr.splitlines() == [f"keras-posenc: waiting for another command that is creating the "
                                           f"environment of the tools ({folder}.lock)"]
+
+
+def block_buffered_stderr(monkeypatch):
+    """A stderr that keeps what is written until it is flushed (a redirected one on Python 3.8): the bytes
+    that reached its file."""
+    written = io.BytesIO()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(written, encoding="utf-8"))
+    return written
+
+
+def creating(folder):
+    return (f"keras-posenc: creating the environment of the tools in {folder} (once; later commands reuse "
+            "it)\n")
+
+
+def test_a_command_that_finds_the_lock_held_says_so_waits_and_uses_what_the_other_built(stand_in, monkeypatch,
+                                                                                        capfd):
+    environment, python, tmp_path = stand_in
+    written = block_buffered_stderr(monkeypatch)
+    folder = tool_env.location(environment, "3.11")
+    waiting = (f"keras-posenc: waiting for another command that is creating the environment of the tools "
+               f"({folder}.lock)\n")
+    os.makedirs(tmp_path / "home")
+    outcome = []
+
+    def second_command():
+        try:
+            outcome.append(tool_env.ensure(environment, python))
+        except Exception as error:  # the main thread asserts there was none
+            outcome.append(error)
+
+    second = threading.Thread(target=second_command, daemon=True)
+    with open(folder + ".lock", "a") as lock:  # the first command holds the lock: it is building
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        second.start()
+        for _ in range(6000):  # until the second one's line is out (a guard against a hang, not a timing)
+            if written.getvalue() or outcome:
+                break
+            time.sleep(0.01)
+        assert (written.getvalue().decode(), outcome) == (waiting, [])  # it said so, and waits
+        tool_env._build(folder, environment, python)  # the first command's build
+    second.join(60)
+    assert outcome == [os.path.join(folder, "bin", "python")]  # it used that one, and built none
+    assert sum(call.startswith("-m venv") for call in calls(tmp_path)) == 1
+    assert written.getvalue().decode() == waiting + creating(folder)
+    assert capfd.readouterr().out == ""
+
+
+def test_its_line_is_out_before_the_first_step_and_each_step_has_a_time_limit(stand_in, monkeypatch):
+    environment, python, tmp_path = stand_in
+    written = block_buffered_stderr(monkeypatch)
+    steps, real_run = [], subprocess.run
+
+    def run_step(command, **options):  # what was on stderr's file when each step started
+        steps.append((command[1:3], options.get("timeout"), written.getvalue().decode()))
+        return real_run(command, **options)
+
+    monkeypatch.setattr(subprocess, "run", run_step)
+    tool_env.ensure(environment, python)
+    line = creating(tool_env.location(environment, "3.11"))
+    assert steps == [(["-c", tool_env._VERSION_CODE], 60, ""), (["-m", "venv"], 3600, line),
+                     (["-m", "pip"], 3600, line), (["-m", "pip"], 3600, line)]
+
+
+def test_this_python_is_not_asked_its_version_and_the_steps_run_without_its_path_variables(stand_in,
+                                                                                            monkeypatch):
+    environment, python, tmp_path = stand_in
+    this = "{}.{}".format(*sys.version_info[:2])
+    environment = dataclasses.replace(environment, pythons=(this,))
+    monkeypatch.setattr(sys, "executable", python)  # the stand-in plays this Python
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONHOME", sys.base_prefix)
+    monkeypatch.setenv("FAKE_KEPT", "1")
+    created = tool_env.ensure(environment)
+    assert created == os.path.join(tool_env.location(environment, this), "bin", "python")
+    assert [call.split()[:2] for call in calls(tmp_path)] == [["-m", "venv"], ["-m", "pip"], ["-m", "pip"]]
+    assert (tmp_path / "calls.log.env").read_text().splitlines() == ["", "", ""]  # neither, in each step
+
+
+def test_a_python_that_does_not_run_is_one_line(stand_in, monkeypatch):
+    environment, python, tmp_path = stand_in
+    missing = str(tmp_path / "gone" / "python")
+    with pytest.raises(ToolEnvironmentError) as error:
+        tool_env.ensure(environment, missing)
+    assert str(error.value) == (f"the Python {missing!r} that would create the environment of the tools does "
+                                f"not run: [Errno 2] No such file or directory: {missing!r}.")
+    assert not (tmp_path / "home").exists()
+    this = "{}.{}".format(*sys.version_info[:2])  # this Python, gone (not asked its version): venv fails
+    environment = dataclasses.replace(environment, pythons=(this,))
+    monkeypatch.setattr(sys, "executable", missing)
+    with pytest.raises(ToolEnvironmentError) as error:
+        tool_env.ensure(environment)
+    folder = tool_env.location(environment, this)
+    assert str(error.value) == (f"could not create the environment of the tools in {folder}: venv failed "
+                                f"([Errno 2] No such file or directory: {missing!r}); nothing was left "
+                                "there. Run the command again to retry, or set TOOLS_PYTHON.")
+    assert os.listdir(tmp_path / "home") == [os.path.basename(folder) + ".lock"]
+
+
+@pytest.mark.parametrize("pythons, said", [(("3.11",), "3.11"),
+                                           (("3.10", "3.11", "3.12"), "3.10, 3.11 or 3.12")])
+def test_the_refusal_names_every_python_the_pins_have_wheels_for(stand_in, monkeypatch, pythons, said):
+    environment, python, tmp_path = stand_in
+    monkeypatch.setenv("FAKE_VERSION", "3.8")
+    with pytest.raises(ToolEnvironmentError) as error:
+        tool_env.ensure(dataclasses.replace(environment, pythons=pythons), python)
+    assert str(error.value) == f"the tools need Python {said}, and this is Python 3.8: set TOOLS_PYTHON."
+
+
+def test_an_environment_without_its_python_or_with_a_stamp_of_other_pins_is_never_used(stand_in, monkeypatch):
+    environment, python, tmp_path = stand_in
+    monkeypatch.setenv(tool_env.NO_INSTALL_ENV, "1")  # what is there is used, nothing is created
+    folder = tool_env.location(environment, "3.11")
+    os.makedirs(os.path.join(folder, "bin"))
+    stamp = os.path.join(folder, tool_env.STAMP)
+    with open(stamp, "w") as f:  # these pins, but no bin/python
+        json.dump({"requirements": environment.pins(), "python": python}, f)
+    assert tool_env.ensure(environment, python) is None
+    with open(os.path.join(folder, "bin", "python"), "w"):
+        pass
+    with open(stamp, "w") as f:  # a bin/python, but the stamp of other pins
+        json.dump({"requirements": "protobuf==4.25.3\n", "python": python}, f)
+    assert tool_env.ensure(environment, python) is None
+    with open(stamp, "w") as f:  # both: used
+        json.dump({"requirements": environment.pins(), "python": python}, f)
+    assert tool_env.ensure(environment, python) == os.path.join(folder, "bin", "python")
+
+
+def undeletable(monkeypatch, name):
+    """Files called `name` cannot be removed (another user's, in a shared cache)."""
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if os.path.basename(path) == name:
+            raise PermissionError(13, "Permission denied", path)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+
+
+def test_a_leftover_that_cannot_be_removed_does_not_stop_the_build(stand_in, monkeypatch):
+    environment, python, tmp_path = stand_in
+    folder = tool_env.location(environment, "3.11")
+    name = os.path.basename(folder)
+    leftover = tmp_path / "home" / f".{name}.tmp-x1y2"  # a killed build's, that we may not remove
+    os.makedirs(leftover / "bin")
+    (leftover / "bin" / "undeletable").write_text("")
+    undeletable(monkeypatch, "undeletable")
+    assert tool_env.ensure(environment, python) == os.path.join(folder, "bin", "python")
+    assert sorted(os.listdir(tmp_path / "home")) == sorted([name, name + ".lock", leftover.name])
+
+
+def test_a_failed_build_whose_folder_cannot_be_removed_is_still_its_one_line(stand_in, monkeypatch):
+    environment, python, tmp_path = stand_in
+    monkeypatch.setenv("FAKE_PIP", "silent")
+    undeletable(monkeypatch, "python")  # the temporary folder's bin/python stays
+    with pytest.raises(ToolEnvironmentError) as error:
+        tool_env.ensure(environment, python)
+    folder = tool_env.location(environment, "3.11")
+    assert str(error.value) == (f"could not create the environment of the tools in {folder}: pip install "
+                                "failed (exit 3) (is the package index reachable from here?); nothing was "
+                                "left there. Run the command again to retry, or set TOOLS_PYTHON.")
+    assert not os.path.exists(folder)
 
 
 def test_the_cache_folder_follows_the_variables(monkeypatch):
