@@ -475,7 +475,12 @@ def test_without_tf2onnx_the_tensorrt_export_is_one_line(exports, monkeypatch, c
 
 def test_on_python_3_8_the_tensorrt_message_says_why_the_lock_has_no_tf2onnx():
     message = onnx_tools.missing_message(ImportError("No module named 'tf2onnx'"), (3, 9))
-    assert message.startswith("--target tensorrt needs tf2onnx (No module named 'tf2onnx'), which the TF "
-                              "2.12 lock installs on Python 3.10+ only")
-    assert "the last release for Python 3.9" in message and message.endswith("(make venv).")
-    assert onnx_tools.missing_message(ImportError("x"), (3, 10)).endswith("onnxruntime==1.23.2.")
+    assert message == (
+        "--target tensorrt needs tf2onnx (No module named 'tf2onnx'), which the TF 2.12 lock installs on "
+        "Python 3.10+ only: tf2onnx 1.17 needs Python 3.10, and 1.16.1, the last release for Python 3.9, "
+        "pins protobuf~=3.20, which TF 2.12's lock (protobuf 4.25) excludes; export from a Python 3.10+ venv "
+        "(make venv).")
+    assert onnx_tools.missing_message(ImportError("x"), (3, 10)) == (
+        "--target tensorrt needs tf2onnx and onnxruntime (x), which the locks install: pip install -r "
+        "requirements/tf212.txt (TF 2.12) or requirements/tf221.txt (Keras 3), or pip install "
+        "tf2onnx==1.17.0 onnx onnxruntime==1.23.2.")
