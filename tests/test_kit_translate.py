@@ -152,6 +152,18 @@ def test_near_best_keeps_every_score_that_reaches_the_k_th():
     assert run_translate.near_best(np.full(3, -np.inf), 1).tolist() == [0, 1, 2]
 
 
+def test_log_softmax_and_forbid_keep_float64_and_large_logits_finite():
+    # Logits near 1000 (a head scaled up): shifted by their max they stay finite, as float64 sums them.
+    logits = np.array([1000.0, 999.0, 996.5], np.float32)
+    shifted = logits.astype(np.float64) - 1000.0
+    expected = shifted - np.log(np.sum(np.exp(shifted)))
+    np.testing.assert_allclose(run_translate.log_softmax(logits), expected, rtol=0, atol=1e-15)
+    given = np.array([-1.5, -0.25, -3.0], np.float32)
+    forbidden = run_translate.forbid(given, (1,))
+    assert forbidden.dtype == np.float64 and forbidden.tolist() == [-1.5, -np.inf, -3.0]
+    assert given.tolist() == [-1.5, -0.25, -3.0]  # a copy: the caller's array is left as it was
+
+
 def test_log_softmax_of_rows_is_each_row_s():
     rows = np.random.default_rng(0).normal(scale=4, size=(3, 50)).astype(np.float32)
     together = run_translate.log_softmax(rows)
