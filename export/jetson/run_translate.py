@@ -218,6 +218,13 @@ def lockstep(searches, step_many):
 # --- the file ----------------------------------------------------------------------------------------
 
 
+def stacked_rows(parts, rows):
+    """`{name: array}` dicts of one row each stacked into `rows` rows, the rows past them zeros."""
+    padding = rows - len(parts)
+    return {name: np.concatenate([part[name] for part in parts] + [np.zeros_like(parts[0][name])] * padding)
+            for name in parts[0]}
+
+
 class Translator:
     """The `encode` and `decode` signatures of one export, fed by the contract's tensor names.
 
@@ -289,10 +296,7 @@ class Translator:
             raise ValueError("decode_beams steps hypotheses at one position only.")
         fed = np.zeros([rows, 1], np.int32)
         fed[:count, 0] = tokens
-        padding = rows - count
-        caches = {name: np.concatenate([state[2][name] for state in states]
-                                       + [np.zeros_like(states[0][2][name])] * padding)
-                  for name in states[0][2]}
+        caches = stacked_rows([state[2] for state in states], rows)
         outputs = self.session.run(self.meta.beam_signature, {
             tensors.token_id: fed, tensors.position: np.array([position], np.int32),
             **self._sources([state[1] for state in states]), **caches})
@@ -314,9 +318,7 @@ class Translator:
                 self._tiled = (crosses[0], {name: np.repeat(value, rows, axis=0)
                                             for name, value in crosses[0].items()})
             return self._tiled[1]
-        padding = rows - len(crosses)
-        return {name: np.concatenate([cross[name] for cross in crosses]
-                                     + [np.zeros_like(crosses[0][name])] * padding) for name in crosses[0]}
+        return stacked_rows(crosses, rows)
 
     def scores(self, logits):
         """A step's scores (`[vocab]`, or `[rows, vocab]` row by row): the log-probabilities (a beam
