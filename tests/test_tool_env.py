@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -149,10 +150,11 @@ def test_a_build_killed_midway_is_never_used_and_its_leftovers_go(stand_in):
     os.makedirs(os.path.join(folder, "bin"))  # a folder without its stamp (not ours to trust)
     (tmp_path / "home" / name / "bin" / "python").write_text("")
     assert not tool_env._complete(folder, environment)
-    with pytest.raises(ToolEnvironmentError):  # the rename does not overwrite what is there
+    with pytest.raises(ToolEnvironmentError):  # what is there is neither used nor overwritten
         tool_env.ensure(environment, python)
     assert sorted(os.listdir(tmp_path / "home")) == sorted([name, name + ".lock", "notes"])
     assert os.listdir(folder) == ["bin"]
+    assert calls(tmp_path) == ["-c " + tool_env._VERSION_CODE]  # no build was started
 
 
 def test_new_pins_get_a_new_folder_and_the_old_one_stays(stand_in):
@@ -352,6 +354,40 @@ def test_an_environment_without_its_python_or_with_a_stamp_of_other_pins_is_neve
     with open(stamp, "w") as f:  # both: used
         json.dump({"requirements": environment.pins(), "python": python}, f)
     assert tool_env.ensure(environment, python) == os.path.join(folder, "bin", "python")
+
+
+@pytest.mark.parametrize("left", ["no stamp", "no python"])
+def test_an_incomplete_environment_is_kept_and_its_line_says_to_remove_it(stand_in, capfd, left):
+    environment, python, tmp_path = stand_in
+    folder = tool_env.location(environment, "3.11")
+    os.makedirs(os.path.join(folder, "bin"))
+    with open(os.path.join(folder, "notes.txt"), "w") as f:
+        f.write("left by hand\n")
+    if left == "no stamp":
+        with open(os.path.join(folder, "bin", "python"), "w"):
+            pass
+    else:
+        with open(os.path.join(folder, tool_env.STAMP), "w") as f:
+            json.dump({"requirements": environment.pins(), "python": python}, f)
+    before = sorted(os.listdir(folder))
+    with pytest.raises(ToolEnvironmentError) as error:
+        tool_env.ensure(environment, python)
+    assert str(error.value) == (f"{folder} is not a complete environment of the tools (no stamp of these "
+                                "pins, or no bin/python), so it is not used: remove it to have it created "
+                                "again, or set TOOLS_PYTHON.")
+    assert sorted(os.listdir(folder)) == before and capfd.readouterr().err == ""
+    shutil.rmtree(folder)  # as the line says
+    assert tool_env.ensure(environment, python) == os.path.join(folder, "bin", "python")
+    assert tool_env._complete(folder, environment)
+
+
+def test_the_base_python_is_asked_its_version_without_this_ones_path_variables(stand_in, monkeypatch):
+    environment, python, tmp_path = stand_in
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONHOME", sys.base_prefix)
+    tool_env.ensure(environment, python)
+    assert calls(tmp_path)[0] == "-c " + tool_env._VERSION_CODE and len(calls(tmp_path)) == 4
+    assert (tmp_path / "calls.log.env").read_text().splitlines() == ["", "", "", ""]
 
 
 def undeletable(monkeypatch, name):

@@ -14,6 +14,8 @@ creating it the first time, as pre-commit creates its hook environments:
   (no network, a pin pip cannot find) removes the temporary folder and raises
   `ToolEnvironmentError` with one line, so no half-built environment is ever used;
 - once: a lock file makes a second command wait for the first one's build, then use it;
+- whole: a folder without its stamp or its Python (files removed by hand or by a cleaner) is never
+  used, nor removed: its one line says to remove it;
 - never, with `$KERAS_POSENC_NO_TOOL_INSTALL=1` (offline machines, tests): `ensure` returns None.
 """
 
@@ -128,7 +130,8 @@ def _version(python, environment):
     if python == sys.executable:
         return "{}.{}".format(*sys.version_info[:2])
     try:
-        done = subprocess.run([python, "-c", _VERSION_CODE], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([python, "-c", _VERSION_CODE], capture_output=True, text=True, env=_clean_env(),
+                              timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise ToolEnvironmentError(f"the Python {python!r} that would create the environment of "
                                    f"{environment.what} does not run: {error}.") from error
@@ -175,6 +178,10 @@ def _build(folder, environment, base_python):
     for stale in os.listdir(parent):  # left by a build that was killed (we hold the lock: none runs)
         if stale.startswith(f".{name}.tmp-"):
             shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
+    if os.path.lexists(folder):  # not what a build of these pins leaves: perhaps not ours to remove
+        raise ToolEnvironmentError(f"{folder} is not a complete environment of {environment.what} (no stamp "
+                                   f"of these pins, or no bin/python), so it is not used: remove it to have "
+                                   f"it created again, or {environment.override}.")
     print(f"keras-posenc: creating the environment of {environment.what} in {folder} (once; later "
           f"commands reuse it)", file=sys.stderr, flush=True)
     building = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
@@ -196,10 +203,15 @@ def _build(folder, environment, base_python):
             shutil.rmtree(building, ignore_errors=True)
 
 
+def _clean_env():
+    """This process's environment without the variables that would point another Python at this one's
+    packages or prefix."""
+    return {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def _run(environment, folder, command, step):
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+        done = subprocess.run(command, capture_output=True, text=True, env=_clean_env(), timeout=3600)
     except (OSError, subprocess.TimeoutExpired) as error:
         reason = str(error)
     else:
