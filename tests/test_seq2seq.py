@@ -62,8 +62,11 @@ def test_decoder_layer_errors():
     layer = DecoderLayer(**SMALL)
     message = error_message(lambda: layer(normal([1, 3, 16]), normal([1, 3, 8])))
     assert "`encoder_outputs` must have shape [batch, length, d_model=16]" in message
-    message = error_message(lambda: layer.cached_step(normal([1, 1, 16]), None, None, None, None, None, None))
-    assert "cached decoding needs `cache_index` and `position_ids`" in message
+    needed = "cached decoding needs `cache_index` and `position_ids` (int [batch, length])."
+    for cache_index, position_ids in [(None, None), (None, np.zeros([1, 1], np.int32)), (0, None)]:
+        message = error_message(lambda index=cache_index, ids=position_ids: layer.cached_step(
+            normal([1, 1, 16]), None, None, index, ids, None, None))
+        assert message.splitlines()[0] == needed, (cache_index, position_ids)
 
 
 # Seq2SeqTransformer ------------------------------------------------------------------------------
@@ -74,6 +77,7 @@ VARIANTS = {
     "rope": {"position": "rope"},
     "alibi-pre-ln": {"position": "alibi", "norm_first": True},
     "factorized-no-language-scale": {"position_config": {"table": "factorized"}, "language_scale": False},
+    "dropout-0.5": {"dropout": 0.5},  # cached steps run at inference: no unit is dropped
 }
 
 
@@ -102,6 +106,35 @@ def test_every_cached_decoder_step_equals_the_full_forward_pass(variant):
     # A chunk of several tokens (a prefill) too.
     logits, _ = model.decode_step(TARGETS[:, :4], ops.zeros(model.cache_shape(2, 6)), 0, cross, mask)
     np.testing.assert_allclose(to_numpy(logits), full[:, :4], atol=1e-4)
+
+
+def test_cached_layers_write_every_layers_cache_with_the_given_write():
+    """An export's own cache write (`write_cache`) is what every decoder layer writes with, and what it
+    returns is the cache: here a write that also fills the slots after the chunk with 7."""
+    model = _model()
+    outputs, mask = model.encode(SOURCES)
+    pairs = model.cross_key_values(outputs)
+    cache_length, index, chunk = 6, 2, TARGETS[:, 2:4]
+    empty = [np.zeros([2, cache_length, 2, 8], np.float32) for _ in range(2)]
+    calls = []
+
+    def write_and_mark(cache, written, cache_index):
+        calls.append((tuple(written.shape), cache_index))
+        end = cache_index + written.shape[1]
+        marks = ops.ones_like(cache[:, end:]) * 7.0
+        return ops.concatenate([cache[:, :cache_index], written, marks], axis=1)
+
+    args = (chunk, empty, empty, index, [k for k, _ in pairs], [v for _, v in pairs], mask)
+    logits, keys, values = model.cached_layers(*args)
+    marked_logits, marked_keys, marked_values = model.cached_layers(*args, write_cache=write_and_mark)
+    assert calls == [((2, 2, 2, 8), index)] * 4  # a key and a value cache in each of the 2 layers
+    # The slots after the chunk are never attended to, so the logits are the default write's.
+    np.testing.assert_array_equal(to_numpy(marked_logits), to_numpy(logits))
+    for default, marked in zip(keys + values, marked_keys + marked_values):
+        default, marked = to_numpy(default), to_numpy(marked)
+        np.testing.assert_array_equal(marked[:, :4], default[:, :4])
+        assert np.abs(default[:, 2:4]).min() > 0 and not default[:, 4:].any()
+        np.testing.assert_array_equal(marked[:, 4:], 7.0)
 
 
 @pytest.mark.parametrize("variant", ["sinusoidal-post-ln", "rope", "alibi-pre-ln"])
