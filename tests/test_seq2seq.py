@@ -349,3 +349,56 @@ def test_the_default_position_is_rope_in_the_self_attention():
     assert not [w for w in model.trainable_weights if "position" in w.name or tuple(w.shape) == (2,)]
     assert [layer.get_config()["position"] for layer in model.decoder_layers] == ["rope", "rope"]
     assert model.encoder.get_config()["position"] == "rope"
+
+
+def test_translate_arguments_at_their_bounds():
+    model = _model()
+    source = np.array([[7, 8, 9, 3]], np.int32)
+    limit = MODEL["max_length"] - 1
+    assert len(model.translate(source, max_new_tokens=limit, beam_size=1).ids[0]) <= limit
+    assert len(model.translate(source, max_new_tokens=np.int64(1), beam_size=1).ids[0]) <= 1
+    for bad in (0, limit + 1, True, 2.0):
+        assert error_message(lambda bad=bad: model.translate(source, max_new_tokens=bad)) == (
+            f"`max_new_tokens` must be an int in [1, max_length - 1 = {limit}], got max_new_tokens={bad!r}.")
+    # One sentence as a vector is a batch of one.
+    assert model.translate(source[0], beam_size=1).ids[0].tolist() == \
+        model.translate(source, beam_size=1).ids[0].tolist()
+    for bad, shape, dtype in ((np.zeros([1, 0], np.int32), (1, 0), "int32"),
+                              (np.ones([1, 2, 3], np.int32), (1, 2, 3), "int32"),
+                              (np.ones([1, 3], np.float32), (1, 3), "float32")):
+        assert error_message(lambda bad=bad: model.translate(bad)) == (
+            f"`source_ids` must be int [batch, length] with at least one token, got shape {shape} and "
+            f"dtype {dtype}.")
+    for bad in (-1, MODEL["vocab_size"]):
+        assert error_message(lambda bad=bad: model.translate([[5, bad, 3]])) == (
+            "`source_ids` must lie in [0, vocab_size=40).")
+    model.translate([[5, MODEL["vocab_size"] - 1, 3]], beam_size=1)
+
+
+def test_a_source_padded_wider_than_max_length_is_narrowed_and_a_longer_one_refused():
+    model = _model()
+    width = MODEL["max_length"]
+    sentences = [[7, 8, 9, 3], list(range(5, 5 + width - 1)) + [3]]  # the second as long as it may be
+    wide = np.zeros([2, width + 6], np.int32)
+    wide[0, 3:7] = sentences[0]  # left, middle and right padding columns
+    wide[1, :width] = sentences[1]
+    alone = [model.translate(np.array([s]), max_new_tokens=4, beam_size=2).ids[0].tolist() for s in sentences]
+    assert [ids.tolist() for ids in model.translate(wide, max_new_tokens=4, beam_size=2).ids] == alone
+    too_long = np.array([list(range(5, 5 + width)) + [3]], np.int32)
+    assert error_message(lambda: model.translate(too_long)) == (
+        f"A source of {width + 1} tokens is longer than the model's max_length={width}.")
+    # A table that extends past max_length takes it as it is.
+    extending = _model(position_config={"overflow": "extend"})
+    assert len(extending.translate(too_long, max_new_tokens=3, beam_size=1).ids[0]) <= 3
+
+
+def test_without_padding_columns_keeps_each_rows_tokens_in_order():
+    from keras_posenc.seq2seq import _without_padding_columns
+
+    source = np.array([[0, 5, 0, 6, 0], [0, 7, 8, 9, 0]], np.int64)
+    narrowed = _without_padding_columns(source, 0)
+    assert narrowed.dtype == np.int64
+    np.testing.assert_array_equal(narrowed, [[5, 6, 0], [7, 8, 9]])
+    np.testing.assert_array_equal(_without_padding_columns(np.array([[4, 5, 4], [6, 4, 4]]), 4), [[5], [6]])
+    full = np.array([[5, 0], [0, 6]])
+    assert _without_padding_columns(full, 0) is full  # no column is all padding
