@@ -20,7 +20,7 @@ from keras_posenc.export import contract, kinds, pipeline, translation_export, t
 from keras_posenc.export.flatbuffer import op_counts
 from keras_posenc.export.result import ExportResult
 from keras_posenc.export.runners import TranslatorSession
-from keras_posenc.export.targets import ONNX, TFLITE
+from keras_posenc.export.targets import ONNX, TARGETS, TFLITE
 from keras_posenc.models import CausalLM
 from keras_posenc.seq2seq import Seq2SeqTransformer
 
@@ -184,6 +184,8 @@ def test_the_bleu_gate_at_its_boundary(drop, failed):
      "A translator export (--translate) needs a keras_posenc Seq2SeqTransformer"),
     (lambda m: translation_export.check_translation(m, 4, 4, "npu"),
      "A translator export supports target in ('cpu', 'gpu', 'gl', 'tensorrt'), got target='npu'."),
+    (lambda m: translation_export.check_translation(m, 4, 4, 3),
+     "A translator export supports target in ('cpu', 'gpu', 'gl', 'tensorrt'), got target=3."),
     (lambda m: translation_export.check_translation(m, 17, 4, "cpu"),
      "`source_length` must be an int in [2, max_length=16], got source_length=17."),
     (lambda m: translation_export.check_translation(m, 16, 1, "cpu"),
@@ -215,6 +217,8 @@ def test_the_boundary_lengths_export():
     model = _model()
     assert translation_export.check_translation(model, 16, 16, "cpu").name == "cpu"
     assert translation_export.check_translation(model, 2, 2, "tensorrt").name == "tensorrt"
+    for name in translation_export.TRANSLATOR_TARGETS:  # a Target as well as its name
+        assert translation_export.check_translation(model, 4, 4, TARGETS[name]) is TARGETS[name]
 
 
 @pytest.mark.parametrize("target, backends, dtype", [("gpu", ("webgpu", "opencl"), "int32"),

@@ -47,13 +47,11 @@ def check_translation(model, source_length, cache_length, target):
     if not hasattr(model, "cached_layers") or not hasattr(model, "translate"):
         raise ValueError("A translator export (--translate) needs a keras_posenc Seq2SeqTransformer "
                          f"(`keras-posenc train --task translate`), got {type(model).__name__}.")
-    if not (isinstance(target, str) and target in TARGETS) and target not in TARGETS.values():
+    if not (isinstance(target, str) and target in TRANSLATOR_TARGETS) and \
+            target not in [TARGETS[name] for name in TRANSLATOR_TARGETS]:
         raise ValueError(f"A translator export supports target in {TRANSLATOR_TARGETS}, got "
                          f"target={target!r}.")
     target = target_of(target)
-    if target.name not in TRANSLATOR_TARGETS:
-        raise ValueError(f"A translator export supports target in {TRANSLATOR_TARGETS}, got "
-                         f"target={target.name!r}.")
     for name, value in (("source_length", source_length), ("cache_length", cache_length)):
         if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= model.max_length:
             raise ValueError(f"`{name}` must be an int in [2, max_length={model.max_length}], got "
