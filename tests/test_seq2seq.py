@@ -57,11 +57,67 @@ def test_decoder_layer_output_is_causal():
     assert np.abs(a[0, 3:] - b[0, 3:]).min() > 0
 
 
+def reference_decoder_layer(layer, x, source, target_mask, source_mask):
+    """DecoderLayer's output from its weights in float64 numpy: causal self-attention over the real
+    target tokens, cross-attention over the real source tokens, the feed-forward net (relu), each
+    sublayer's residual and LayerNorm, post- or pre-LN."""
+    def dense(layer_dense, v, spec):
+        kernel, bias = (np.asarray(w, np.float64) for w in (layer_dense.kernel, layer_dense.bias))
+        return np.einsum(spec, v, kernel) + bias
+
+    def attend(attention, queries, keys_from, allowed):
+        q = dense(attention.query_dense, queries, "btd,dhk->bthk")
+        k = dense(attention.key_dense, keys_from, "btd,dhk->bthk")
+        v = dense(attention.value_dense, keys_from, "btd,dhk->bthk")
+        logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+        logits = np.where(allowed[:, None], logits, -np.inf)
+        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        return dense(attention.output_dense, np.einsum("bhqk,bkhd->bqhd", probabilities, v), "bqhd,hdo->bqo")
+
+    def norm(layer_norm, v):
+        gamma, beta = (np.asarray(w, np.float64) for w in (layer_norm.gamma, layer_norm.beta))
+        scale = gamma / np.sqrt(v.var(-1, keepdims=True) + layer.epsilon)
+        return (v - v.mean(-1, keepdims=True)) * scale + beta
+
+    def feed_forward(h):
+        hidden = np.maximum(dense(layer.ffn_hidden, h, "btd,dk->btk"), 0.0)
+        return dense(layer.ffn_output, hidden, "btk,kd->btd")
+
+    length = x.shape[1]
+    causal = target_mask[:, None, :] & np.tril(np.ones([length, length], bool))[None]
+    cross = np.broadcast_to(source_mask[:, None, :], [len(x), length, source.shape[1]])
+    sublayers = [(layer.self_attention_norm, lambda h: attend(layer.self_attention, h, h, causal)),
+                 (layer.cross_attention_norm, lambda h: attend(layer.cross_attention, h, source, cross)),
+                 (layer.ffn_norm, feed_forward)]
+    x, source = np.asarray(x, np.float64), np.asarray(source, np.float64)
+    for layer_norm, sublayer in sublayers:
+        x = x + sublayer(norm(layer_norm, x)) if layer.norm_first else norm(layer_norm, x + sublayer(x))
+    return x
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_equals_a_numpy_reference(norm_first):
+    x, source = normal([2, 5, 16], 2), normal([2, 6, 16], 3)
+    target_mask = np.array([[True] * 5, [True, True, True, False, False]])
+    source_mask = np.array([[True] * 6, [False, True, True, True, True, False]])
+    layer = DecoderLayer(**SMALL, norm_first=norm_first, epsilon=0.5, dropout=0.3)
+    layer(x, source)
+    rng = np.random.default_rng(4)  # every weight random: biases, gammas and betas included
+    layer.set_weights([rng.normal(scale=0.3, size=w.shape).astype(np.float32) + (w.shape == (16,))
+                       for w in layer.get_weights()])
+    expected = reference_decoder_layer(layer, x, source, target_mask, source_mask)
+    got = to_numpy(layer(x, source, mask=target_mask, encoder_mask=source_mask))
+    np.testing.assert_allclose(got[target_mask], expected[target_mask], atol=2e-5)
+
+
 def test_decoder_layer_errors():
     assert "divisible" in error_message(lambda: DecoderLayer(d_model=10, num_heads=3, dff=8))
     layer = DecoderLayer(**SMALL)
     message = error_message(lambda: layer(normal([1, 3, 16]), normal([1, 3, 8])))
     assert "`encoder_outputs` must have shape [batch, length, d_model=16]" in message
+    message = error_message(lambda: DecoderLayer(**SMALL).build((1, 3, 8)))
+    assert message == "`x` must have shape [batch, length, d_model=16], got shape (1, 3, 8)."
     needed = "cached decoding needs `cache_index` and `position_ids` (int [batch, length])."
     for cache_index, position_ids in [(None, None), (None, np.zeros([1, 1], np.int32)), (0, None)]:
         message = error_message(lambda index=cache_index, ids=position_ids: layer.cached_step(
