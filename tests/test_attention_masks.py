@@ -101,3 +101,18 @@ def test_a_length_known_only_when_the_graph_runs_is_checked_then():
             merged(tf.zeros([2, length]), mask)
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"with length {T + 1}, got shape"):
         merged_with_a_constant(tf.zeros([1, T + 1]))
+
+
+@pytest.mark.skipif(not is_tensorflow(), reason="graph ops: TensorFlow only")
+def test_shapes_known_while_tracing_add_no_run_time_check_to_the_graph():
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([2, T], tf.float32), tf.TensorSpec([2, T, T], tf.bool)])
+    def merged(x, attention_mask):
+        return merge_attention_masks(static_or_dynamic_length(x), attention_mask=attention_mask,
+                                     use_causal_mask=True)
+
+    ops_of_the_graph = {op.type for op in merged.get_concrete_function().graph.get_operations()}
+    assert "Assert" not in ops_of_the_graph and "Shape" not in ops_of_the_graph
+    np.testing.assert_array_equal(merged(tf.zeros([2, T]), ATTENTION_MASKS["full"]).numpy(),
+                                  expected_mask(None, ATTENTION_MASKS["full"], True, None))
