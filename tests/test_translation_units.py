@@ -523,13 +523,16 @@ def test_a_text_lm_is_refused_as_one(sp_model, tmp_path):
     assert _no_translator(model, tmp_path, "lm") == NO_TRANSLATOR + "CausalLM trained on plain text."
 
 
-@pytest.mark.parametrize("languages, causal", [(3, True), (2, False)])
+@pytest.mark.parametrize("languages, causal, kind", [
+    (3, True, "CausalLM of 3 languages (a translating LM has 2: source and target)."),
+    (2, False, "CausalLM without the causal mask (causal=False)."),
+])
 def test_a_decoder_only_lm_translates_only_with_two_languages_and_the_causal_mask(sp_model, tmp_path,
-                                                                                  languages, causal):
+                                                                                  languages, causal, kind):
     (tmp_path / "spm.model").write_bytes(sp_model)
     model = CausalLM(_lm_without_languages(num_languages=languages), causal=causal)
     model.build_on_dummy()
-    assert _no_translator(model, tmp_path, "lm").startswith(NO_TRANSLATOR)
+    assert _no_translator(model, tmp_path, "lm") == NO_TRANSLATOR + kind
 
 
 def test_a_keras_model_of_another_kind_is_refused_by_class(sp_model, tmp_path):

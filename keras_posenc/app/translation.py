@@ -84,9 +84,21 @@ def load_translator(path, spm_path=None):
         return TranslationRun(model, sp_model)
     if hasattr(model, "encoder_config") and getattr(model, "num_languages", None) == 2 and model.causal:
         return TranslationRun(model, sp_model)
-    kind = type(model).__name__ + (" trained on plain text" if hasattr(model, "encoder_config") else "")
     raise ValueError(f"{model_path!r} holds no translator: train one with `keras-posenc train --task "
-                     f"translate` (or a decoder-only LM with --format tsv), got a {kind}.")
+                     f"translate` (or a decoder-only LM with --format tsv), got a {_kind_of(model)}.")
+
+
+def _kind_of(model):
+    """What a model that cannot translate is, in words."""
+    kind = type(model).__name__
+    if not hasattr(model, "encoder_config"):
+        return kind
+    languages = getattr(model, "num_languages", None)
+    if not languages:
+        return f"{kind} trained on plain text"
+    if languages != 2:
+        return f"{kind} of {languages} languages (a translating LM has 2: source and target)"
+    return f"{kind} without the causal mask (causal=False)"
 
 
 def translate_sentences(run, sentences, *, beam_size=4, alpha=DEFAULT_LENGTH_PENALTY, batch_size=32,
