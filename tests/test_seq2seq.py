@@ -118,6 +118,10 @@ def test_decoder_layer_errors():
     assert "`encoder_outputs` must have shape [batch, length, d_model=16]" in message
     message = error_message(lambda: DecoderLayer(**SMALL).build((1, 3, 8)))
     assert message == "`x` must have shape [batch, length, d_model=16], got shape (1, 3, 8)."
+    built = DecoderLayer(**SMALL)
+    built(normal([1, 3, 16]), normal([1, 3, 16]))  # built: the call checks its inputs itself
+    message = error_message(lambda: built(normal([1, 3, 8]), normal([1, 3, 16])))
+    assert "`x` must have shape [batch, length, d_model=16], got shape (1, 3, 8)." in message.splitlines()
     needed = "cached decoding needs `cache_index` and `position_ids` (int [batch, length])."
     for cache_index, position_ids in [(None, None), (None, np.zeros([1, 1], np.int32)), (0, None)]:
         message = error_message(lambda index=cache_index, ids=position_ids: layer.cached_step(
