@@ -455,10 +455,64 @@ def test_a_source_padded_wider_than_max_length_is_narrowed_and_a_longer_one_refu
 def test_without_padding_columns_keeps_each_rows_tokens_in_order():
     from keras_posenc.seq2seq import _without_padding_columns
 
-    source = np.array([[0, 5, 0, 6, 0], [0, 7, 8, 9, 0]], np.int64)
+    source = np.array([[0, 5, 0, 6, 0], [0, 7, 8, 9, 0]], np.int32)
     narrowed = _without_padding_columns(source, 0)
-    assert narrowed.dtype == np.int64
+    assert narrowed.dtype == np.int32
     np.testing.assert_array_equal(narrowed, [[5, 6, 0], [7, 8, 9]])
     np.testing.assert_array_equal(_without_padding_columns(np.array([[4, 5, 4], [6, 4, 4]]), 4), [[5], [6]])
     full = np.array([[5, 0], [0, 6]])
     assert _without_padding_columns(full, 0) is full  # no column is all padding
+
+
+def _log_softmax64(logits):
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
+def test_translate_log_probs_are_the_teacher_forced_log_probabilities_of_its_tokens():
+    model = _model(seed=2)
+    sources = np.array([[7, 8, 9, 10, 3], [11, 12, 3, 0, 0]], np.int32)
+    limit = 6
+    for beam_size in (1, 3):
+        result = model.translate(sources, max_new_tokens=limit, beam_size=beam_size, alpha=0.0)
+        for row, ids in enumerate(result.ids):
+            ids = ids.tolist()
+            chosen = ids + [model.eos_id] if len(ids) < limit else ids
+            target = np.array([[model.bos_id] + chosen[:-1]], np.int32)
+            logits = to_numpy(model({"source_ids": sources[row:row + 1], "target_ids": target}))[0]
+            expected = _log_softmax64(logits)[np.arange(len(chosen)), chosen].sum()
+            np.testing.assert_allclose(result.log_probs[row], expected, atol=1e-4, err_msg=(beam_size, row))
+
+
+def test_translate_runs_at_inference_and_searches_four_beams_by_default(monkeypatch):
+    import keras_posenc.seq2seq as seq2seq_module
+
+    dropped = _model(seed=5, dropout=0.5)
+    twin = Seq2SeqTransformer.from_config({**dropped.get_config(), "dropout": 0.0})
+    twin.build_on_dummy()
+    twin.set_weights(dropped.get_weights())
+    sources = np.array([[7, 8, 9, 10, 3], [11, 12, 3, 0, 0]], np.int32)
+    a, b = (m.translate(sources, max_new_tokens=5, beam_size=2) for m in (dropped, twin))
+    assert [ids.tolist() for ids in a.ids] == [ids.tolist() for ids in b.ids]
+    np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-5)
+    widths = []
+
+    def spy(*args, **kwargs):
+        widths.append(kwargs["beam_size"])
+        return beam_search(*args, **kwargs)
+
+    monkeypatch.setattr(seq2seq_module, "beam_search", spy)
+    twin.translate(sources, max_new_tokens=2)
+    assert widths == [4]
+
+
+def test_the_training_loss_drops_units_and_the_default_is_the_evaluation_loss():
+    model = _model(seed=6, dropout=0.5, label_smoothing=0.0)
+    labels = np.concatenate([TARGETS[:, 1:], np.zeros([2, 1], np.int32)], axis=1)
+    data = ({"source_ids": SOURCES, "target_ids": TARGETS}, labels)
+    evaluation = float(model.token_loss_sums(data, training=False)[0])
+    assert float(model.token_loss_sums(data)[0]) == evaluation
+    keras.utils.set_random_seed(1)
+    trained = float(model.token_loss_sums(data, training=True)[0])
+    assert abs(trained - evaluation) > 1e-3  # dropout acts, and without smoothing nothing else differs
