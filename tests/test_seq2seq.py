@@ -148,6 +148,12 @@ def _model(seed=0, **overrides):
     return model
 
 
+@pytest.fixture(scope="module")
+def default_model():
+    """One model of the default settings for the tests that only translate with it (its traces shared)."""
+    return _model()
+
+
 SOURCES = np.array([[0, 0, 7, 8, 9, 10, 3], [11, 12, 13, 14, 15, 16, 3]], np.int32)
 TARGETS = np.array([[2, 20, 21, 22, 23, 3], [2, 24, 25, 26, 3, 0]], np.int32)
 
@@ -213,8 +219,8 @@ def test_padded_or_batched_sources_translate_as_alone(variant):
     assert [ids.tolist() for ids in model.translate(left, max_new_tokens=8, beam_size=1).ids] == greedy_alone
 
 
-def test_translate_never_emits_padding_or_start_and_stops_at_the_limit():
-    model = _model()
+def test_translate_never_emits_padding_or_start_and_stops_at_the_limit(default_model):
+    model = default_model
     result = model.translate(SOURCES, max_new_tokens=5, beam_size=2)
     for ids in result.ids:
         assert len(ids) <= 5
@@ -299,12 +305,12 @@ def test_config_round_trip_and_keras_file(tmp_path):
         [ids.tolist() for ids in model.translate(SOURCES, max_new_tokens=5).ids]
 
 
-def test_model_errors():
+def test_model_errors(default_model):
     assert "`bos_id` must be an int in [0, vocab_size=40)" in error_message(lambda: Seq2SeqTransformer(
         **{**MODEL, "bos_id": 40}))
     assert "`label_smoothing`" in error_message(
         lambda: Seq2SeqTransformer(**{**MODEL, "label_smoothing": 1.0}))
-    model = _model()
+    model = default_model
     assert "`max_new_tokens` must be an int in [1, max_length - 1 = 23]" in error_message(
         lambda: model.translate(SOURCES, max_new_tokens=24))
     assert "`source_ids` must lie in [0, vocab_size=40)" in error_message(
@@ -411,8 +417,8 @@ def test_the_default_position_is_rope_in_the_self_attention():
     assert model.encoder.get_config()["position"] == "rope"
 
 
-def test_translate_arguments_at_their_bounds():
-    model = _model()
+def test_translate_arguments_at_their_bounds(default_model):
+    model = default_model
     source = np.array([[7, 8, 9, 3]], np.int32)
     limit = MODEL["max_length"] - 1
     assert len(model.translate(source, max_new_tokens=limit, beam_size=1).ids[0]) <= limit
@@ -435,8 +441,8 @@ def test_translate_arguments_at_their_bounds():
     model.translate([[5, MODEL["vocab_size"] - 1, 3]], beam_size=1)
 
 
-def test_a_source_padded_wider_than_max_length_is_narrowed_and_a_longer_one_refused():
-    model = _model()
+def test_a_source_padded_wider_than_max_length_is_narrowed_and_a_longer_one_refused(default_model):
+    model = default_model
     width = MODEL["max_length"]
     sentences = [[7, 8, 9, 3], list(range(5, 5 + width - 1)) + [3]]  # the second as long as it may be
     wide = np.zeros([2, width + 6], np.int32)
