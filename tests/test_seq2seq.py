@@ -57,7 +57,7 @@ def test_decoder_layer_output_is_causal():
     assert np.abs(a[0, 3:] - b[0, 3:]).min() > 0
 
 
-def reference_decoder_layer(layer, x, source, target_mask, source_mask):
+def reference_decoder_layer(layer, x, source, target_mask, source_mask, norm_first, epsilon):
     """DecoderLayer's output from its weights in float64 numpy: causal self-attention over the real
     target tokens, cross-attention over the real source tokens, the feed-forward net (relu), each
     sublayer's residual and LayerNorm, post- or pre-LN."""
@@ -70,14 +70,14 @@ def reference_decoder_layer(layer, x, source, target_mask, source_mask):
         k = dense(attention.key_dense, keys_from, "btd,dhk->bthk")
         v = dense(attention.value_dense, keys_from, "btd,dhk->bthk")
         logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
-        logits = np.where(allowed[:, None], logits, -np.inf)
+        logits = np.where(allowed[:, None], logits, -1e30)  # a padding query (no key) is never read
         probabilities = np.exp(logits - logits.max(-1, keepdims=True))
         probabilities /= probabilities.sum(-1, keepdims=True)
         return dense(attention.output_dense, np.einsum("bhqk,bkhd->bqhd", probabilities, v), "bqhd,hdo->bqo")
 
     def norm(layer_norm, v):
         gamma, beta = (np.asarray(w, np.float64) for w in (layer_norm.gamma, layer_norm.beta))
-        scale = gamma / np.sqrt(v.var(-1, keepdims=True) + layer.epsilon)
+        scale = gamma / np.sqrt(v.var(-1, keepdims=True) + epsilon)
         return (v - v.mean(-1, keepdims=True)) * scale + beta
 
     def feed_forward(h):
@@ -92,23 +92,62 @@ def reference_decoder_layer(layer, x, source, target_mask, source_mask):
                  (layer.ffn_norm, feed_forward)]
     x, source = np.asarray(x, np.float64), np.asarray(source, np.float64)
     for layer_norm, sublayer in sublayers:
-        x = x + sublayer(norm(layer_norm, x)) if layer.norm_first else norm(layer_norm, x + sublayer(x))
+        x = x + sublayer(norm(layer_norm, x)) if norm_first else norm(layer_norm, x + sublayer(x))
     return x
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_decoder_layer_equals_a_numpy_reference(norm_first):
-    x, source = normal([2, 5, 16], 2), normal([2, 6, 16], 3)
-    target_mask = np.array([[True] * 5, [True, True, True, False, False]])
-    source_mask = np.array([[True] * 6, [False, True, True, True, True, False]])
-    layer = DecoderLayer(**SMALL, norm_first=norm_first, epsilon=0.5, dropout=0.3)
+def _randomized_decoder_layer(x, source, **settings):
+    layer = DecoderLayer(**SMALL, **settings)
     layer(x, source)
     rng = np.random.default_rng(4)  # every weight random: biases, gammas and betas included
     layer.set_weights([rng.normal(scale=0.3, size=w.shape).astype(np.float32) + (w.shape == (16,))
                        for w in layer.get_weights()])
-    expected = reference_decoder_layer(layer, x, source, target_mask, source_mask)
+    return layer
+
+
+@pytest.mark.parametrize("norm_first", [False, True, "default"])
+def test_decoder_layer_equals_a_numpy_reference(norm_first):
+    # Left, right and inner padding of the target; padding of the source on both sides.
+    x, source = normal([3, 5, 16], 2), normal([3, 6, 16], 3)
+    target_mask = np.array([[True] * 5, [False, True, True, True, False], [True, True, False, True, True]])
+    source_mask = np.array([[True] * 6, [False, True, True, True, True, False], [True] * 6])
+    if norm_first == "default":  # post-LN, epsilon 1e-6
+        layer, norm_first, epsilon = _randomized_decoder_layer(x, source), False, 1e-6
+    else:
+        layer, epsilon = _randomized_decoder_layer(x, source, norm_first=norm_first, epsilon=0.5,
+                                                   dropout=0.3), 0.5
+    expected = reference_decoder_layer(layer, x, source, target_mask, source_mask, norm_first, epsilon)
     got = to_numpy(layer(x, source, mask=target_mask, encoder_mask=source_mask))
     np.testing.assert_allclose(got[target_mask], expected[target_mask], atol=2e-5)
+
+
+def test_decoder_layer_passes_the_keras_mask_on():
+    ids, source = keras.Input([5], dtype="int32"), keras.Input([6, 16])
+    embedded = keras.layers.Embedding(40, 16, mask_zero=True)(ids)
+    outputs = DecoderLayer(**SMALL, dropout=0.0)(embedded, source)
+    pooled = keras.layers.GlobalAveragePooling1D()(outputs)  # averages over the masked-in steps only
+    model = keras.Model([ids, source], [outputs, pooled])
+    ids_value = np.array([[5, 6, 7, 0, 0], [8, 9, 10, 11, 0]], np.int32)
+    got, got_pooled = (to_numpy(v) for v in model([ids_value, normal([2, 6, 16])]))
+    real = ids_value != 0
+    expected = (got * real[..., None]).sum(1) / real.sum(1, keepdims=True)
+    np.testing.assert_allclose(got_pooled, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_decoder_layer_positions_follow_the_mask_or_the_given_ids(position):
+    x, source = normal([1, 4, 16], 5), normal([1, 3, 16], 6)
+    layer = _randomized_decoder_layer(x, source, position=position, dropout=0.0)
+    real = [0, 2, 3]
+    alone = to_numpy(layer(x[:, real], source))[0]
+    # An inner padding step: the real tokens are numbered 0, 1, 2 as when alone.
+    padded = to_numpy(layer(x, source, mask=np.array([[True, False, True, True]])))[0]
+    np.testing.assert_allclose(padded[real], alone, atol=2e-5)
+    # Given ids are used: a gap changes the output, a shift of every id does not (relative positions).
+    gapped = to_numpy(layer(x[:, real], source, position_ids=np.array([[0, 1, 5]])))[0]
+    shifted = to_numpy(layer(x[:, real], source, position_ids=np.array([[7, 8, 9]])))[0]
+    assert np.abs(gapped - alone)[1:].max() > 1e-3
+    np.testing.assert_allclose(shifted, alone, atol=2e-5)
 
 
 def test_decoder_layer_errors():
