@@ -1,4 +1,4 @@
-"""The exports whose tools live outside TensorFlow, from the venv of the README's install alone.
+"""The exports whose tools live outside TensorFlow, from the venv of docs/install.md's install alone.
 
 `keras-posenc export --target tensorrt` (tf2onnx, onnxruntime), `--generate --format litertlm`
 (LiteRT-LM's builder and engine) and `--quantize int8 --target gpu` (checked by LiteRT 2.x's
