@@ -168,6 +168,29 @@ def test_decoder_layer_errors():
         assert message.splitlines()[0] == needed, (cache_index, position_ids)
 
 
+def test_decoder_sublayers_keep_their_names_rates_and_the_layer_policy():
+    # The names are the weights' paths in checkpoints; every sublayer computes in the layer's policy.
+    layer = DecoderLayer(**SMALL, dropout=0.25, dtype="mixed_float16")
+    layer(normal([1, 3, 16]).astype(np.float16), normal([1, 4, 16]).astype(np.float16))
+    sublayers = [layer.self_attention, layer.cross_attention, layer.self_attention_norm,
+                 layer.cross_attention_norm, layer.ffn_hidden, layer.ffn_output, layer.ffn_norm]
+    assert [sublayer.name for sublayer in sublayers] == [
+        "self_attention", "cross_attention", "self_attention_norm", "cross_attention_norm", "ffn_hidden",
+        "ffn_output", "ffn_norm"]
+    assert {sublayer.dtype_policy.name for sublayer in sublayers} == {"mixed_float16"}
+    assert [attention.get_config()["dropout"] for attention in sublayers[:2]] == [0.25, 0.25]
+    assert layer.supports_masking is True  # Keras reads it before passing a mask on
+
+
+def test_decoder_attention_kernels_start_at_the_glorot_scale_keras_has_always_used():
+    # Fans of the rank-3 kernel [64, 4, 16] as a convolution's: limit sqrt(6 / (4 * 64 + 16 * 64)).
+    layer = DecoderLayer(d_model=64, num_heads=4, dff=64)
+    layer(np.zeros([1, 2, 64], np.float32), np.zeros([1, 3, 64], np.float32))
+    for attention in (layer.self_attention, layer.cross_attention):
+        largest = float(np.max(np.abs(to_numpy(attention.query_dense.kernel))))
+        assert 0.06 < largest <= np.sqrt(6.0 / (4 * 64 + 16 * 64)), attention.name
+
+
 # Seq2SeqTransformer ------------------------------------------------------------------------------
 VARIANTS = {
     "sinusoidal-post-ln": {},
