@@ -9,7 +9,7 @@ from layer_test_helper import error_message, run_layer_test, to_numpy
 from keras_posenc.backend import keras, ops, save_model
 from keras_posenc.beam_search import beam_search, greedy_search, length_penalty
 from keras_posenc.layers.decoder_layer import DecoderLayer
-from keras_posenc.seq2seq import Seq2SeqTransformer
+from keras_posenc.seq2seq import TARGET_LANGUAGE, Seq2SeqTransformer
 
 SMALL = {"d_model": 16, "num_heads": 2, "dff": 32}
 MODEL = {"num_layers": 2, "vocab_size": 40, "max_length": 24, "dropout": 0.0, "position": "sinusoidal",
@@ -542,8 +542,8 @@ def test_translate_log_probs_are_the_teacher_forced_log_probabilities_of_its_tok
     model = _model(seed=2)
     sources = np.array([[7, 8, 9, 10, 3], [11, 12, 3, 0, 0]], np.int32)
     limit = 6
-    for beam_size in (1, 3):
-        result = model.translate(sources, max_new_tokens=limit, beam_size=beam_size, alpha=0.0)
+    for beam_size, alpha in ((1, 0.0), (3, 0.6)):
+        result = model.translate(sources, max_new_tokens=limit, beam_size=beam_size, alpha=alpha)
         for row, ids in enumerate(result.ids):
             ids = ids.tolist()
             chosen = ids + [model.eos_id] if len(ids) < limit else ids
@@ -551,6 +551,30 @@ def test_translate_log_probs_are_the_teacher_forced_log_probabilities_of_its_tok
             logits = to_numpy(model({"source_ids": sources[row:row + 1], "target_ids": target}))[0]
             expected = _log_softmax64(logits)[np.arange(len(chosen)), chosen].sum()
             np.testing.assert_allclose(result.log_probs[row], expected, atol=1e-4, err_msg=(beam_size, row))
+            # The score is the log-probability over the given alpha's length penalty (greedy: none).
+            penalty = length_penalty(len(chosen), alpha) if beam_size > 1 else 1.0
+            np.testing.assert_allclose(result.scores[row], result.log_probs[row] / penalty, rtol=1e-12)
+
+
+def test_the_cache_holds_a_key_and_a_value_per_layer_and_given_embeddings_are_used():
+    model = _model(seed=7)
+    assert model.cache_shape(3, 6) == (3, MODEL["num_layers"], 2, 6, MODEL["num_heads"], 8)
+    outputs, mask = model.encode(SOURCES)
+    cross = model.cross_cache(outputs)
+    _, cache = model.decode_step(TARGETS[:, :2], ops.zeros(model.cache_shape(2, 6)), 0, cross, mask)
+    assert tuple(cache.shape) == model.cache_shape(2, 6)
+    # An export computes the target embedding in its own formulation and passes it in: it is what the
+    # layers read (here twice the layer's own output).
+    pairs = model.cross_key_values(outputs)
+    empty = [np.zeros([2, 6, 2, 8], np.float32) for _ in range(MODEL["num_layers"])]
+    args = (TARGETS[:, :2], empty, empty, 0, [k for k, _ in pairs], [v for _, v in pairs], mask)
+    own = model.target_embedding(TARGETS[:, :2], position_ids=model._target_positions(TARGETS[:, :2]),
+                                 language_ids=model._languages(TARGETS[:, :2], TARGET_LANGUAGE))
+    default, _, _ = model.cached_layers(*args)
+    same, _, _ = model.cached_layers(*args, embeddings=own)
+    doubled, _, _ = model.cached_layers(*args, embeddings=own * 2.0)
+    np.testing.assert_allclose(to_numpy(same), to_numpy(default), atol=1e-5)
+    assert np.abs(to_numpy(doubled) - to_numpy(default)).max() > 1e-3
 
 
 def test_translate_runs_at_inference_and_searches_four_beams_by_default(monkeypatch):
