@@ -586,6 +586,11 @@ def test_translate_runs_at_inference_and_searches_four_beams_by_default(monkeypa
     twin.set_weights(dropped.get_weights())
     sources = np.array([[7, 8, 9, 10, 3], [11, 12, 3, 0, 0]], np.int32)
     a, b = (m.translate(sources, max_new_tokens=5, beam_size=2) for m in (dropped, twin))
+    # So do encode and decode called as they are (training=False by default).
+    encoded = [m.encode(SOURCES) for m in (dropped, twin)]
+    np.testing.assert_allclose(to_numpy(encoded[0][0]), to_numpy(encoded[1][0]), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(dropped.decode(TARGETS, *encoded[0])),
+                               to_numpy(twin.decode(TARGETS, *encoded[1])), atol=1e-5)
     assert [ids.tolist() for ids in a.ids] == [ids.tolist() for ids in b.ids]
     np.testing.assert_allclose(a.log_probs, b.log_probs, atol=1e-5)
     widths = []
