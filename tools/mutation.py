@@ -23,7 +23,10 @@ mutmut compares each function's hash with the one its results were measured on: 
 functions that changed are made and run again, the others keep their results. `--only NAME...`
 runs (and reports) only the mutants of the named functions (`probe_texts`, or `Class.method`):
 after a change to a few functions of a module whose full run takes hours, those functions' mutants
-are the new ones.
+are the new ones. A change to a module's `tests` list makes mutmut reset all of its results (a new
+test selection can map other tests to each function): `--resume` then runs every mutant again, and
+`--survivors` only the survivors, leaving the rest not run. Tests added to files already listed
+keep the results.
 
 A run longer than a machine lasts goes on elsewhere: `--save` writes the work dir's results to
 benchmarks/results/mutation/<module>.json (committed): each mutant's exit status, mutmut's hash of
