@@ -368,6 +368,9 @@ def test_config_round_trip_and_keras_file(tmp_path):
 
 
 def test_model_errors(default_model):
+    for name in ("num_layers", "vocab_size"):
+        assert error_message(lambda name=name: Seq2SeqTransformer(**{**MODEL, name: 0})) == (
+            f"`{name}` must be >= 1, got {name}=0.")
     assert "`bos_id` must be an int in [0, vocab_size=40)" in error_message(lambda: Seq2SeqTransformer(
         **{**MODEL, "bos_id": 40}))
     assert "`label_smoothing`" in error_message(
@@ -613,3 +616,13 @@ def test_the_training_loss_drops_units_and_the_default_is_the_evaluation_loss():
     keras.utils.set_random_seed(1)
     trained = float(model.token_loss_sums(data, training=True)[0])
     assert abs(trained - evaluation) > 1e-3  # dropout acts, and without smoothing nothing else differs
+
+
+def test_the_defaults_and_a_padding_id_at_the_end_of_the_vocabulary():
+    model = _model()
+    epsilons = {layer.epsilon for layer in model.decoder_layers + model.encoder.encoder_layers}
+    assert epsilons == {1e-6} and model.get_config()["epsilon"] == 1e-6
+    # The dummy batch that builds the weights holds an id of the vocabulary, also when pad_id is its last.
+    last = _model(pad_id=MODEL["vocab_size"] - 1)
+    assert len(last.trainable_weights) == len(model.trainable_weights)
+    assert last.translate([[7, 8, 3]], max_new_tokens=3, beam_size=1).ids[0].size <= 3
