@@ -371,6 +371,14 @@ def test_model_errors(default_model):
     for name in ("num_layers", "vocab_size"):
         assert error_message(lambda name=name: Seq2SeqTransformer(**{**MODEL, name: 0})) == (
             f"`{name}` must be >= 1, got {name}=0.")
+    assert error_message(lambda: Seq2SeqTransformer(**{**MODEL, "position": "rotary"})) == (
+        "`position` must be one of ('sinusoidal', 'learned', 'integer', 'none', 'rope', 'alibi'), got "
+        "position='rotary'.")
+    for name, value in (("bos_id", True), ("bos_id", -1), ("eos_id", 40), ("eos_id", 3.0)):
+        assert error_message(lambda name=name, value=value: Seq2SeqTransformer(**{**MODEL, name: value})) == (
+            f"`{name}` must be an int in [0, vocab_size=40), got {name}={value!r}.")
+    assert error_message(lambda: Seq2SeqTransformer(**{**MODEL, "label_smoothing": 1.0})) == (
+        "`label_smoothing` must be a float in [0, 1), got label_smoothing=1.0.")
     assert "`bos_id` must be an int in [0, vocab_size=40)" in error_message(lambda: Seq2SeqTransformer(
         **{**MODEL, "bos_id": 40}))
     assert "`label_smoothing`" in error_message(
