@@ -9,6 +9,8 @@ the file runs in seconds (it is what `make mutation` runs for these modules).
 
 import io
 import json
+import locale
+import sys
 
 import numpy as np
 import pytest
@@ -660,6 +662,83 @@ def test_translate_file_refuses_bad_files_before_writing_anything(run_folder, tm
     assert refusal(ValueError, str(run_folder), str(latin), output) == (
         f"the input file {str(latin)!r} is not UTF-8 text: invalid continuation byte at byte 5")
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_translate_file_reads_utf8_text_whatever_the_locale(run_folder, seq2seq, processor, tmp_path):
+    lines = ["ein Bär sitzt auf der Matte", SENTENCES[6]]
+    references = ["a bear sits on the mat", "ein Kätzchen"]
+    source, reference = tmp_path / "in.txt", tmp_path / "ref.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    reference.write_text("".join(line + "\n" for line in references), encoding="utf-8")
+    saved = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale: what open() reads without an encoding
+    try:
+        if not sys.flags.utf8_mode:  # (Python's UTF-8 mode reads UTF-8 in any locale)
+            with pytest.raises(UnicodeDecodeError), open(source) as f:
+                f.read()
+        result = translation.translate_file(str(run_folder), str(source), str(tmp_path / "out.txt"),
+                                            reference_path=str(reference), beam_size=1)
+    finally:
+        locale.setlocale(locale.LC_CTYPE, saved)
+    texts, _ = _translated_file(seq2seq, processor, lines, beam_size=1)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "".join(text + "\n" for text in texts)
+    assert result["bleu"] == translation.corpus_scores(texts, references)["bleu"]
+
+
+def test_a_file_named_dash_is_neither_stdin_nor_stdout_to_the_overwrite_check(run_folder, seq2seq, processor,
+                                                                             tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    texts, _ = _translated_file(seq2seq, processor, SENTENCES[6:8], beam_size=1)
+    (tmp_path / "-").write_text(f"{SENTENCES[6]}\n", encoding="utf-8")
+    translation.translate_file(str(run_folder), "./-", "-", beam_size=1)  # the file "-" to stdout
+    assert capsys.readouterr().out == f"{texts[0]}\n"
+    monkeypatch.setattr(translation.sys, "stdin", io.StringIO(f"{SENTENCES[7]}\n"))
+    translation.translate_file(str(run_folder), "-", "./-", beam_size=1)  # stdin to the file "-"
+    assert (tmp_path / "-").read_text(encoding="utf-8") == f"{texts[1]}\n"
+    assert capsys.readouterr().out == ""
+
+
+def test_translate_file_passes_its_tokenizer_length_penalty_and_longest_translation_on(seq2seq, sp_model,
+                                                                                       processor, tmp_path):
+    # Ending (</s>) is second best at every step: the length penalty decides between short and long.
+    seq2seq.set_weights(_preferring(seq2seq, processor.piece_to_id("▁cat"), EOS_ID))
+    model_path = _saved(tmp_path / "model", seq2seq)  # no spm.model beside it
+    (tmp_path / "tokenizer.model").write_bytes(sp_model)
+    (tmp_path / "in.txt").write_text(f"{SENTENCES[0]}\n", encoding="utf-8")
+
+    def translated(**settings):
+        translation.translate_file(model_path, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),
+                                   spm_path=str(tmp_path / "tokenizer.model"), beam_size=2, **settings)
+        return (tmp_path / "out.txt").read_text(encoding="utf-8")
+
+    short, long, cut = (_alone(seq2seq, processor, SENTENCES[0], beam_size=2, **search)[0]
+                        for search in ({"alpha": 0.0}, {"alpha": 1.0}, {"alpha": 1.0, "max_new_tokens": 3}))
+    assert len({short, long, cut}) == 3
+    assert translated() == long + "\n"
+    assert translated(alpha=0.0) == short + "\n"
+    assert translated(max_new_tokens=3) == cut + "\n"
+
+
+def test_translate_file_shows_progress_by_batches_of_32_or_of_the_size_given(run_folder, seq2seq, processor,
+                                                                            tmp_path, monkeypatch):
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in SENTENCES * 5), encoding="utf-8")
+    terminal = _Terminal()
+    monkeypatch.setattr(translation.sys, "stderr", terminal)
+
+    def translated(*readings, **settings):  # the clock: progress, start, each batch, end
+        monkeypatch.setattr(translation, "time", _Clock(*readings))
+        terminal.shown = ""
+        translation.translate_file(str(run_folder), str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),
+                                   beam_size=1, **settings)
+        return terminal.shown
+
+    assert translated(0.0, 0.0, 2.0, 4.0, 4.0) == (
+        "\rtranslated 32/40 sentences (16.0/s)\rtranslated 40/40 sentences (10.0/s)\n")
+    texts, _ = _translated_file(seq2seq, processor, SENTENCES, beam_size=1)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "".join(text + "\n" for text in texts * 5)
+    assert translated(0.0, 0.0, 1.0, 2.0, 4.0, 4.0, batch_size=16) == (
+        "\rtranslated 16/40 sentences (16.0/s)\rtranslated 32/40 sentences (16.0/s)"
+        "\rtranslated 40/40 sentences (10.0/s)\n")
 
 
 def test_the_summary_is_scores_then_timing_or_json():
