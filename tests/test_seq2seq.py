@@ -634,3 +634,19 @@ def test_the_defaults_and_a_padding_id_at_the_end_of_the_vocabulary():
     last = _model(pad_id=MODEL["vocab_size"] - 1)
     assert len(last.trainable_weights) == len(model.trainable_weights)
     assert last.translate([[7, 8, 3]], max_new_tokens=3, beam_size=1).ids[0].size <= 3
+
+
+def test_sublayer_names_the_pre_ln_final_norm_and_what_fit_reports():
+    model = _model(norm_first=True, pad_id=1, bos_id=0, eos_id=0)  # ids at the vocabulary's start
+    names = [model.encoder.name, model.target_embedding.name, *(layer.name for layer in model.decoder_layers),
+             model.decoder_norm.name]
+    assert names == ["encoder", "target_embedding", "decoder_layer_0", "decoder_layer_1", "decoder_norm"]
+    assert model.decoder_norm.epsilon == 1e-6
+    assert model.encoder.get_config()["pad_id"] == model.target_embedding.pad_id == 1
+    assert model.decoder_layers[0].position_config == model.decoder_layers[1].position_config
+    assert (model.eval_loss.name, model.distribute_reduction_method) == ("loss", "sum")
+    features = {"source_ids": SOURCES + 1, "target_ids": TARGETS + 1}
+    before = to_numpy(model(features))
+    gamma = model.decoder_norm.gamma
+    gamma.assign(to_numpy(gamma) * 2.0)  # the pre-LN decoder's final norm is on the logits' path
+    assert np.abs(to_numpy(model(features)) - before).max() > 1e-3
