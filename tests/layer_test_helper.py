@@ -47,6 +47,16 @@ def to_numpy(x):
     return np.asarray(ops.convert_to_numpy(x)) if ops.is_tensor(x) else np.asarray(x)
 
 
+def randomized(layer, *inputs, **call):
+    """`layer` built by a call on `inputs` with every weight random (biases, gammas and betas included:
+    the `[16]` ones drawn around 1), so a reference computed from its weights checks each of them."""
+    layer(*inputs, **call)
+    rng = np.random.default_rng(3)
+    layer.set_weights([rng.normal(scale=0.3, size=w.shape).astype(np.float32) + (w.shape == (16,))
+                       for w in layer.get_weights()])
+    return layer
+
+
 def _as_dict(inputs):
     return inputs if isinstance(inputs, dict) else {"inputs": inputs}
 

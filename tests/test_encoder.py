@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from layer_test_helper import error_message, run_layer_test
+from layer_test_helper import error_message, randomized, run_layer_test
 
 from keras_posenc import Encoder, EncoderLayer
 from keras_posenc.backend import keras
@@ -424,15 +424,6 @@ def reference_layer(layer, x, positions, allowed, epsilon, activation):
     return norm(layer.ffn_norm, x + feed_forward(x))
 
 
-def _randomized(layer, x, **call):
-    """`layer` built on `x` with every weight random (biases, gammas and betas included)."""
-    layer(x, **call)
-    rng = np.random.default_rng(3)
-    layer.set_weights([rng.normal(scale=0.3, size=w.shape).astype(np.float32) + (w.shape == (16,))
-                       for w in layer.get_weights()])
-    return layer
-
-
 def _gelu(v):
     import math
 
@@ -445,14 +436,14 @@ def test_the_layer_equals_a_numpy_reference(norm_first):
     # inference ignores), left padding and the causal mask.
     x = random_inputs([2, 5, 16], seed=6) * 2.0
     mask = np.array([[True] * 5, [False, False, True, True, True]])
-    layer = _randomized(EncoderLayer(**SMALL, norm_first=norm_first, activation="gelu", epsilon=0.5,
+    layer = randomized(EncoderLayer(**SMALL, norm_first=norm_first, activation="gelu", epsilon=0.5,
                                      dropout=0.3), x)
     allowed = mask[:, None, :] & np.tril(np.ones([5, 5], bool))[None]
     expected = reference_layer(layer, x, None, allowed, 0.5, _gelu)
     for training in (False, None):
         out = layer(x, mask=tf.constant(mask), use_causal_mask=True, training=training).numpy()
         np.testing.assert_allclose(out[mask], expected[mask], atol=2e-5)
-    relu = _randomized(EncoderLayer(**SMALL, norm_first=norm_first), x)  # the defaults: relu, 1e-6
+    relu = randomized(EncoderLayer(**SMALL, norm_first=norm_first), x)  # the defaults: relu, 1e-6
     np.testing.assert_allclose(relu(x).numpy(), reference_layer(relu, x, None, np.ones([2, 5, 5], bool), 1e-6,
                                                                 lambda v: np.maximum(v, 0.0)), atol=2e-5)
 
@@ -462,7 +453,7 @@ def test_dropout_of_each_sublayer_acts_in_training_only(silenced):
     # With one sublayer's output weights at zero, only the other's dropout can change the output.
     x = random_inputs([2, 5, 16], seed=7)
     mask = tf.constant([[True] * 5, [False, True, True, True, True]])
-    layer = _randomized(EncoderLayer(**SMALL, dropout=0.5), x, mask=mask)
+    layer = randomized(EncoderLayer(**SMALL, dropout=0.5), x, mask=mask)
     dense = layer.attention.output_dense if silenced == "attention" else layer.ffn_output
     dense.set_weights([np.zeros_like(w) for w in dense.get_weights()])
     inference = layer(x, mask=mask).numpy()

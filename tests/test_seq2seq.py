@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
-from layer_test_helper import error_message, run_layer_test, to_numpy
+from layer_test_helper import error_message, randomized, run_layer_test, to_numpy
 
 from keras_posenc.backend import keras, ops, save_model
 from keras_posenc.beam_search import beam_search, greedy_search, length_penalty
@@ -97,12 +97,7 @@ def reference_decoder_layer(layer, x, source, target_mask, source_mask, norm_fir
 
 
 def _randomized_decoder_layer(x, source, **settings):
-    layer = DecoderLayer(**SMALL, **settings)
-    layer(x, source)
-    rng = np.random.default_rng(4)  # every weight random: biases, gammas and betas included
-    layer.set_weights([rng.normal(scale=0.3, size=w.shape).astype(np.float32) + (w.shape == (16,))
-                       for w in layer.get_weights()])
-    return layer
+    return randomized(DecoderLayer(**SMALL, **settings), x, source)
 
 
 @pytest.mark.parametrize("norm_first", [False, True, "default"])
@@ -236,14 +231,21 @@ def test_every_cached_decoder_step_equals_the_full_forward_pass(variant):
     np.testing.assert_allclose(to_numpy(logits), full[:, :4], atol=1e-4)
 
 
+def _cached_layer_inputs(model, chunk, cache_index, cache_length):
+    """`cached_layers`' arguments for `chunk` at `cache_index`: empty caches, SOURCES' cross pairs."""
+    outputs, mask = model.encode(SOURCES)
+    pairs = model.cross_key_values(outputs)
+    empty = [np.zeros([len(chunk), cache_length, MODEL["num_heads"], 8], np.float32)
+             for _ in range(MODEL["num_layers"])]
+    return chunk, empty, empty, cache_index, [k for k, _ in pairs], [v for _, v in pairs], mask
+
+
 def test_cached_layers_write_every_layers_cache_with_the_given_write():
     """An export's own cache write (`write_cache`) is what every decoder layer writes with, and what it
     returns is the cache: here a write that also fills the slots after the chunk with 7."""
     model = _model()
-    outputs, mask = model.encode(SOURCES)
-    pairs = model.cross_key_values(outputs)
-    cache_length, index, chunk = 6, 2, TARGETS[:, 2:4]
-    empty = [np.zeros([2, cache_length, 2, 8], np.float32) for _ in range(2)]
+    index = 2
+    args = _cached_layer_inputs(model, TARGETS[:, 2:4], index, cache_length=6)
     calls = []
 
     def write_and_mark(cache, written, cache_index):
@@ -252,7 +254,6 @@ def test_cached_layers_write_every_layers_cache_with_the_given_write():
         marks = ops.ones_like(cache[:, end:]) * 7.0
         return ops.concatenate([cache[:, :cache_index], written, marks], axis=1)
 
-    args = (chunk, empty, empty, index, [k for k, _ in pairs], [v for _, v in pairs], mask)
     logits, keys, values = model.cached_layers(*args)
     marked_logits, marked_keys, marked_values = model.cached_layers(*args, write_cache=write_and_mark)
     assert calls == [((2, 2, 2, 8), index)] * 4  # a key and a value cache in each of the 2 layers
@@ -297,13 +298,17 @@ def test_beam_scores_at_least_greedy_under_the_model():
     assert (beam.log_probs >= greedy.log_probs - 1e-9).all()
 
 
+def _log_softmax64(logits):
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
 def test_label_smoothed_loss_against_numpy():
     model = _model(label_smoothing=0.1)
     labels = np.concatenate([TARGETS[:, 1:], np.zeros([2, 1], np.int32)], axis=1)
     features = {"source_ids": SOURCES, "target_ids": TARGETS}
-    logits = to_numpy(model(features)).astype(np.float64)
-    log_p = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-        - logits.max(-1, keepdims=True)
+    log_p = _log_softmax64(to_numpy(model(features)))
     nll = -np.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
     smoothed = 0.9 * nll - 0.1 * log_p.mean(-1)
     real = labels != 0
@@ -543,12 +548,6 @@ def test_without_padding_columns_keeps_each_rows_tokens_in_order():
     assert _without_padding_columns(full, 0) is full  # no column is all padding
 
 
-def _log_softmax64(logits):
-    logits = np.asarray(logits, np.float64)
-    top = logits.max(-1, keepdims=True)
-    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
-
-
 def test_translate_log_probs_are_the_teacher_forced_log_probabilities_of_its_tokens():
     model = _model(seed=2)
     sources = np.array([[7, 8, 9, 10, 3], [11, 12, 3, 0, 0]], np.int32)
@@ -576,9 +575,7 @@ def test_the_cache_holds_a_key_and_a_value_per_layer_and_given_embeddings_are_us
     assert tuple(cache.shape) == model.cache_shape(2, 6)
     # An export computes the target embedding in its own formulation and passes it in: it is what the
     # layers read (here twice the layer's own output).
-    pairs = model.cross_key_values(outputs)
-    empty = [np.zeros([2, 6, 2, 8], np.float32) for _ in range(MODEL["num_layers"])]
-    args = (TARGETS[:, :2], empty, empty, 0, [k for k, _ in pairs], [v for _, v in pairs], mask)
+    args = _cached_layer_inputs(model, TARGETS[:, :2], 0, cache_length=6)
     own = model.target_embedding(TARGETS[:, :2], position_ids=model._target_positions(TARGETS[:, :2]),
                                  language_ids=model._languages(TARGETS[:, :2], TARGET_LANGUAGE))
     default, _, _ = model.cached_layers(*args)
