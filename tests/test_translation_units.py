@@ -1,9 +1,9 @@
 """The translation modules one function at a time, on a tiny tokenizer and untrained tiny models.
 
 The teacher-forced pipeline and the source rows (`translation_data`), the dev scoring of
-`train --task translate` (`dev_scoring`), text in and out of a translator (`translation`) and
-`export --translate`'s flag checks and dev set (`cli_export_translate`). Expected values are made
-here from the tokenizer, numpy and sacrebleu, never by the functions under test; nothing trains, so
+`train --task translate` (`dev_scoring`) and text in and out of a translator (`translation`;
+`export --translate`'s flags and dev set are tests/test_cli_export_translate.py's). Expected values
+are made here from the tokenizer, numpy and sacrebleu, never by the functions under test; nothing trains, so
 the file runs in seconds (it is what `make mutation` runs for these modules).
 """
 

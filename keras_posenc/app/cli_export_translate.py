@@ -31,7 +31,7 @@ def _refusals(args):
         raise CommandError("--eval-corpus measures a quantized file: it needs --quantize.")
 
 
-def _dev_set(args, model, source_length):
+def _dev_set(args, source_length):
     """`(check sources, quality sources, score)` from the run's dev pairs; `(None, None, None)` without
     them."""
     import sentencepiece as spm
@@ -78,7 +78,7 @@ def export_translator(args, save_and_print):
     model = export.load_model(args.model, translator=True)
     source_length = args.source_length or model.max_length
     cache_length = args.cache_length or model.max_length - 1  # translate's longest output, `</s>` included
-    check_sources, quality_sources, score = _dev_set(args, model, source_length)
+    check_sources, quality_sources, score = _dev_set(args, source_length)
     result = export.export_translation(
         model, source_length=source_length, cache_length=cache_length, target=target, quantize=args.quantize,
         check_sources=check_sources, quality_sources=quality_sources if args.quantize else None,
