@@ -1,7 +1,7 @@
 """`translator`'s signatures and search before any conversion: the `tf.function`s the converter is given,
 run in TensorFlow, and `translate_with` over them.
 
-A session over the functions (`FunctionSession`, the interface of `runners.TranslatorSession`)
+A session over the functions (tests/translator_sessions.py, the interface of `runners.TranslatorSession`)
 stands where the files would: `translate_with` must give `Seq2SeqTransformer.translate`'s ids,
 scores and log-probabilities, greedy and with beams, by `decode` per hypothesis or `decode_beams`
 for several; teacher forcing gives the full pass's logits. The signatures' names, shapes and dtypes
@@ -12,6 +12,7 @@ converts the same functions; this file runs in seconds (what `make mutation` run
 import numpy as np
 import pytest
 import tensorflow as tf
+from translator_sessions import function_session
 
 from keras_posenc.backend import keras
 from keras_posenc.export import contract, translator
@@ -38,28 +39,8 @@ def model():
     return _model()
 
 
-class FunctionSession:
-    """`runners.TranslatorSession`'s interface over the signatures' `tf.function`s; records the calls."""
-
-    def __init__(self, module):
-        self.functions = {name: function for name, (function, _) in module.signatures().items()}
-        self.source_length = module.source_length
-        self.cache_shape = module.cache_shape
-        self.beam_rows = module.beam_rows
-        self.calls = []
-
-    def run(self, signature, feeds):
-        self.calls.append(signature)
-        function = self.functions[signature]
-        args = [feeds[spec.name] for spec in function.input_signature]
-        assert len(feeds) == len(args), sorted(feeds)
-        return {name: np.asarray(value) for name, value in function(*args).items()}
-
-
 def _session(model, beam_rows=0, write_cache=translator.write_by_update_slice):
-    clone = translator.float32_clone(model, CACHE_LENGTH)
-    return FunctionSession(translator.TranslatorSignatures(clone, SOURCE_LENGTH, CACHE_LENGTH, beam_rows,
-                                                           write_cache=write_cache))
+    return function_session(model, SOURCE_LENGTH, CACHE_LENGTH, beam_rows, write_cache)
 
 
 def _sources(model, seed=0):
