@@ -281,3 +281,45 @@ def test_build_genai_refuses_before_converting(model, sp_model, settings, messag
         _build(model, sp_model, **settings)
     if message is not None:
         assert str(error.value) == message
+
+
+def test_build_genai_feeds_the_turns_in_chunks_as_onnxruntime_genai_does(sp_model, monkeypatch):
+    """The first turn with BOS, later ones without, the prefill chunk and the model's pad id."""
+    padded = CausalLM({**CONFIG, "pad_id": 1})
+    padded.build_on_dummy()
+    bias = np.zeros([CONFIG["vocab_size"]], np.float32)
+    bias[32:] = -1e4  # the tokenizer's 32 pieces only
+    padded.head.bias.assign(bias)
+    seen = []
+    feeder_turns = genai.feeder_turns
+
+    def spy(proto, chunk_size, turns, max_new_tokens, pad_id="left out"):
+        seen.append((chunk_size, turns, max_new_tokens, pad_id))
+        return feeder_turns(proto, chunk_size, turns, max_new_tokens, 1)
+
+    monkeypatch.setattr(genai, "feeder_turns", spy)
+    _build(padded, sp_model, probes=[["the", "a"]], prompt_length=3, max_new_tokens=2, opset=18)
+    processor = genai._sentencepiece(sp_model)
+    first, second = processor.EncodeAsIds("the"), processor.EncodeAsIds("a")
+    assert seen == [(3, [[special_ids.BOS_ID] + first, second], 2, 1)]
+
+
+def test_build_genai_converts_with_the_opset_given_and_writes_indented_json(model, sp_model):
+    built = _build(model, sp_model, probes=[["the cat"]], opset=18)
+    files = dict(zip(built.names, built.models))
+    graph = onnx.load_from_string(files["model.onnx"])
+    assert [opset.version for opset in graph.opset_import if opset.domain in ("", "ai.onnx")] == [18]
+    config = genai.genai_config(model, cache_length=CACHE, prompt_length=4)
+    _, tokenizer_config = genai.tokenizer_files(sp_model, cache_length=CACHE)
+    assert files["genai_config.json"] == json.dumps(config, indent=1).encode()
+    assert files["tokenizer_config.json"] == json.dumps(tokenizer_config, indent=1).encode()
+
+
+def test_build_genai_generates_8_tokens_a_turn_by_default(sp_model):
+    bias = np.zeros([CONFIG["vocab_size"]], np.float32)
+    bias[special_ids.EOS_ID] = -1e4  # never ends early
+    arguments = {"target": None, "precision": None, "sp_model": sp_model, "cache_length": 24,
+                 "prompt_length": 4, "probes": [["the cat"]]}
+    built = genai.build_genai(_model(2, bias), **arguments)
+    assert [len(new) for new in built.report["sessions"]["keras"][0]] == [8]
+    assert built.report["tokens_checked"] == 8 and built.report["same_tokens"]
