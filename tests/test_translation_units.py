@@ -11,6 +11,7 @@ import io
 import json
 import locale
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -387,6 +388,26 @@ def test_seq2seq_translations_come_in_input_order_each_as_alone(seq2seq, sp_mode
     # At most max_new_tokens target tokens.
     texts, _ = translation.translate_sentences(run, sentences, beam_size=1, max_new_tokens=3)
     assert texts == [_alone(seq2seq, processor, s, beam_size=1, max_new_tokens=3)[0] for s in sentences]
+
+
+def test_sentences_are_batched_32_at_a_time_by_length_then_input_order(processor):
+    """Batches of similar length (sorted by source length, ties in input order), 32 by default."""
+    sentences = [SENTENCES[(5 * i) % len(SENTENCES)] for i in range(40)]
+    batches, calls = [], []
+
+    def translate(source, max_new_tokens, *, beam_size, alpha):
+        batches.append([row[row != PAD_ID].tolist() for row in np.asarray(source)])
+        return types.SimpleNamespace(ids=[np.array([row[0]]) for row in np.asarray(source)])
+
+    run = types.SimpleNamespace(kind="seq2seq", processor=processor, max_length=TINY["max_length"],
+                                model=types.SimpleNamespace(translate=translate))
+    texts, _ = translation.translate_sentences(run, sentences, progress=lambda *done: calls.append(done))
+    rows = [processor.encode(s)[:TINY["max_length"] - 1] + [EOS_ID] for s in sentences]
+    order = sorted(range(40), key=lambda i: (len(rows[i]), i))
+    assert batches == [[rows[i] for i in order[:32]], [rows[i] for i in order[32:]]]
+    assert len({len(rows[i]) for i in order}) > 2 and order != sorted(order)
+    assert calls == [(32, 40), (40, 40)]
+    assert texts == [processor.decode([row[0]]) for row in rows]
 
 
 def test_the_default_beam_is_4(seq2seq, sp_model, processor):
