@@ -22,11 +22,11 @@ SOURCE_LENGTH, CACHE_LENGTH = 7, 6
 TOLERANCE = 2e-4  # float32 shader ops (one-hot products, their own softmax) against Keras's kernels
 
 
-def _model(seed=0, vocab_size=48, **options):
+def _model(seed=0, vocab_size=48, num_layers=2, **options):
     """A tiny translator whose every weight is moved off its initial value (norm scales, language
     scales and biases included), so that a weight read from the wrong place shows."""
     keras.utils.set_random_seed(seed)
-    model = Seq2SeqTransformer(num_layers=2, d_model=16, num_heads=2, dff=32, vocab_size=vocab_size,
+    model = Seq2SeqTransformer(num_layers=num_layers, d_model=16, num_heads=2, dff=32, vocab_size=vocab_size,
                                max_length=16, dropout=0.0, **options)
     model.build_on_dummy()
     rng = np.random.default_rng(seed)
@@ -75,6 +75,7 @@ CASES = [
     ("gpu", {"position": "alibi"}), ("gl", {"position": "learned"}),
     ("gpu", {"norm_first": True}),
     ("gpu", {"tie_output": True}), ("gl", {"share_embeddings": True, "tie_output": True}),
+    ("gpu", {"num_layers": 1, "position": "alibi"}),
 ]
 
 
