@@ -482,6 +482,24 @@ def test_a_decoder_only_lm_continues_its_prefix_as_full_forward_passes_do(lm, sp
     assert translation.translate_sentences(run, sentences, beam_size=3, batch_size=4)[0] == alone
 
 
+def test_a_decoder_only_lms_search_scores_each_row_by_its_own_log_probabilities(lm, processor):
+    """Each row's total log-probability is its own tokens' under full forward passes (a log-softmax over
+    the whole batch would shift every row by the others' logits)."""
+    lm.set_weights(_random_weights(lm, 1))
+    prefixes = [[BOS_ID] + processor.encode(s)[:6] + [SEP_ID] for s in (SENTENCES[0], SENTENCES[6])]
+    result = translation._lm_search(lm, [np.array(p, np.int32) for p in prefixes], 4, beam_size=1, alpha=1.0)
+    for prefix, ids, got in zip(prefixes, result.ids, result.log_probs):
+        tokens = [int(t) for t in ids] + ([EOS_ID] if len(ids) < 4 else [])
+        sequence, total = list(prefix), 0.0
+        for token in tokens:
+            languages = [[0] * len(prefix) + [1] * (len(sequence) - len(prefix))]
+            logits = ops.convert_to_numpy(lm(np.array([sequence]), language_ids=np.array(languages),
+                                             training=False))[0, -1].astype(np.float64)
+            total += logits[token] - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            sequence.append(token)
+        assert got == pytest.approx(total, abs=1e-4)
+
+
 def test_a_decoder_only_lm_never_emits_padding_start_or_separator(lm, sp_model, processor):
     lm.set_weights(_preferring(lm, BOS_ID, SEP_ID, PAD_ID, processor.piece_to_id("▁cat")))
     run = translation.TranslationRun(lm, sp_model)
