@@ -87,10 +87,15 @@ def test_genai_config_holds_the_models_ids_sizes_and_lengths():
                    "past_value_names": "past_key_values.%d.value"},
         "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
                     "present_value_names": "present.%d.value"}}
-    search = config["search"]
-    assert (search["max_length"], search["chunk_size"], search["past_present_share_buffer"]) == (32, 6, True)
-    assert (search["do_sample"], search["num_beams"], search["top_k"]) == (False, 1, 1)
-    json.dumps(config)  # JSON as it is
+    # greedy, one sequence, no penalty: onnxruntime-genai's search then picks what CausalLM.generate picks
+    assert config["search"] == {
+        "do_sample": False, "num_beams": 1, "num_return_sequences": 1, "top_k": 1, "top_p": 1.0,
+        "temperature": 1.0, "repetition_penalty": 1.0, "min_length": 0, "max_length": 32,
+        "past_present_share_buffer": True, "chunk_size": 6, "early_stopping": True, "length_penalty": 1.0,
+        "no_repeat_ngram_size": 0}
+    # JSON as it is, sizes as integers (the runtime reads "head_size": 6, not 6.0)
+    assert json.loads(json.dumps(config)) == config
+    assert '"head_size": 6,' in json.dumps(decoder) and '"hidden_size": 24,' in json.dumps(decoder)
     assert (genai.past_name("key", 2), genai.present_name("value", 0)) == ("past_key_values.2.key",
                                                                           "present.0.value")
 
