@@ -53,6 +53,9 @@ def test_tokenizer_json_gives_sentencepieces_ids_on_the_embedded_corpus(sp_model
                       "unk_token": "<unk>", "pad_token": "<pad>", "add_bos_token": True,
                       "add_eos_token": False, "clean_up_tokenization_spaces": False, "model_max_length": 64}
     assert "model_max_length" not in genai.tokenizer_files(sp_model)[1]
+    # No byte pieces to fall back on: the file says so to onnxruntime-extensions, which reads the flag
+    model = json.loads(text)["model"]
+    assert (model["type"], model["unk_id"], model["byte_fallback"]) == ("Unigram", special_ids.UNK_ID, False)
 
 
 def test_a_sentencepiece_model_that_is_not_unigram_is_refused(corpus_lines):
