@@ -58,6 +58,24 @@ def test_tokenizer_json_gives_sentencepieces_ids_on_the_embedded_corpus(sp_model
     assert (model["type"], model["unk_id"], model["byte_fallback"]) == ("Unigram", special_ids.UNK_ID, False)
 
 
+@pytest.mark.parametrize("options", [{"normalization_rule_name": "identity"}, {"add_dummy_prefix": False},
+                                     {"remove_extra_whitespaces": False},
+                                     {"add_dummy_prefix": False, "remove_extra_whitespaces": False}],
+                         ids=["identity", "no-dummy-prefix", "spaces-kept", "both"])
+def test_tokenizer_json_follows_the_models_own_normalizer_settings(corpus_lines, options):
+    """A `--spm` model trained with other normalizer settings than keras-posenc's: the same ids."""
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus_lines[:2000]), model_writer=buffer,
+                                   vocab_size=300, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+                                   user_defined_symbols=["<sep>"], minloglevel=2, **options)
+    text, _ = genai.tokenizer_files(buffer.getvalue())
+    tokenizer, processor = Tokenizer.from_str(text), _processor(buffer.getvalue())
+    texts = corpus_lines[:200] + ["  two  spaces  ", " lead", "trail ", "a  b", "ｆｕｌｌｗｉｄｔｈ ＡＢＣ ①",
+                                  "Zürich ☃", ""]
+    expected = [[special_ids.BOS_ID] + processor.EncodeAsIds(line) for line in texts]
+    assert [tokenizer.encode(line).ids for line in texts] == expected
+
+
 def test_a_sentencepiece_model_that_is_not_unigram_is_refused(corpus_lines):
     bpe = data.train_sentencepiece(corpus_lines[:300], vocab_size=200, model_type="bpe")
     with pytest.raises(ValueError, match=r"^--format genai builds a Unigram tokenizer\.json; this "

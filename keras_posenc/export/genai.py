@@ -204,8 +204,9 @@ def tokenizer_files(sp_model, *, cache_length=None):
     """`(tokenizer.json text, tokenizer_config.json dict)` of a SentencePiece Unigram model.
 
     Built with Hugging Face's `tokenizers`: a `Unigram` model with the pieces and scores of
-    `sp_model`, SentencePiece's own normalization (its precompiled character map) with runs of
-    spaces collapsed, `▁` in front of the text and for every space (`Metaspace`), the control
+    `sp_model`, SentencePiece's own normalization (its precompiled character map, runs of spaces
+    collapsed where it collapses them), `▁` in front of the text where it adds one and for every
+    space (`Metaspace`), the control
     pieces as special tokens, and BOS in front of each encoded text. Encoding a text
     gives `[BOS] + SentencePiece's ids` (`keras-posenc generate`'s prompt ids).
 
@@ -238,9 +239,15 @@ def tokenizer_files(sp_model, *, cache_length=None):
     steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:
         steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
-    tokenizer.normalizer = normalizers.Sequence(steps)
     scheme = "always" if spec.add_dummy_prefix else "never"
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    prefix = scheme
+    if spec.add_dummy_prefix and not spec.remove_extra_whitespaces:
+        # SentencePiece puts its `▁` in front of a text that starts with a space too, which only a
+        # model that keeps spaces gives it; Metaspace's own prefix skips such a text.
+        steps.append(normalizers.Prepend("▁"))
+        prefix = "never"
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prefix, split=False)
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
     # The control pieces (<pad>, <s>, </s>) as special tokens; a user-defined piece (<sep>) stays a
     # piece of the model, as in SentencePiece (its score 0 beats any split of it).
