@@ -123,20 +123,22 @@ def test_quality_counts_the_steps_where_the_quantized_file_picks_float32s_token(
         seen.append(translations)
         return {"bleu": 40.0 - 15.0 * len(seen), "chrf": 60.0 - len(seen)}
 
-    quality = translation_export.translation_quality(model, _session(model), _session(near), sources, 6,
+    bound = CACHE_LENGTH - 1
+    quality = translation_export.translation_quality(model, _session(model), _session(near), sources, bound,
                                                      score)
     hits = steps = 0
     references, owns = [], []
     for row in sources:
-        reference = _keras_ids(model, row, 6)
-        fed = reference + [model.eos_id] if len(reference) < 6 else reference
+        reference = _keras_ids(model, row, bound)
+        fed = reference + [model.eos_id] if len(reference) < bound else reference
         logits = _teacher_forced(near, row, fed)
         logits[:, [model.pad_id, model.bos_id]] = -np.inf
         hits += sum(int(a) == b for a, b in zip(np.argmax(logits, axis=-1), fed))
         steps += len(fed)
         references.append(reference)
-        owns.append(_keras_ids(near, row, 6))
+        owns.append(_keras_ids(near, row, bound))
     assert seen == [references, owns]
+    assert min(map(len, references)) < bound == max(map(len, references))  # the end token fed after one
     assert quality == {"sentences": 3, "same_greedy_tokens": references == owns,
                        "generation_agreement": pytest.approx(hits / steps), "bleu_float": 25.0,
                        "bleu_quantized": 10.0, "bleu_drop": 15.0, "chrf_float": 59.0, "chrf_quantized": 58.0}

@@ -17,6 +17,7 @@ from translator_sessions import function_session
 
 from keras_posenc.backend import keras
 from keras_posenc.export import contract, translator
+from keras_posenc.export.targets import target_of
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.seq2seq import Seq2SeqTransformer
 
@@ -156,6 +157,22 @@ def test_the_signatures_names_shapes_and_dtypes():
     assert (floats[0].dtype, floats[1].dtype, floats[2].dtype) == (tf.float32, tf.float32, tf.float32)
     assert list(translator.TranslatorSignatures(module.clone, SOURCE_LENGTH, CACHE_LENGTH).signatures()) == [
         "encode", "decode"]
+
+
+@pytest.mark.parametrize("target, dtype", [("gpu", tf.int32), ("gl", tf.float32)])
+def test_the_shader_signatures_take_ids_and_positions_in_the_targets_input_dtype(model, target, dtype):
+    clone = translator.float32_clone(model, CACHE_LENGTH)
+    module = translator.ShaderTranslatorSignatures(clone, SOURCE_LENGTH, CACHE_LENGTH, target_of(target))
+    functions = module.signatures()
+    assert list(functions) == ["encode", "decode"]
+    [source] = functions["encode"][0].input_signature
+    assert (source.name, source.shape.as_list(), source.dtype) == ("source_ids", [1, SOURCE_LENGTH], dtype)
+    specs = functions["decode"][0].input_signature
+    assert [(s.name, s.shape.as_list(), s.dtype) for s in specs] == (
+        [("token_id", [1, 1], dtype), ("position", [1], dtype)]
+        + [(name, [1, CACHE_LENGTH, 2, 8], tf.float32) for name in module.past_names]
+        + [(name, [1, SOURCE_LENGTH, 2, 8], tf.float32) for name in module.cross_names]
+        + [("source_mask", [1, SOURCE_LENGTH], tf.float32)])
 
 
 def test_the_encode_signature_gives_the_models_cross_keys_and_mask(model):
