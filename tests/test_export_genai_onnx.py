@@ -164,6 +164,15 @@ def test_a_second_turn_continues_the_conversation_as_full_passes_do(model, proto
     assert [len(new) for new in got] == [4, 4]
 
 
+def test_feeder_turns_feeds_the_first_turn_in_chunks_of_the_size_given(proto, monkeypatch):
+    sizes = []
+    run = genai.GenaiFeeder._run
+    monkeypatch.setattr(genai.GenaiFeeder, "_run", lambda self, ids: sizes.append(len(ids)) or run(self, ids))
+    genai.feeder_turns(proto, 3, [[special_ids.BOS_ID, 7, 12, 5, 30], [21, 9]], 2)
+    # 5 prompt ids in chunks of 3; a step; the step's pick with the next turn's 2 ids at once; a step
+    assert sizes == [3, 2, 1, 3, 1]
+
+
 def test_eos_ends_a_turn_and_is_kept_and_pad_is_never_picked():
     bias = np.zeros([CONFIG["vocab_size"]], np.float32)
     bias[special_ids.PAD_ID], bias[special_ids.EOS_ID] = 1e4, 1e3  # pad first, then EOS, whatever the input

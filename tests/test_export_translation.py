@@ -12,11 +12,13 @@ import json
 import os
 
 import numpy as np
+import onnx
 import pytest
 import tensorflow as tf
 
 from keras_posenc.backend import keras
 from keras_posenc.export import contract, kinds, pipeline, translation_export, translator
+from keras_posenc.export.conversion import ONNX_OPSET
 from keras_posenc.export.flatbuffer import op_counts
 from keras_posenc.export.result import ExportResult
 from keras_posenc.export.runners import TranslatorSession
@@ -104,6 +106,10 @@ def test_the_encoder_outputs_mark_the_real_source_tokens(case):
 def test_the_onnx_pair_translates_as_translate():
     model = _model()
     protos = translator.to_onnx_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH)
+    assert len(protos) == 2  # encode, decode: no decode_beams unless asked for
+    for proto in protos:
+        opsets = [o.version for o in onnx.load_from_string(proto).opset_import if o.domain in ("", "ai.onnx")]
+        assert opsets == [ONNX_OPSET]
     session = TranslatorSession(protos, ONNX)
     for beam_size in (1, 2):
         for row in _sources(model, seed=1):
