@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import tensorflow as tf
+from stacks import once_on_keras2
 
 from keras_posenc.backend import keras
 from keras_posenc.export import contract, kinds, pipeline, translation_export, translator
@@ -149,17 +150,41 @@ def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, signat
     assert set(metadata["files"]) == set(names)
 
 
-def test_a_quantized_file_is_scored_against_float32():
+@pytest.mark.parametrize("target, precision", [
+    ("cpu", "float16"),
+    pytest.param("tensorrt", "int8", marks=once_on_keras2("onnxruntime's quantizer over the ONNX pair, which "
+                                                          "Keras 3's test of the pair converts"))])
+def test_a_quantized_file_is_scored_against_float32(target, precision, monkeypatch):
+    """Scored in BLEU against the float32 file; the ONNX int8 files calibrated, each on its own
+    signature's float32 runs."""
     model = _model()
-    seen = []
+    seen, calibrated = [], []
 
     def score(translations):
         seen.append(translations)
         return {"bleu": 30.0 - len(seen), "chrf": 50.0}
 
+    quantize_onnx = translator.quantize_onnx
+
+    def recorded(proto, recipe, calibration=()):
+        names = sorted(i.name for i in onnx.load_from_string(proto).graph.input)
+        calibrated.append((names, [sorted(feeds) for feeds in calibration]))
+        return quantize_onnx(proto, recipe, calibration)
+
+    monkeypatch.setattr(translator, "quantize_onnx", recorded)
+    check_sources, quality_sources = _sources(model, count=2), _sources(model, count=3)
     result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                         target="cpu", quantize="float16", score=score,
-                                         quality_sources=_sources(model, count=3))
+                                         target=target, quantize=precision, score=score, beam_rows=2,
+                                         check_sources=check_sources, quality_sources=quality_sources)
+    if target == "tensorrt":
+        assert len(result.models) == len(calibrated) == 3  # encode, decode, decode_beams
+        for proto, (names, feeds) in zip(result.models, calibrated):
+            ops = {node.op_type for node in onnx.load_from_string(proto).graph.node}
+            assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+            assert feeds and all(fed == names for fed in feeds)  # each file's own inputs, real runs
+        assert len(calibrated[0][1]) == 2 * len(check_sources)  # a greedy and a beam search each
+    else:
+        assert calibrated == []
     quality = result.report["quality"]
     assert len(seen) == 2 and all(len(translations) == 3 for translations in seen)
     assert quality["bleu_float"] == 29.0 and quality["bleu_quantized"] == 28.0 and quality["bleu_drop"] == 1.0
@@ -167,7 +192,7 @@ def test_a_quantized_file_is_scored_against_float32():
     assert result.failures() == []  # a drop of exactly the limit passes
     assert any(line.startswith("Quality against float32 (3 sentences") and "BLEU 29.00 -> 28.00" in line
                for line in result.lines)
-    assert result.metadata["quantization"]["precision"] == "float16"
+    assert result.metadata["quantization"]["precision"] == precision
 
 
 @pytest.mark.parametrize("drop, failed", [(0.99, False), (1.0, False), (1.01, True)])
