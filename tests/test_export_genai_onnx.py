@@ -185,6 +185,9 @@ def test_eos_ends_a_turn_and_is_kept_and_pad_is_never_picked():
     feeder.append(turns[0])
     assert feeder.step() == _greedy(feeder.logits, special_ids.EOS_ID) not in (special_ids.EOS_ID,
                                                                                special_ids.PAD_ID)
+    # and feeder_turns hands its pad id on: without EOS, each turn runs to max_new_tokens
+    generated = genai.feeder_turns(proto, 2, turns, 3, pad_id=special_ids.EOS_ID)
+    assert [len(new) for new in generated] == [3, 3] and special_ids.EOS_ID not in sum(generated, [])
 
 
 def test_a_bad_opset_or_cache_length_is_refused_by_name(model):
