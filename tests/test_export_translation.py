@@ -302,6 +302,11 @@ def test_the_cpu_decode_writes_by_update_slice_what_the_one_hot_product_writes()
                                            target="cpu", beam_rows=2)
     ops = op_counts(flat)
     assert ops["DYNAMIC_UPDATE_SLICE"] == 2 * model.num_layers * 2 and "ONE_HOT" not in ops, ops
+    assert sorted(tf.lite.Interpreter(model_content=flat).get_signature_list()) == [
+        "decode", "decode_beams", "encode"]
+    plain = translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                            target="cpu")  # no decode_beams unless asked for
+    assert sorted(tf.lite.Interpreter(model_content=plain).get_signature_list()) == ["decode", "encode"]
 
 
 @pytest.mark.parametrize("target", ["cpu", "tensorrt"])
