@@ -152,6 +152,8 @@ def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, signat
 
 @pytest.mark.parametrize("target, precision", [
     ("cpu", "float16"),
+    pytest.param("gl", "float16", marks=once_on_keras2("the converter's float16 weights over the gl pair, "
+                                                       "which Keras 3's gl case converts")),
     pytest.param("tensorrt", "int8", marks=once_on_keras2("onnxruntime's quantizer over the ONNX pair, which "
                                                           "Keras 3's test of the pair converts"))])
 def test_a_quantized_file_is_scored_against_float32(target, precision, monkeypatch):
@@ -174,7 +176,8 @@ def test_a_quantized_file_is_scored_against_float32(target, precision, monkeypat
     monkeypatch.setattr(translator, "quantize_onnx", recorded)
     check_sources, quality_sources = _sources(model, count=2), _sources(model, count=3)
     result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                         target=target, quantize=precision, score=score, beam_rows=2,
+                                         target=target, quantize=precision, score=score,
+                                         beam_rows=0 if target == "gl" else 2,
                                          check_sources=check_sources, quality_sources=quality_sources)
     if target == "tensorrt":
         assert len(result.models) == len(calibrated) == 3  # encode, decode, decode_beams
@@ -185,6 +188,9 @@ def test_a_quantized_file_is_scored_against_float32(target, precision, monkeypat
         assert len(calibrated[0][1]) == 2 * len(check_sources)  # a greedy and a beam search each
     else:
         assert calibrated == []
+        # float16 weights, each dequantized once, in every file (gl: encode and decode)
+        assert len(result.models) == (2 if target == "gl" else 1)
+        assert all(op_counts(flat).get("DEQUANTIZE", 0) > 0 for flat in result.models)
     quality = result.report["quality"]
     assert len(seen) == 2 and all(len(translations) == 3 for translations in seen)
     assert quality["bleu_float"] == 29.0 and quality["bleu_quantized"] == 28.0 and quality["bleu_drop"] == 1.0
