@@ -94,6 +94,13 @@ def test_parity_of_another_models_files_is_their_logit_difference(model, other):
     assert tokens == sum(len(_keras_ids(model, row, 6) or [model.eos_id]) for row in sources)
 
 
+def test_check_beams_compares_with_translate_at_the_rows_beam(model):
+    """Two rows: the files' beam of 2 against translate's beam of 2 (not its default 4)."""
+    sources = next(rows for rows in (_sources(model, seed) for seed in range(20))
+                   if any(_keras_ids(model, row, 6, 2) != _keras_ids(model, row, 6, 4) for row in rows))
+    assert translation_export.check_beams(model, _session(model, beam_rows=2), sources, 6) is True
+
+
 def test_check_beams_compares_translates_beam_of_4_at_most_the_rows(model, other):
     sources = _sources(model)
     assert translation_export.check_beams(model, _session(model, beam_rows=3), sources, 6) is True
