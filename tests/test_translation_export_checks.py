@@ -11,45 +11,41 @@ are tests/test_export_translation.py's. The file runs in seconds (what `make mut
 import numpy as np
 import pytest
 from stacks import once_on_keras2
-from translator_sessions import function_session
+from translator_sessions import (
+    CACHE_LENGTH,
+    SOURCE_LENGTH,
+    VOCAB,
+    check_sources,
+    function_session,
+    sharp_translator,
+)
 
-from keras_posenc.backend import keras
 from keras_posenc.export import translation_export
 from keras_posenc.export.kinds import TRANSLATE
 from keras_posenc.export.targets import TARGETS, target_of
 from keras_posenc.models import CausalLM
 from keras_posenc.seq2seq import Seq2SeqTransformer
 
-SOURCE_LENGTH, CACHE_LENGTH, VOCAB = 8, 9, 40
 # The checks read numpy arrays from the sessions; what differs on Keras 3 (its clone's signatures,
 # its translate) is tests/test_translator_signatures.py's and tests/test_seq2seq.py's.
 pytestmark = once_on_keras2("checks over numpy outputs of the signatures, which Keras 3 runs elsewhere")
 
 
-def _model(seed=0, scale=8.0):
-    keras.utils.set_random_seed(seed)
-    model = Seq2SeqTransformer(num_layers=2, d_model=16, num_heads=2, dff=32, vocab_size=VOCAB, max_length=12,
-                               dropout=0.0)
-    model.build_on_dummy()
-    model.head.kernel.assign(np.asarray(model.head.kernel) * scale)
-    return model
-
-
 @pytest.fixture(scope="module")
 def model():
-    return _model()
+    return sharp_translator()
 
 
 @pytest.fixture(scope="module")
 def other():
     """Another translator of the same shapes: a file that computes something else."""
-    return _model(seed=7)
+    return sharp_translator(seed=7)
 
 
 @pytest.fixture(scope="module")
 def near(model):
     """The model with its weights moved a little: a quantized file, which picks some of its tokens."""
-    copy = _model()
+    copy = sharp_translator()
     rng = np.random.default_rng(1)
     copy.set_weights([w + rng.normal(0, 0.02, w.shape).astype(w.dtype) for w in model.get_weights()])
     return copy
@@ -57,11 +53,6 @@ def near(model):
 
 def _session(model, beam_rows=0):
     return function_session(model, SOURCE_LENGTH, CACHE_LENGTH, beam_rows)
-
-
-def _sources(model, seed=0):
-    rng = np.random.default_rng(seed)
-    return [list(map(int, rng.integers(5, VOCAB, n))) + [model.eos_id] for n in (1, 4, SOURCE_LENGTH - 1)]
 
 
 def _keras_ids(model, row, max_new_tokens, beam_size=1):
@@ -75,13 +66,13 @@ def _teacher_forced(model, row, ids):
 
 # check_parity, check_beams, translation_quality ------------------------------------------------
 def test_parity_of_the_models_own_signatures_is_the_same_ids_and_float32_noise(model):
-    same, parity, tokens = translation_export.check_parity(model, _session(model), _sources(model), 6)
-    expected_tokens = sum(len(_keras_ids(model, row, 6) or [model.eos_id]) for row in _sources(model))
+    same, parity, tokens = translation_export.check_parity(model, _session(model), check_sources(model), 6)
+    expected_tokens = sum(len(_keras_ids(model, row, 6) or [model.eos_id]) for row in check_sources(model))
     assert (same, tokens) == (True, expected_tokens) and 0 < parity < 1e-4
 
 
 def test_parity_of_another_models_files_is_their_logit_difference(model, other):
-    sources = _sources(model)
+    sources = check_sources(model)
     same, parity, tokens = translation_export.check_parity(model, _session(other), sources, 6)
     expected, worst = True, 0.0
     for row in sources:
@@ -96,13 +87,13 @@ def test_parity_of_another_models_files_is_their_logit_difference(model, other):
 
 def test_check_beams_compares_with_translate_at_the_rows_beam(model):
     """Two rows: the files' beam of 2 against translate's beam of 2 (not its default 4)."""
-    sources = next(rows for rows in (_sources(model, seed) for seed in range(20))
+    sources = next(rows for rows in (check_sources(model, seed) for seed in range(20))
                    if any(_keras_ids(model, row, 6, 2) != _keras_ids(model, row, 6, 4) for row in rows))
     assert translation_export.check_beams(model, _session(model, beam_rows=2), sources, 6) is True
 
 
 def test_check_beams_compares_translates_beam_of_4_at_most_the_rows(model, other):
-    sources = _sources(model)
+    sources = check_sources(model)
     assert translation_export.check_beams(model, _session(model, beam_rows=3), sources, 6) is True
     differ = any(_keras_ids(model, row, 6, 3) != _keras_ids(other, row, 6, 3) for row in sources)
     assert differ and translation_export.check_beams(model, _session(other, beam_rows=3), sources, 6) is False
@@ -118,12 +109,12 @@ def test_check_beams_compares_translates_beam_of_4_at_most_the_rows(model, other
 
 def test_quality_of_a_file_against_itself_is_full_agreement(model):
     session = _session(model)
-    quality = translation_export.translation_quality(model, session, session, _sources(model), 6)
+    quality = translation_export.translation_quality(model, session, session, check_sources(model), 6)
     assert quality == {"sentences": 3, "same_greedy_tokens": True, "generation_agreement": 1.0}
 
 
 def test_quality_counts_the_steps_where_the_quantized_file_picks_float32s_token(model, near):
-    sources = _sources(model)
+    sources = check_sources(model)
     seen = []
 
     def score(translations):
@@ -158,7 +149,7 @@ def test_a_translation_of_max_new_tokens_is_fed_without_an_end_token(model):
     run = session.run
     session.run = lambda signature, feeds: fed.append(int(feeds["token_id"][0, 0])) or run(signature, feeds) \
         if signature == "decode" else run(signature, feeds)
-    row = _sources(model)[0]
+    row = check_sources(model)[0]
     full = _keras_ids(model, row, 3)
     assert len(full) == 3
     translation_export.translation_quality(model, session, session, [row], 3)
@@ -288,8 +279,8 @@ def built_with(monkeypatch, near):
 
 
 def test_a_float32_build_reports_parity_and_beams(model, built_with):
-    built, calls = built_with(model, check_sources=_sources(model))
-    same, parity, tokens = translation_export.check_parity(model, _session(model), _sources(model), 6)
+    built, calls = built_with(model, check_sources=check_sources(model))
+    same, parity, tokens = translation_export.check_parity(model, _session(model), check_sources(model), 6)
     assert calls == [{"target": "tensorrt", "recipe": None, "beam_rows": 4, "calibration": None,
                       "lengths": (SOURCE_LENGTH, CACHE_LENGTH)}]
     assert built.report == {"same_tokens": True, "parity": pytest.approx(parity, abs=1e-6),
@@ -311,7 +302,7 @@ def test_a_float32_build_reports_parity_and_beams(model, built_with):
 
 
 def test_a_build_without_beams_has_no_beam_line(model, built_with):
-    built, _ = built_with(model, check_sources=_sources(model), beam_rows=0)
+    built, _ = built_with(model, check_sources=check_sources(model), beam_rows=0)
     assert built.report["same_beam_tokens"] is None and len(built.lines) == 1
     assert built.signatures == ("encode", "decode") and "decode_beams" not in built.description
     assert built.metadata["beam_rows"] == 0
@@ -322,7 +313,7 @@ def test_files_that_translate_otherwise_are_reported_so(model, other, monkeypatc
         (b"encode", b"decode"), function_session(other, SOURCE_LENGTH, CACHE_LENGTH, kwargs["beam_rows"])))
     built = translation_export.build_translation(model, target="tensorrt", precision=None,
                                                  source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                                 check_sources=_sources(model), max_new_tokens=6)
+                                                 check_sources=check_sources(model), max_new_tokens=6)
     assert (built.report["same_tokens"], built.report["same_beam_tokens"]) == (False, False)
     assert " tokens of 3 sources: TOKENS DIFFER from Seq2SeqTransformer.translate, max abs logit diff " in \
         built.lines[-2]
@@ -346,8 +337,8 @@ def test_a_quantized_build_measures_quality_on_its_sources_and_calibrates_onnx_i
         seen.append(translations)
         return {"bleu": 30.0 - len(seen), "chrf": 50.0}
 
-    quality_sources = _sources(model, seed=5)
-    built, calls = built_with(model, precision="int8", check_sources=_sources(model),
+    quality_sources = check_sources(model, seed=5)
+    built, calls = built_with(model, precision="int8", check_sources=check_sources(model),
                               quality_sources=quality_sources, score=score, max_bleu_drop=0.5)
     assert [call["recipe"] is None for call in calls] == [True, False]
     calibration = calls[1]["calibration"]
@@ -364,7 +355,7 @@ def test_a_quantized_build_measures_quality_on_its_sources_and_calibrates_onnx_i
 
 
 def test_a_float16_build_is_not_calibrated(model, built_with):
-    built, calls = built_with(model, precision="float16", check_sources=_sources(model))
+    built, calls = built_with(model, precision="float16", check_sources=check_sources(model))
     assert [call["calibration"] for call in calls] == [None, None]
     assert built.quality["sentences"] == 3  # the check sources, without quality sources
 
@@ -384,10 +375,11 @@ def test_max_new_tokens_is_checked_against_the_cache(model, built_with, value, m
 
 
 def test_max_new_tokens_defaults_to_the_cache_or_the_models_bound(model, built_with):
-    built, _ = built_with(model, max_new_tokens=None, check_sources=_sources(model)[:1])
-    assert built.report["tokens_checked"] == len(_keras_ids(model, _sources(model)[0], CACHE_LENGTH) or [1])
-    built, _ = built_with(model, max_new_tokens=None, cache_length=12, check_sources=_sources(model)[:1])
-    assert built.report["tokens_checked"] == len(_keras_ids(model, _sources(model)[0], 11) or [1])
+    row = check_sources(model)[0]
+    built, _ = built_with(model, max_new_tokens=None, check_sources=[row])
+    assert built.report["tokens_checked"] == len(_keras_ids(model, row, CACHE_LENGTH) or [1])
+    built, _ = built_with(model, max_new_tokens=None, cache_length=12, check_sources=[row])
+    assert built.report["tokens_checked"] == len(_keras_ids(model, row, 11) or [1])
 
 
 @pytest.fixture(scope="module")
@@ -412,7 +404,7 @@ def test_a_tflite_build_reports_each_backends_verdict_per_signature_file(model, 
         models, function_session(model, SOURCE_LENGTH, CACHE_LENGTH, kwargs["beam_rows"])))
     built = translation_export.build_translation(model, target=target, precision=None,
                                                  source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                                 check_sources=_sources(model)[:1], max_new_tokens=4,
+                                                 check_sources=check_sources(model)[:1], max_new_tokens=4,
                                                  beam_rows=0)
     backends = TARGETS[target].backends
     assert built.report["verdicts"] == {backend: sorted({op for flat in models

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from stacks import once_on_keras2
-from translator_sessions import function_session
+from translator_sessions import (
+    CACHE_LENGTH,
+    SOURCE_LENGTH,
+    check_sources,
+    function_session,
+    sharp_translator,
+)
 
 from keras_posenc.backend import keras
 from keras_posenc.export import contract, translator
@@ -21,32 +27,20 @@ from keras_posenc.export.targets import target_of
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.seq2seq import Seq2SeqTransformer
 
-SOURCE_LENGTH, CACHE_LENGTH, VOCAB = 8, 9, 40
 TOLERANCE = 1e-4  # float32 step kernels against the full pass's
-
-
-def _model(seed=0, **options):
-    """A tiny translator with sharp distributions (its head scaled up), so that searches pick real
-    tokens."""
-    keras.utils.set_random_seed(seed)
-    model = Seq2SeqTransformer(num_layers=2, d_model=16, num_heads=2, dff=32, vocab_size=VOCAB, max_length=12,
-                               dropout=0.0, **options)
-    model.build_on_dummy()
-    model.head.kernel.assign(np.asarray(model.head.kernel) * 8.0)
-    return model
 
 
 def _lengths(model):
     return {len(model.translate(np.array([row]), CACHE_LENGTH - 1, beam_size=1).ids[0])
-            for row in _sources(model)}
+            for row in check_sources(model)}
 
 
 @pytest.fixture(scope="module")
 def model():
-    """The first `_model(seed)` with a greedy translation that ends by </s> after a token or more and
-    one that runs to the bound (the stacks initialise differently)."""
+    """The first `sharp_translator(seed)` with a greedy translation that ends by </s> after a token or
+    more and one that runs to the bound (the stacks initialise differently)."""
     for seed in range(30):
-        model = _model(seed)
+        model = sharp_translator(seed)
         lengths = _lengths(model)
         if 0 < min(lengths) < CACHE_LENGTH - 1 == max(lengths):
             return model
@@ -55,11 +49,6 @@ def model():
 
 def _session(model, beam_rows=0, write_cache=translator.write_by_update_slice):
     return function_session(model, SOURCE_LENGTH, CACHE_LENGTH, beam_rows, write_cache)
-
-
-def _sources(model, seed=0):
-    rng = np.random.default_rng(seed)
-    return [list(map(int, rng.integers(5, VOCAB, n))) + [model.eos_id] for n in (1, 4, SOURCE_LENGTH - 1)]
 
 
 def _search(session, model, row, **settings):
@@ -75,7 +64,7 @@ KERAS2_ONLY = once_on_keras2("the same search over the same signatures; Keras 3 
 def test_the_search_over_the_signatures_is_translates(model, beam_size, beam_rows):
     session = _session(model, beam_rows)
     lengths = []
-    for row in _sources(model):
+    for row in check_sources(model):
         expected = model.translate(np.array([row]), CACHE_LENGTH - 1, beam_size=beam_size, alpha=0.6)
         got = _search(session, model, row, beam_size=beam_size, alpha=0.6)
         assert got.ids[0].tolist() == expected.ids[0].tolist()
@@ -90,7 +79,7 @@ def test_the_search_over_the_signatures_is_translates(model, beam_size, beam_row
 
 def test_max_new_tokens_bounds_the_translation(model):
     session = _session(model)
-    for row in _sources(model):
+    for row in check_sources(model):
         for count in (1, 2):
             expected = model.translate(np.array([row]), count, beam_size=1).ids[0].tolist()
             assert _search(session, model, row, max_new_tokens=count).ids[0].tolist() == expected
@@ -99,7 +88,7 @@ def test_max_new_tokens_bounds_the_translation(model):
 
 def test_teacher_forcing_gives_the_full_pass_logits_and_its_picks(model):
     session = _session(model)
-    row = _sources(model)[1]
+    row = check_sources(model)[1]
     forced = [17, 5, 23, 9]
     logits = []
     picks = _search(session, model, row, forced_ids=forced, logits=logits)
@@ -114,16 +103,16 @@ def test_teacher_forcing_gives_the_full_pass_logits_and_its_picks(model):
 
 
 def test_teacher_forcing_never_picks_padding_or_the_start_token():
-    model = _model(1)
+    model = sharp_translator(1)
     bias = np.asarray(model.head.bias).copy()
     bias[[model.pad_id, model.bos_id]] = 1e3
     model.head.bias.assign(bias)
-    picks = _search(_session(model), model, _sources(model)[0], forced_ids=[11, 12])
+    picks = _search(_session(model), model, check_sources(model)[0], forced_ids=[11, 12])
     assert model.pad_id not in picks and model.bos_id not in picks and len(picks) == 2
 
 
 def test_the_one_hot_and_update_slice_writes_give_the_same_translations(model):
-    for row in _sources(model, seed=3):
+    for row in check_sources(model, seed=3):
         ids = [_search(_session(model, write_cache=write), model, row, beam_size=2).ids[0].tolist()
                for write in (None, translator.write_by_update_slice)]
         expected = model.translate(np.array([row]), CACHE_LENGTH - 1, beam_size=2).ids[0].tolist()
@@ -131,7 +120,7 @@ def test_the_one_hot_and_update_slice_writes_give_the_same_translations(model):
 
 
 def test_the_signatures_names_shapes_and_dtypes():
-    model = _model(2)
+    model = sharp_translator(2)
     module = translator.TranslatorSignatures(translator.float32_clone(model, CACHE_LENGTH), SOURCE_LENGTH,
                                              CACHE_LENGTH, beam_rows=3)
     assert module.cache_shape == [1, CACHE_LENGTH, 2, 8] and module.cross_shape == [1, SOURCE_LENGTH, 2, 8]
@@ -192,7 +181,7 @@ def test_the_encode_signature_gives_the_models_cross_keys_and_mask(model):
 def test_the_float32_clone_has_the_weights_in_float32_and_rope_frozen_at_the_cache():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = _model(4)
+        model = sharp_translator(4)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     clone = translator.float32_clone(model, CACHE_LENGTH)
@@ -206,7 +195,7 @@ def test_the_float32_clone_has_the_weights_in_float32_and_rope_frozen_at_the_cac
 
 
 def test_cache_bytes_is_both_kinds_of_every_layers_float32_cache():
-    model = _model(5)
+    model = sharp_translator(5)
     assert translator.cache_bytes(model, 7) == 2 * 2 * 7 * 16 * 4
 
 

@@ -2,12 +2,34 @@
 
 `FunctionSession` has the interface of `runners.TranslatorSession` (`run`, `source_length`,
 `cache_shape`, `beam_rows`) over `translator.TranslatorSignatures`' `tf.function`s, the functions the
-converter is given, and records each call's signature.
+converter is given, and records each call's signature. `sharp_translator` and `check_sources` are
+the tiny model and the sources these tests run it on.
 """
 
 import numpy as np
 
+from keras_posenc.backend import keras
 from keras_posenc.export import translator
+from keras_posenc.seq2seq import Seq2SeqTransformer
+
+SOURCE_LENGTH, CACHE_LENGTH, VOCAB = 8, 9, 40
+
+
+def sharp_translator(seed=0):
+    """A tiny translator with sharp distributions (its head scaled up), so that searches pick real
+    tokens."""
+    keras.utils.set_random_seed(seed)
+    model = Seq2SeqTransformer(num_layers=2, d_model=16, num_heads=2, dff=32, vocab_size=VOCAB, max_length=12,
+                               dropout=0.0)
+    model.build_on_dummy()
+    model.head.kernel.assign(np.asarray(model.head.kernel) * 8.0)
+    return model
+
+
+def check_sources(model, seed=0):
+    """Three sources of 1, 4 and `SOURCE_LENGTH - 1` ordinary ids (seeded), each ending in `eos_id`."""
+    rng = np.random.default_rng(seed)
+    return [list(map(int, rng.integers(5, VOCAB, n))) + [model.eos_id] for n in (1, 4, SOURCE_LENGTH - 1)]
 
 
 class FunctionSession:
