@@ -239,15 +239,15 @@ def tokenizer_files(sp_model, *, cache_length=None):
     steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:
         steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
-    scheme = "always" if spec.add_dummy_prefix else "never"
-    prefix = scheme
-    if spec.add_dummy_prefix and not spec.remove_extra_whitespaces:
-        # SentencePiece puts its `▁` in front of a text that starts with a space too, which only a
-        # model that keeps spaces gives it; Metaspace's own prefix skips such a text.
+    # SentencePiece puts its `▁` in front of a text that starts with a space too, which only a model
+    # that keeps spaces gives it; Metaspace's own prefix skips such a text, so the normalizer adds it.
+    prepended = spec.add_dummy_prefix and not spec.remove_extra_whitespaces
+    if prepended:
         steps.append(normalizers.Prepend("▁"))
-        prefix = "never"
     tokenizer.normalizer = normalizers.Sequence(steps)
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prefix, split=False)
+    scheme = "always" if spec.add_dummy_prefix else "never"
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never" if prepended
+                                                       else scheme, split=False)
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
     # The control pieces (<pad>, <s>, </s>) as special tokens; a user-defined piece (<sep>) stays a
     # piece of the model, as in SentencePiece (its score 0 beats any split of it).
