@@ -14,6 +14,7 @@
 #   make test-edge   export targets run by the real GPU runtimes on CPU-emulated GPUs (.edge-cache),
 #                    and .litertlm bundles on LiteRT-LM's engine, exported on Keras 2 (.venv) and
 #                    on Keras 3 (.venv-keras3); the Jetson kit on tflite-runtime (Python 3.8, 3.10)
+#   make edge-bootstrap  only fill .edge-cache with those runtimes (test-edge's first step)
 #   make lint        ruff check . and hadolint docker/Dockerfile
 #   make install     install the lock + the package into the interpreter $(PY) (a venv of yours)
 #   make bench-env   .venv-bench = the lock + requirements/bench.txt (KerasNLP, Model Garden)
@@ -80,7 +81,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help venv demo test lint install bench-env bench docker docker-demo docker-check \
         check-python clean venv-keras3 check-python-keras3 test-keras2 test-keras3 pytest-keras2 \
-        pytest-keras3 pytest-keras3-tensorflow pytest-keras3-jax test-edge test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice \
+        pytest-keras3 pytest-keras3-tensorflow pytest-keras3-jax test-edge edge-bootstrap test-thorough edge-keras2 edge-keras3 docker-proof docker-proof-twice \
         mutation corpus ablate-translate
 
 help:
@@ -226,9 +227,11 @@ mutation: venv $(MUTATION_SITE)/.stamp
 EDGE_TESTS := $(sort $(wildcard tests/edge/edge_*.py))
 
 # Both stacks: the TF 2.12 converter (.venv) and TF 2.21's with Keras 3 (.venv-keras3).
-test-edge: venv venv-keras3
-	PY=$(PY) KERAS3_PY=$(KERAS3_VENV)/bin/python tests/edge/runtime/bootstrap.sh
+test-edge: edge-bootstrap
 	@$(MAKE) -j2 --output-sync=target edge-keras2 edge-keras3
+
+edge-bootstrap: venv venv-keras3
+	PY=$(PY) KERAS3_PY=$(KERAS3_VENV)/bin/python tests/edge/runtime/bootstrap.sh
 
 edge-keras2:
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(EDGE_TESTS) $(PYTEST_ARGS)
