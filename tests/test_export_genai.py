@@ -49,6 +49,15 @@ def test_tokenizer_json_gives_sentencepieces_ids_on_the_embedded_corpus(sp_model
     assert tokenizer.encode(line, add_special_tokens=False).ids == processor.EncodeAsIds(line)
     ids = processor.EncodeAsIds(line)
     assert tokenizer.decode([special_ids.BOS_ID] + ids + [special_ids.EOS_ID]) == processor.DecodeIds(ids)
+    # A pair (Hugging Face's callers may encode one): BOS, then both texts' pieces.
+    pair = tokenizer.encode(line, texts[-1]).ids
+    assert pair == [special_ids.BOS_ID] + ids + processor.EncodeAsIds(texts[-1])
+    # onnxruntime-extensions reads the added tokens' flags: the control pieces are special and matched
+    # in the text as written.
+    added = [(token["id"], token["content"], token["special"], token["normalized"])
+             for token in json.loads(text)["added_tokens"]]
+    assert added == [(special_ids.PAD_ID, "<pad>", True, False), (special_ids.BOS_ID, "<s>", True, False),
+                     (special_ids.EOS_ID, "</s>", True, False)]
     assert config == {"tokenizer_class": genai.TOKENIZER_CLASS, "bos_token": "<s>", "eos_token": "</s>",
                       "unk_token": "<unk>", "pad_token": "<pad>", "add_bos_token": True,
                       "add_eos_token": False, "clean_up_tokenization_spaces": False, "model_max_length": 64}
@@ -60,10 +69,12 @@ def test_tokenizer_json_gives_sentencepieces_ids_on_the_embedded_corpus(sp_model
 
 @pytest.mark.parametrize("options", [{"normalization_rule_name": "identity"}, {"add_dummy_prefix": False},
                                      {"remove_extra_whitespaces": False},
-                                     {"add_dummy_prefix": False, "remove_extra_whitespaces": False}],
-                         ids=["identity", "no-dummy-prefix", "spaces-kept", "both"])
+                                     {"add_dummy_prefix": False, "remove_extra_whitespaces": False},
+                                     {"split_by_whitespace": False}],
+                         ids=["identity", "no-dummy-prefix", "spaces-kept", "both", "pieces-across-words"])
 def test_tokenizer_json_follows_the_models_own_normalizer_settings(corpus_lines, options):
-    """A `--spm` model trained with other normalizer settings than keras-posenc's: the same ids."""
+    """A `--spm` model trained with other settings than keras-posenc's: the same ids, the same text
+    decoded."""
     buffer = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus_lines[:2000]), model_writer=buffer,
                                    vocab_size=300, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
@@ -74,6 +85,12 @@ def test_tokenizer_json_follows_the_models_own_normalizer_settings(corpus_lines,
                                   "Zürich ☃", ""]
     expected = [[special_ids.BOS_ID] + processor.EncodeAsIds(line) for line in texts]
     assert [tokenizer.encode(line).ids for line in texts] == expected
+    # Decoded as SentencePiece decodes (a leading space kept where no dummy prefix is removed); unknown
+    # pieces left out (SentencePiece writes " ⁇ " for them).
+    known = [ids[1:] for ids in expected if special_ids.UNK_ID not in ids]
+    assert [tokenizer.decode(ids) for ids in known] == [processor.DecodeIds(ids) for ids in known]
+    if options.get("split_by_whitespace") is False:  # pieces that span a space are used
+        assert any("▁" in processor.IdToPiece(i)[1:] for ids in known for i in ids)
 
 
 def test_a_sentencepiece_model_that_is_not_unigram_is_refused(corpus_lines):

@@ -183,6 +183,7 @@ def test_eos_ends_a_turn_and_is_kept_and_pad_is_never_picked():
     # the feeder's own pad id is never picked either (EOS here: the next best after the file's pad)
     feeder = genai.GenaiFeeder(proto, 0, pad_id=special_ids.EOS_ID)
     feeder.append(turns[0])
+    assert feeder.logits[special_ids.PAD_ID] == np.finfo(np.float32).min  # the lowest float, not -inf
     assert feeder.step() == _greedy(feeder.logits, special_ids.EOS_ID) not in (special_ids.EOS_ID,
                                                                                special_ids.PAD_ID)
     # and feeder_turns hands its pad id on: without EOS, each turn runs to max_new_tokens
@@ -196,6 +197,9 @@ def test_a_bad_opset_or_cache_length_is_refused_by_name(model):
     assert str(error.value) == f"`opset` must be >= {ONNX_OPSET}, got opset={ONNX_OPSET - 1}."
     with pytest.raises(ValueError, match=r"`cache_length`=25 exceeds the model's max_length=24"):
         genai.to_genai_onnx(model, cache_length=25)
+    # the lower bound: one slot (a prompt of one token, nothing generated after it)
+    one_slot = onnx.load_from_string(genai.to_genai_onnx(model, cache_length=1))
+    assert {_dims(value)[2] for value in one_slot.graph.input if value.name.startswith("past_")} == {1}
 
 
 # build_genai ------------------------------------------------------------------------------------

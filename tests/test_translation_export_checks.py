@@ -375,10 +375,10 @@ def test_max_new_tokens_is_checked_against_the_cache(model, built_with, value, m
 
 
 def test_max_new_tokens_defaults_to_the_cache_or_the_models_bound(model, built_with):
-    row = check_sources(model)[0]
-    built, _ = built_with(model, max_new_tokens=None, check_sources=[row])
+    row = check_sources(model)[0]  # no decode_beams: the parity's greedy tokens count the steps
+    built, _ = built_with(model, max_new_tokens=None, check_sources=[row], beam_rows=0)
     assert built.report["tokens_checked"] == len(_keras_ids(model, row, CACHE_LENGTH) or [1])
-    built, _ = built_with(model, max_new_tokens=None, cache_length=12, check_sources=[row])
+    built, _ = built_with(model, max_new_tokens=None, cache_length=12, check_sources=[row], beam_rows=0)
     assert built.report["tokens_checked"] == len(_keras_ids(model, row, 11) or [1])
 
 

@@ -9,6 +9,8 @@ are read as the contract (`export/jetson/`'s kit) reads them. tests/test_export_
 converts the same functions; this file runs in seconds (what `make mutation` runs for the module).
 """
 
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -75,6 +77,12 @@ def test_the_search_over_the_signatures_is_translates(model, beam_size, beam_row
     used_beams = contract.BEAM_SIGNATURE in session.calls
     assert used_beams == (1 < beam_size <= beam_rows)
     assert session.calls.count(translator.ENCODE) == 3
+
+
+def test_the_default_length_penalty_is_translates():
+    """Without `alpha`, beams are ranked as `translate` ranks them by default."""
+    default = inspect.signature(translator.translate_with).parameters["alpha"].default
+    assert default == inspect.signature(Seq2SeqTransformer.translate).parameters["alpha"].default == 1.0
 
 
 def test_max_new_tokens_bounds_the_translation(model):
@@ -176,6 +184,28 @@ def test_the_encode_signature_gives_the_models_cross_keys_and_mask(model):
         for kind, expected in zip(("key", "value"), pair):
             np.testing.assert_allclose(outputs[f"cross_{kind}_{layer}"], np.asarray(expected), atol=1e-5,
                                        rtol=0)
+
+
+def test_the_signatures_of_a_model_with_dropout_run_in_inference():
+    """The files hold no dropout: encode and decode give the model's inference outputs, call after call."""
+    keras.utils.set_random_seed(4)
+    model = Seq2SeqTransformer(num_layers=1, d_model=16, num_heads=2, dff=32, vocab_size=40, max_length=12,
+                               dropout=0.5)
+    model.build_on_dummy()
+    session = _session(model)
+    row = np.full([1, SOURCE_LENGTH], model.pad_id, np.int32)
+    row[0, :4] = [9, 21, 14, model.eos_id]
+    first, second = (session.run(translator.ENCODE, {"source_ids": row}) for _ in range(2))
+    (keys, values), = model.cross_key_values(model.encode(row)[0])
+    for outputs in (first, second):
+        np.testing.assert_allclose(outputs["cross_key_0"], np.asarray(keys), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(outputs["cross_value_0"], np.asarray(values), atol=1e-5, rtol=0)
+    forced = [17, 5, 23]
+    logits = []
+    _search(session, model, row[0, :4].tolist(), forced_ids=forced, logits=logits)
+    target = np.array([[model.bos_id] + forced[:-1]], np.int32)
+    full = np.asarray(model({"source_ids": row, "target_ids": target}), np.float64)[0]
+    np.testing.assert_allclose(np.stack(logits), full, atol=TOLERANCE, rtol=0)
 
 
 def test_the_float32_clone_has_the_weights_in_float32_and_rope_frozen_at_the_cache():

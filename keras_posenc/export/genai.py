@@ -248,7 +248,14 @@ def tokenizer_files(sp_model, *, cache_length=None):
     scheme = "always" if spec.add_dummy_prefix else "never"
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never" if prepended
                                                        else scheme, split=False)
-    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    if proto.trainer_spec.split_by_whitespace:
+        tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    else:
+        # Pieces across words (`▁If▁the`): Metaspace's decoder drops every `▁` of the first piece, not
+        # only the dummy prefix, so the pieces are joined and one leading space stripped instead.
+        steps = [decoders.Replace("▁", " "), decoders.Fuse()]
+        tokenizer.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] if spec.add_dummy_prefix
+                                              else steps)
     # The control pieces (<pad>, <s>, </s>) as special tokens; a user-defined piece (<sep>) stays a
     # piece of the model, as in SentencePiece (its score 0 beats any split of it).
     tokenizer.add_special_tokens([AddedToken(piece.piece, special=True, normalized=False)
