@@ -252,10 +252,11 @@ def tokenizer_files(sp_model, *, cache_length=None):
         tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
     else:
         # Pieces across words (`▁If▁the`): Metaspace's decoder drops every `▁` of the first piece, not
-        # only the dummy prefix, so the pieces are joined and one leading space stripped instead.
-        steps = [decoders.Replace("▁", " "), decoders.Fuse()]
-        tokenizer.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] if spec.add_dummy_prefix
-                                              else steps)
+        # only the dummy prefix, so the pieces are joined and one leading space stripped instead (the
+        # models split by whitespace keep Metaspace, the decoder onnxruntime-genai is tested with).
+        joined = [decoders.Replace("▁", " "), decoders.Fuse()]
+        dummy = [decoders.Strip(" ", 1, 0)] if spec.add_dummy_prefix else []
+        tokenizer.decoder = decoders.Sequence(joined + dummy)
     # The control pieces (<pad>, <s>, </s>) as special tokens; a user-defined piece (<sep>) stays a
     # piece of the model, as in SentencePiece (its score 0 beats any split of it).
     tokenizer.add_special_tokens([AddedToken(piece.piece, special=True, normalized=False)

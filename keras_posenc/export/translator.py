@@ -45,6 +45,7 @@ from keras_posenc.export.quantization import quantize_onnx
 from keras_posenc.export.runners import step_outputs
 from keras_posenc.export.targets import DEFAULT_TARGET, target_of
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
+from keras_posenc.seq2seq import DEFAULT_LENGTH_PENALTY
 
 __all__ = ["TRANSLATOR_TARGETS", "TranslatorSignatures", "cache_bytes", "float32_clone", "to_onnx_translator",
            "to_tflite_translator", "translate_with", "write_by_update_slice"]
@@ -231,8 +232,8 @@ def _log_softmax(logits):
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def translate_with(session, source_row, *, bos_id, eos_id, pad_id, max_new_tokens, beam_size=1, alpha=1.0,
-                   forced_ids=None, logits=None):
+def translate_with(session, source_row, *, bos_id, eos_id, pad_id, max_new_tokens, beam_size=1,
+                   alpha=DEFAULT_LENGTH_PENALTY, forced_ids=None, logits=None):
     """One sentence through the files: `encode`, then the package's search over `decode` steps.
 
     Args:
