@@ -10,6 +10,8 @@ import importlib.util
 import json
 import os
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,52 @@ def test_only_names_the_mutants_as_mutmut_names_them(tool):
     assert tool._matches("run_translate.x_top__mutmut_12", kit)
     assert not tool._matches("run_translate.x_top_k__mutmut_1", kit)
     assert not tool._matches("run_translate.xǁTranslatorǁstep_many__mutmut_1", kit)
+
+
+class _Stats:
+    """mutmut's state as its stats run sees it: the functions hit since the last test's teardown."""
+
+    def __init__(self):
+        self._stats = set()
+
+
+class _StatsCollector:
+    """mutmut's own stats plugin: at each test's teardown, every function hit so far goes to it."""
+
+    def __init__(self, state):
+        self.state = state
+        self.tests_by_function = {}
+
+    def pytest_runtest_teardown(self, item, nextitem):
+        for function in self.state()._stats:
+            self.tests_by_function.setdefault(function, set()).add(item.name)
+        self.state()._stats.clear()
+
+
+def test_a_wide_fixtures_calls_are_credited_to_every_test_that_uses_it(tool, tmp_path, monkeypatch):
+    """mutmut credits what a module fixture calls to the first test using it; with FixtureHits the
+    stats run credits it to each of them, and a function-scoped fixture's calls to its own test."""
+    stats = _Stats()
+    hits = types.ModuleType("mutmut_hits")
+    hits.hit = lambda name: stats._stats.add(name)
+    monkeypatch.setitem(sys.modules, "mutmut_hits", hits)
+    (tmp_path / "test_inner.py").write_text(
+        "import pytest\nimport mutmut_hits\n\n"
+        "@pytest.fixture(scope='module')\ndef model():\n    mutmut_hits.hit('build')\n\n"
+        "@pytest.fixture(scope='module')\ndef exported(model):\n    mutmut_hits.hit('export')\n\n"
+        "@pytest.fixture\ndef batch():\n    mutmut_hits.hit('batch')\n\n"
+        "def test_first(model, batch):\n    mutmut_hits.hit('first')\n\n"
+        "def test_second(exported):\n    pass\n\n"
+        "def test_third():\n    pass\n")
+    collector = _StatsCollector(lambda: stats)
+    args = ["-q", "-p", "no:cacheprovider", "--import-mode=importlib", "--rootdir", str(tmp_path),
+            str(tmp_path / "test_inner.py")]
+    assert pytest.main(args, plugins=[collector, tool.FixtureHits(lambda: stats)]) == 0
+    assert collector.tests_by_function == {"build": {"test_first", "test_second"},
+                                           "export": {"test_second"}, "batch": {"test_first"},
+                                           "first": {"test_first"}}
+    # Without it, mutmut's own crediting: the module fixture's call goes to the first test only.
+    stats._stats.clear()
+    alone = _StatsCollector(lambda: stats)
+    assert pytest.main(args, plugins=[alone]) == 0
+    assert alone.tests_by_function["build"] == {"test_first"}

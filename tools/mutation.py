@@ -60,6 +60,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,10 +191,56 @@ def get_mutant_name(relative_source_path, mutant_method_name):
 format_utils.get_mutant_name = get_mutant_name
 import mutmut.__main__, mutmut.mutation.file_mutation
 mutmut.__main__.get_mutant_name = mutmut.mutation.file_mutation.get_mutant_name = get_mutant_name
+# The stats run (the one pytest run given plugins that runs tests) credits a wide fixture's calls
+# to every test using it (FixtureHits, from this tool, copied into the work dir's tools/).
+sys.path.insert(0, "tools")
+from mutation import FixtureHits
+from mutmut.runners.harness import PytestRunner
+from mutmut.state import state
+execute_pytest = PytestRunner.execute_pytest
+def with_fixture_hits(self, params, **kwargs):
+    if kwargs.get("plugins"):
+        kwargs["plugins"] = [*kwargs["plugins"], FixtureHits(state)]
+    return execute_pytest(self, params, **kwargs)
+PytestRunner.execute_pytest = with_fixture_hits
 from mutmut.__main__ import cli
 sys.argv[0] = "mutmut"
 cli()
 """
+
+
+class FixtureHits:
+    """A pytest plugin for mutmut's stats run: the mutated functions that a fixture wider than one
+    test (module, class, package or session scope) calls while it is set up are credited to every
+    test that uses it. mutmut credits them to the test during whose setup they ran, the first one
+    that uses the fixture, so a mutant of a function that only such a fixture calls would run
+    against that one test and survive the tests that would kill it.
+
+    `state` is mutmut's `state` function; its `_stats` is the set of functions hit since the last
+    test's teardown, which mutmut's own teardown hook reads and clears.
+    """
+
+    def __init__(self, state):
+        self.state = state
+        self.hits_by_fixture = {}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        outer = self.state()._stats
+        self.state()._stats = set()
+        try:
+            yield
+        finally:
+            hits = self.state()._stats
+            self.state()._stats = outer | hits
+            if fixturedef.scope != "function":
+                self.hits_by_fixture.setdefault(fixturedef, set()).update(hits)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        for definitions in item._fixtureinfo.name2fixturedefs.values():
+            for fixturedef in definitions:
+                self.state()._stats |= self.hits_by_fixture.get(fixturedef, set())
 
 
 def _mutant_env(**settings):
