@@ -15,7 +15,9 @@ surviving mutants that are equivalent (with the reason). The run happens in a co
 and the tests, .cache/mutation/<module>/ (mutmut then mutates its own copy, mutants/, inside it):
 TensorFlow's autograph re-reads source files while it traces, so nothing the tool writes may touch
 the checkout. mutmut runs with one worker (`--children 1`; more run mutants side by side, one
-core each), each mutant against only the configured tests that executed the mutated function.
+core each), each mutant against only the configured tests that executed the mutated function; a
+function that a module- or session-scoped fixture calls counts as executed by every test using the
+fixture (FixtureHits: mutmut alone credits it to the first such test, whose setup ran it).
 `--resume` and `--survivors` keep the work dir and its results, copy the current package, tests and
 configured test selection into it and run the mutants not yet tested, or again the ones that
 survived (after tests were added) and are not listed as equivalent. If the module changed since,
