@@ -117,9 +117,11 @@ def test_a_resume_in_the_work_dir_takes_the_checkouts_package_and_remakes_a_chan
     os.utime(tool.ROOT / MODULE, (1000, 1000))  # a checkout's file can be older than the mutants
     (tool.ROOT / "keras_posenc" / "other.py").write_text("X = 1\n")
     (tool.ROOT / "tests" / "test_other.py").write_text("def test_x():\n    pass\n")
+    (tool.ROOT / "tools" / "mutation.py").write_text("# the launcher imports FixtureHits from here\n")
     assert tool.refresh_tests(MODULE, ENTRY) == work
     assert (work / MODULE).read_text() == "def f():\n    return 2\n"
     assert (work / "keras_posenc" / "other.py").is_file() and (work / "tests" / "test_other.py").is_file()
+    assert (work / "tools" / "mutation.py").read_text() == "# the launcher imports FixtureHits from here\n"
     assert os.path.getmtime(work / MODULE) > os.path.getmtime(mutants)  # mutmut makes them again
     assert json.loads(tool.meta_path(work, MODULE).read_text())["exit_code_by_key"] == CODES
     assert capsys.readouterr().out == (f"{MODULE} changed since its last run: the mutants of the functions "

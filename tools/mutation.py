@@ -145,7 +145,7 @@ def refresh_tests(module, entry):
     if copy.read_bytes() != (ROOT / module).read_bytes():
         print(f"{module} changed since its last run: the mutants of the functions that changed run again")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("keras_posenc", "tests", KIT):
+    for folder in ("keras_posenc", "tests", KIT, "tools"):
         shutil.rmtree(work / folder, ignore_errors=True)
         if (ROOT / folder).is_dir():
             shutil.copytree(ROOT / folder, work / folder, ignore=ignore)
