@@ -23,7 +23,7 @@ from translator_sessions import (
     sharp_translator,
 )
 
-from keras_posenc.backend import keras
+from keras_posenc.backend import is_keras3, keras
 from keras_posenc.export import contract, translator
 from keras_posenc.export.targets import target_of
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
@@ -37,11 +37,16 @@ def _lengths(model):
             for row in check_sources(model)}
 
 
+# The seed that qualifies on each stack (they initialise differently), tried first: the search over
+# the others, a second each, runs only if the initialisers change.
+FIRST_SEED = 11 if is_keras3() else 0
+
+
 @pytest.fixture(scope="module")
 def model():
     """The first `sharp_translator(seed)` with a greedy translation that ends by </s> after a token or
     more and one that runs to the bound (the stacks initialise differently)."""
-    for seed in range(30):
+    for seed in [FIRST_SEED] + [seed for seed in range(30) if seed != FIRST_SEED]:
         model = sharp_translator(seed)
         lengths = _lengths(model)
         if 0 < min(lengths) < CACHE_LENGTH - 1 == max(lengths):
