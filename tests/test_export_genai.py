@@ -70,8 +70,12 @@ def test_tokenizer_json_gives_sentencepieces_ids_on_the_embedded_corpus(sp_model
 @pytest.mark.parametrize("options", [{"normalization_rule_name": "identity"}, {"add_dummy_prefix": False},
                                      {"remove_extra_whitespaces": False},
                                      {"add_dummy_prefix": False, "remove_extra_whitespaces": False},
-                                     {"split_by_whitespace": False}],
-                         ids=["identity", "no-dummy-prefix", "spaces-kept", "both", "pieces-across-words"])
+                                     {"split_by_whitespace": False},
+                                     {"split_by_whitespace": False, "remove_extra_whitespaces": False},
+                                     {"split_by_whitespace": False, "add_dummy_prefix": False,
+                                      "remove_extra_whitespaces": False}],
+                         ids=["identity", "no-dummy-prefix", "spaces-kept", "both", "pieces-across-words",
+                              "across-words-spaces-kept", "across-words-both"])
 def test_tokenizer_json_follows_the_models_own_normalizer_settings(corpus_lines, options):
     """A `--spm` model trained with other settings than keras-posenc's: the same ids, the same text
     decoded."""
