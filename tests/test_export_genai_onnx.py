@@ -61,8 +61,6 @@ def _dims(value):
     return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
 
 
-# The first test over `proto`: mutmut credits the module fixture's conversion to the first test that
-# uses it, so that test runs the file's steps (`make mutation` runs it for every mutant of the graph).
 @pytest.mark.parametrize("chunk_size", [0, 1, 3, 4, 7, 20])
 def test_chunked_prompts_and_decode_steps_give_the_full_passes_logits(model, proto, chunk_size):
     prompt = [special_ids.BOS_ID, 7, 12, 5, 30, 21, 9]
