@@ -22,7 +22,7 @@ References:
 
 import tensorflow as tf
 
-from keras_posenc.backend import keras
+from keras_posenc.backend import keras, static_function
 
 __all__ = ["TrainSteps", "evaluate", "fit"]
 
@@ -57,8 +57,8 @@ class TrainSteps:
         self.traces = {"train": 0, "eval": 0}
         self.shapes = {"train": set(), "eval": set()}
         signature = [element_spec]
-        self._train = tf.function(self._train_step, jit_compile=jit_compile, input_signature=signature)
-        self._eval = tf.function(self._eval_step, jit_compile=jit_compile, input_signature=signature)
+        self._train = static_function(self._train_step, jit_compile=jit_compile, input_signature=signature)
+        self._eval = static_function(self._eval_step, jit_compile=jit_compile, input_signature=signature)
 
     def train(self, batch):
         """One optimizer step on a global batch; returns its logs summed over replicas (`loss`, `tokens`)."""

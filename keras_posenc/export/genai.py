@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import special_ids
+from keras_posenc.backend import static_function
 from keras_posenc.export import contract, generator, litertlm, litertlm_bundle, onnx_graph
 from keras_posenc.export.conversion import ONNX_OPSET
 from keras_posenc.export.kinds import GENAI
@@ -91,7 +92,7 @@ class _DecoderGraph(litertlm.EngineGraphs):
                      for name in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)]
         signature += [tf.TensorSpec(self.cache_spec, tf.float32, name=past_name(kind, i))
                       for kind, i in names]
-        return tf.function(decoder, input_signature=signature)
+        return static_function(decoder, input_signature=signature)
 
 
 def check_genai(model, cache_length, prompt_length):

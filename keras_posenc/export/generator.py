@@ -36,6 +36,7 @@ import tempfile
 import tensorflow as tf
 
 from keras_posenc import special_ids
+from keras_posenc.backend import static_function
 from keras_posenc.export import contract, conversion, gl_generate, model_spec, onnx_graph
 from keras_posenc.export.conversion import ONNX_OPSET
 from keras_posenc.export.formulation import ExportContext
@@ -157,7 +158,7 @@ class _Generator(CachedSignatures):
             logits, keys, values = self._step(token_ids, tf.range(self.prompt_length)[None], 0, empty, empty)
             return self._outputs(logits, keys, values)
 
-        return tf.function(prefill, input_signature=[tf.TensorSpec([1, self.prompt_length], tf.int32,
+        return static_function(prefill, input_signature=[tf.TensorSpec([1, self.prompt_length], tf.int32,
                                                                     name=TOKEN_IDS)])
 
     def decode_function(self):
@@ -169,7 +170,7 @@ class _Generator(CachedSignatures):
         signature = [tf.TensorSpec([1, 1], tf.int32, name=TOKEN_ID),
                      tf.TensorSpec([1], tf.int32, name=POSITION)]
         signature += [tf.TensorSpec(self.cache_spec, tf.float32, name=name) for name in self.cache_names]
-        return tf.function(decode, input_signature=signature)
+        return static_function(decode, input_signature=signature)
 
 
 class _ShaderGenerator(_Generator):
@@ -192,7 +193,7 @@ class _ShaderGenerator(_Generator):
             logits, keys, values = gl_generate.prefill_graph(self.clone, token_ids, self.cache_length, rows)
             return self._outputs(logits, keys, values)
 
-        return tf.function(prefill, input_signature=[self._ids(self.prompt_length, TOKEN_IDS)])
+        return static_function(prefill, input_signature=[self._ids(self.prompt_length, TOKEN_IDS)])
 
     def decode_function(self):
         def decode(ids, position, *cache):
@@ -203,7 +204,7 @@ class _ShaderGenerator(_Generator):
 
         signature = [self._ids(1, TOKEN_ID), tf.TensorSpec([1], self.dtype, name=POSITION)]
         signature += [tf.TensorSpec(self.cache_spec, tf.float32, name=name) for name in self.cache_names]
-        return tf.function(decode, input_signature=signature)
+        return static_function(decode, input_signature=signature)
 
 
 def to_tflite_generator(model, *, prompt_length, cache_length, target=DEFAULT_TARGET, embedding=None,
@@ -346,7 +347,7 @@ def frozen_signature(function, output_names):
     """`function` with its variables folded in, re-wrapped so its outputs keep their names."""
     frozen = frozen_function(function)
     names = sorted(output_names)  # the frozen function returns the flattened dict: sorted keys
-    return tf.function(lambda *inputs: dict(zip(names, frozen(*inputs))),
+    return static_function(lambda *inputs: dict(zip(names, frozen(*inputs))),
                        input_signature=function.input_signature).get_concrete_function()
 
 
@@ -358,7 +359,7 @@ def frozen_onnx(tf2onnx, function, output_names, opset):
     graph is traced, so that a missing tool is said first.
     """
     frozen = frozen_signature(function, output_names)
-    wrapped = tf.function(lambda *inputs: frozen(*inputs), input_signature=function.input_signature)
+    wrapped = static_function(lambda *inputs: frozen(*inputs), input_signature=function.input_signature)
     proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature, opset=opset)
     return proto.SerializeToString()
 

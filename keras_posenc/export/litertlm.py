@@ -32,6 +32,7 @@ protobuf >= 6.31, which the TF 2.12 stack cannot load.
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc.backend import static_function
 from keras_posenc.export import contract, generator, gl_generate
 from keras_posenc.export.kinds import LITERTLM
 from keras_posenc.export.model_spec import ModelSpec, rebuild
@@ -80,14 +81,14 @@ class EngineGraphs(generator.CachedSignatures):
         def prefill(tokens, input_pos, *cache):
             return self._call(tokens, input_pos, cache)[1]
 
-        return tf.function(prefill, input_signature=self._signature(self.prompt_length))
+        return static_function(prefill, input_signature=self._signature(self.prompt_length))
 
     def decode_function(self):
         def decode(tokens, input_pos, *cache):
             logits, outputs = self._call(tokens, input_pos, cache)
             return {LOGITS: logits, **outputs}
 
-        return tf.function(decode, input_signature=self._signature(1))
+        return static_function(decode, input_signature=self._signature(1))
 
 
 class _ShaderEngineGraphs(EngineGraphs):

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
 
+from keras_posenc.backend import static_function
 from keras_posenc.beam_search import beam_search
 from keras_posenc.export import contract, gl_translate, onnx_graph
 from keras_posenc.export.conversion import ONNX_OPSET
@@ -118,7 +119,7 @@ class TranslatorSignatures:
             tensors = [tensor for pair in pairs for tensor in pair]
             return {**dict(zip(self.cross_names, tensors)), SOURCE_MASK: tf.cast(mask, tf.float32)}
 
-        return tf.function(encode, input_signature=[tf.TensorSpec([1, self.source_length], tf.int32,
+        return static_function(encode, input_signature=[tf.TensorSpec([1, self.source_length], tf.int32,
                                                                    name=SOURCE_IDS)])
 
     def decode_function(self, rows=1):
@@ -132,7 +133,7 @@ class TranslatorSignatures:
                 list(cross[1::2]), tf.greater(source_mask, 0.5), write_cache=self.write_cache)
             return step_outputs(logits[:, 0], keys, values)
 
-        return tf.function(decode, input_signature=self.decode_signature(rows=rows))
+        return static_function(decode, input_signature=self.decode_signature(rows=rows))
 
     def decode_signature(self, ids_dtype=tf.int32, rows=1):
         signature = [tf.TensorSpec([rows, 1], ids_dtype, name=TOKEN_ID),
@@ -169,7 +170,7 @@ class ShaderTranslatorSignatures(TranslatorSignatures):
             tensors = [tensor for pair in pairs for tensor in pair]
             return {**dict(zip(self.cross_names, tensors)), SOURCE_MASK: mask}
 
-        return tf.function(encode, input_signature=[tf.TensorSpec([1, self.source_length], self.ids_dtype,
+        return static_function(encode, input_signature=[tf.TensorSpec([1, self.source_length], self.ids_dtype,
                                                                    name=SOURCE_IDS)])
 
     def decode_function(self):
@@ -183,7 +184,7 @@ class ShaderTranslatorSignatures(TranslatorSignatures):
                     list(zip(cross[0::2], cross[1::2])), source_mask)
             return step_outputs(logits, keys, values)
 
-        return tf.function(decode, input_signature=self.decode_signature(self.ids_dtype))
+        return static_function(decode, input_signature=self.decode_signature(self.ids_dtype))
 
 
 def to_tflite_translator(model, *, source_length, cache_length, target=DEFAULT_TARGET, recipe=None,
