@@ -89,6 +89,12 @@ def test_the_files_logits_are_the_models_teacher_forced_logits(case):
     assert same and parity < 1e-4 and tokens >= 4
 
 
+def test_a_file_has_no_decode_beams_unless_asked_for(case):
+    _, files = case
+    signatures = [set(tf.lite.Interpreter(model_content=flat).get_signature_list()) for flat in set(files)]
+    assert set().union(*signatures) == {"encode", "decode"}
+
+
 def test_the_encoder_outputs_mark_the_real_source_tokens(case):
     model, files = case
     session = TranslatorSession(files, TFLITE)
@@ -120,17 +126,32 @@ def test_the_onnx_pair_translates_as_translate():
                                              beam_size=beam_size).ids[0].tolist() == keras_ids
 
 
+@pytest.fixture(scope="module")
+def exported():
+    """`exported(target)`: `(_model(), pipeline.export_translation of it)` with the target's default
+    beam rows, made once per target for the tests of this module that read it."""
+    results = {}
+
+    def export(target):
+        if target not in results:
+            model = _model()
+            results[target] = model, pipeline.export_translation(model, source_length=SOURCE_LENGTH,
+                                                                  cache_length=CACHE_LENGTH, target=target)
+        return results[target]
+
+    return export
+
+
 @pytest.mark.parametrize("target, suffix, signature_files, beam_rows", [
     ("cpu", ".tflite", {"encode": "de.tflite", "decode": "de.tflite", "decode_beams": "de.tflite"}, 4),
     ("gl", ".tflite", {"encode": "de.encode.tflite", "decode": "de.decode.tflite"}, 0),
     ("tensorrt", ".onnx", {"encode": "de.encode.onnx", "decode": "de.decode.onnx",
                            "decode_beams": "de.decode_beams.onnx"}, 4),
 ])
-def test_the_saved_files_and_what_the_kit_reads(tmp_path, target, suffix, signature_files, beam_rows):
+def test_the_saved_files_and_what_the_kit_reads(exported, tmp_path, target, suffix, signature_files,
+                                                beam_rows):
     names = list(dict.fromkeys(signature_files.values()))
-    model = _model()
-    result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                         target=target)
+    model, result = exported(target)
     assert result.kind is kinds.TRANSLATE and result.failures() == []
     assert result.report["same_tokens"] and result.parity < 1e-4
     out = str(tmp_path / ("de" + suffix))
@@ -288,10 +309,10 @@ def test_write_by_update_slice_writes_the_chunk_and_keeps_every_other_slot(index
     np.testing.assert_array_equal(written.numpy(), expected)
 
 
-def test_the_cpu_decode_writes_by_update_slice_what_the_one_hot_product_writes():
+def test_the_cpu_decode_writes_by_update_slice_what_the_one_hot_product_writes(exported):
     """The cpu file's decode step (one DYNAMIC_UPDATE_SLICE per layer, kind and decode signature; no
     one-hot write) computes the layer's one-hot step bit for bit; `tensorrt` keeps the one-hot write."""
-    model = _model()
+    model, result = exported("cpu")
     clone = translator.float32_clone(model, CACHE_LENGTH)
     rng = np.random.default_rng(0)
     signatures = [translator.TranslatorSignatures(clone, SOURCE_LENGTH, CACHE_LENGTH, write_cache=write)
@@ -304,32 +325,27 @@ def test_the_cpu_decode_writes_by_update_slice_what_the_one_hot_product_writes()
     assert sorted(one_hot) == sorted(update_slice)
     for name in one_hot:
         np.testing.assert_array_equal(update_slice[name].numpy(), one_hot[name].numpy(), err_msg=name)
-    flat = translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                           target="cpu", beam_rows=2)
+    (flat,) = result.models
     ops = op_counts(flat)
     assert ops["DYNAMIC_UPDATE_SLICE"] == 2 * model.num_layers * 2 and "ONE_HOT" not in ops, ops
     assert sorted(tf.lite.Interpreter(model_content=flat).get_signature_list()) == [
         "decode", "decode_beams", "encode"]
-    plain = translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                            target="cpu")  # no decode_beams unless asked for
-    assert sorted(tf.lite.Interpreter(model_content=plain).get_signature_list()) == ["decode", "encode"]
 
 
 @pytest.mark.parametrize("target", ["cpu", "tensorrt"])
-def test_decode_beams_steps_a_beam_in_one_call_and_gives_translates_ids(target, tmp_path):
-    model = _model()
-    result = pipeline.export_translation(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
-                                         target=target, beam_rows=3)
+def test_decode_beams_steps_a_beam_in_one_call_and_gives_translates_ids(exported, target, tmp_path):
+    model, result = exported(target)
+    rows = translation_export.DEFAULT_BEAM_ROWS
     assert result.report["same_beam_tokens"] is True and result.failures() == []
-    assert result.metadata["beam_rows"] == 3 and len(result.models) == (3 if target == "tensorrt" else 1)
+    assert result.metadata["beam_rows"] == rows and len(result.models) == (3 if target == "tensorrt" else 1)
     files = result.models if target == "tensorrt" else result.models * 3
     session = TranslatorSession(files, ONNX if target == "tensorrt" else TFLITE)
-    assert session.beam_rows == 3
+    assert session.beam_rows == rows
     calls = []
     run = session.run
     session.run = lambda signature, feeds: calls.append(signature) or run(signature, feeds)
     lengths = []
-    for beam_size in (2, 3, 4):  # padded rows, full rows, and more beams than rows (one decode each)
+    for beam_size in (2, rows, rows + 1):  # padded rows, full rows, more beams than rows (one decode each)
         for row in _sources(model, seed=2):
             keras_ids = model.translate(np.array([row]), 10, beam_size=beam_size).ids[0].tolist()
             assert translator.translate_with(session, row, bos_id=model.bos_id, eos_id=model.eos_id,
