@@ -9,10 +9,13 @@ import sys
 import types
 
 import pytest
+from stacks import once_on_keras2
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "export", "jetson"))
 import kit_runtime  # noqa: E402  (the kit's modules import each other by name, as on the device)
 import pack  # noqa: E402
+
+pytestmark = once_on_keras2("the kit's loading code with stand-in runtimes imports no TensorFlow or Keras")
 
 
 def elf(path, machine, big_endian=False):

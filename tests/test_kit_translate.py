@@ -15,6 +15,7 @@ import zlib
 import numpy as np
 import pytest
 import sentencepiece as spm
+from stacks import once_on_keras2
 
 from keras_posenc.app.dataset import NUM_RESERVED_IDS, train_sentencepiece
 from keras_posenc.app.translation import TranslationRun, translate_sentences
@@ -28,6 +29,10 @@ from keras_posenc.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "export", "jetson"))
 import kit_contract  # noqa: E402  (the kit's modules import each other by name, as on the device)
 import run_translate  # noqa: E402
+
+pytestmark = once_on_keras2("the kit is NumPy over the files' outputs, the same on both stacks; the model it "
+                            "is checked against translates on both stacks in test_seq2seq.py and "
+                            "test_export_translation.py")
 
 FORBIDDEN = (PAD_ID, BOS_ID)
 SENTENCES = ["the cat sat on the mat", "a dog ran to the old house", "the bird sang", "old mats and cats",

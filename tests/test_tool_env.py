@@ -20,6 +20,7 @@ import time
 
 import pytest
 import test_cli_arguments
+from stacks import once_on_keras2
 
 from keras_posenc.export import litert_python, onnx_tools, tool_env
 from keras_posenc.export.tool_env import ToolEnvironment, ToolEnvironmentError
@@ -29,6 +30,8 @@ TOOL_ENV = tool_env.__file__
 # The exporters replaced, and the runner of the command, of the command-line tests.
 exports, run = test_cli_arguments.exports, test_cli_arguments.run
 NOT_FOUND = "ERROR: Could not find a version that satisfies the requirement litert-lm-builder==0.18.1"
+pytestmark = once_on_keras2("a stand-in Python plays the tool environments' interpreter and pip; nothing "
+                            "here runs TensorFlow or Keras")
 
 # The stand-in: `-c CODE` prints $FAKE_VERSION; `-m venv DIR` makes DIR/bin/python (itself);
 # `-m pip install -r FILE` copies FILE to the environment's installed.txt; `-m pip check` passes.
