@@ -158,8 +158,8 @@ class _Generator(CachedSignatures):
             logits, keys, values = self._step(token_ids, tf.range(self.prompt_length)[None], 0, empty, empty)
             return self._outputs(logits, keys, values)
 
-        return static_function(prefill, input_signature=[tf.TensorSpec([1, self.prompt_length], tf.int32,
-                                                                    name=TOKEN_IDS)])
+        ids = tf.TensorSpec([1, self.prompt_length], tf.int32, name=TOKEN_IDS)
+        return static_function(prefill, input_signature=[ids])
 
     def decode_function(self):
         def decode(token_id, position, *cache):
@@ -348,7 +348,7 @@ def frozen_signature(function, output_names):
     frozen = frozen_function(function)
     names = sorted(output_names)  # the frozen function returns the flattened dict: sorted keys
     return static_function(lambda *inputs: dict(zip(names, frozen(*inputs))),
-                       input_signature=function.input_signature).get_concrete_function()
+                           input_signature=function.input_signature).get_concrete_function()
 
 
 def frozen_onnx(tf2onnx, function, output_names, opset):

@@ -119,8 +119,8 @@ class TranslatorSignatures:
             tensors = [tensor for pair in pairs for tensor in pair]
             return {**dict(zip(self.cross_names, tensors)), SOURCE_MASK: tf.cast(mask, tf.float32)}
 
-        return static_function(encode, input_signature=[tf.TensorSpec([1, self.source_length], tf.int32,
-                                                                   name=SOURCE_IDS)])
+        ids = tf.TensorSpec([1, self.source_length], tf.int32, name=SOURCE_IDS)
+        return static_function(encode, input_signature=[ids])
 
     def decode_function(self, rows=1):
         """`decode` (`rows` 1), or `decode_beams` over `rows` hypotheses of one sentence."""
@@ -170,8 +170,8 @@ class ShaderTranslatorSignatures(TranslatorSignatures):
             tensors = [tensor for pair in pairs for tensor in pair]
             return {**dict(zip(self.cross_names, tensors)), SOURCE_MASK: mask}
 
-        return static_function(encode, input_signature=[tf.TensorSpec([1, self.source_length], self.ids_dtype,
-                                                                   name=SOURCE_IDS)])
+        ids = tf.TensorSpec([1, self.source_length], self.ids_dtype, name=SOURCE_IDS)
+        return static_function(encode, input_signature=[ids])
 
     def decode_function(self):
         count = 2 * self.layers
