@@ -31,7 +31,7 @@ import types
 __all__ = ["add_rows", "attention_kernel_initializer", "backend_name", "dropout_state", "dtype_name",
            "eager_scope", "inference_function", "is_keras3", "is_tensorflow", "is_symbolic", "is_tracer",
            "keras", "keras_version", "make_deterministic", "no_autocast", "ops", "save_model",
-           "static_function", "static_int", "widest_float"]
+           "static_call", "static_function", "static_int", "widest_float"]
 __all__ += ["build_multi_head_attention", "dense_gradients", "is_functional", "model_input_names",
             "weight_name_scope", "without_keras_mask"]
 
@@ -188,6 +188,32 @@ def static_function(fn, **options):
     import tensorflow as tf
 
     return tf.function(fn, autograph=False, **options)
+
+
+def static_call(call):
+    """Decorates a layer's `call`: a static graph, which Keras 2 traces without AutoGraph.
+
+    Keras 2 runs AutoGraph over the `call` of every layer defined outside
+    Keras whenever it traces one (`fit`, `predict`, SavedModel, a functional
+    model's construction): it rewrites the source and routes each op through
+    AutoGraph's dispatch, for graphs that have no tensor-dependent Python
+    control flow to convert. This marks `call` as not to be converted, keeping
+    its signature, from which Keras reads the `mask` and `training`
+    arguments. Keras 3 converts no layer's `call`: there `call` is returned
+    unchanged.
+
+    Args:
+        call: the layer class's `call` method.
+    """
+    if _KERAS3:
+        return call
+    import inspect
+
+    import tensorflow as tf
+
+    wrapper = tf.autograph.experimental.do_not_convert(call)
+    wrapper.__signature__ = inspect.signature(call)
+    return wrapper
 
 
 def inference_function(layer, fn):

@@ -23,7 +23,7 @@ References:
 
 import tensorflow as tf
 
-from keras_posenc.backend import dense_gradients, keras, ops
+from keras_posenc.backend import dense_gradients, keras, ops, static_call
 from keras_posenc.generation import generate as _generate
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.schedules import WarmupSchedule
@@ -151,6 +151,7 @@ class CausalLM(TokenLossTraining, keras.Model):
         self.eval_loss = keras.metrics.Mean(name="loss")
         self.distribute_reduction_method = "sum"
 
+    @static_call
     def call(self, inputs, position_ids=None, language_ids=None, training=None, cache=None, cache_index=None):
         if isinstance(inputs, dict):
             position_ids = inputs.get("position_ids", position_ids)

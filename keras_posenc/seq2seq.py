@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.backend import inference_function, keras, ops
+from keras_posenc.backend import inference_function, keras, ops, static_call
 from keras_posenc.beam_search import beam_search
 from keras_posenc.layers.decoder_layer import DecoderLayer
 from keras_posenc.layers.encoder import (
@@ -185,6 +185,7 @@ class Seq2SeqTransformer(TokenLossTraining, keras.Model):
         self.head = None if self.tie_output else keras.layers.Dense(vocab_size, name="lm_head")
 
     # The forward pass -----------------------------------------------------------------------------
+    @static_call
     def call(self, inputs, training=None):
         source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
         encoder_outputs, source_mask = self.encode(source_ids, training=training)

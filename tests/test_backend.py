@@ -108,3 +108,67 @@ def test_a_keras2_training_step_carries_no_xla_mark_and_adds_the_plain_rows():
     expected = np.where((ids != 0)[..., None], x + table[np.maximum(counts, 0)], x)
     np.testing.assert_allclose(added, expected, rtol=0, atol=1e-6)
     assert _marked_ops(step.get_concrete_function().graph.as_graph_def()) == []
+
+
+@pytest.mark.skipif(backend.is_keras3(), reason="Keras 2 runs AutoGraph over layer calls; Keras 3 never does")
+def test_static_call_has_keras2_trace_the_call_as_written():
+    import numpy as np
+    import tensorflow as tf
+
+    keras = backend.keras
+
+    class Branching(keras.layers.Layer):
+        def call(self, x):
+            if tf.reduce_sum(x) > 0:  # tensor-dependent: AutoGraph turns it into a tf.cond
+                return x + 1.0
+            return x - 1.0
+
+    class StaticBranching(Branching):
+        call = backend.static_call(Branching.call)
+
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(keras.Sequential([Branching()]).predict(x, verbose=0), x + 1.0)
+    with pytest.raises(TypeError, match="symbolic `tf.Tensor` as a Python `bool`"):
+        keras.Sequential([StaticBranching()]).predict(x, verbose=0)
+
+
+def test_a_static_call_gets_the_mask_and_training_flag_from_keras_when_it_takes_them():
+    import numpy as np
+
+    keras = backend.keras
+    calls = []
+
+    class Recorder(keras.layers.Layer):
+        @backend.static_call
+        def call(self, x, mask=None, training=None):
+            calls.append((mask, training))
+            return x
+
+    class Plain(keras.layers.Layer):  # takes neither: Keras must not pass them
+        @backend.static_call
+        def call(self, x):
+            return x
+
+    ids = keras.Input((3,), dtype="int32")
+    outputs = Plain()(Recorder()(keras.layers.Embedding(5, 2, mask_zero=True)(ids)))
+    keras.Model(ids, outputs)(np.array([[1, 2, 0]], np.int32), training=True)
+    mask, training = calls[-1]  # the eager call (the first one built the functional model)
+    assert backend.ops.convert_to_numpy(mask).tolist() == [[True, True, False]]
+    assert training is True
+
+
+@pytest.mark.skipif(backend.is_keras3(), reason="static_call leaves Keras 3's calls as they are")
+def test_every_layer_and_model_of_the_package_has_a_static_call():
+    import inspect
+
+    import keras_posenc
+    import keras_posenc.app.translation_ablation  # noqa: F401 - registers its layer
+
+    registered = {name: cls for name, cls in backend.keras.utils.get_custom_objects().items()
+                  if name.startswith("keras_posenc>") and isinstance(cls, type)
+                  and issubclass(cls, backend.keras.layers.Layer)}
+    assert {"keras_posenc>Encoder", "keras_posenc>Seq2SeqTransformer"} <= set(registered)
+    own_calls = {name: cls.call for name, cls in registered.items()
+                 if cls.call.__module__.startswith(keras_posenc.__name__)}
+    assert len(own_calls) >= 12
+    assert [name for name, call in own_calls.items() if inspect.unwrap(call) is call] == []

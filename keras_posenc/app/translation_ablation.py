@@ -53,7 +53,7 @@ from keras_posenc.app._plotting import pyplot, save_figure
 from keras_posenc.app.train_logs import StepLog
 from keras_posenc.app.translation import corpus_scores
 from keras_posenc.app.translation_data import pad_rows, source_ids, translation_dataset
-from keras_posenc.backend import inference_function, keras, make_deterministic, ops
+from keras_posenc.backend import inference_function, keras, make_deterministic, ops, static_call
 from keras_posenc.files import write_text
 from keras_posenc.layers.attention_masks import merge_attention_masks
 from keras_posenc.models import transformer_adam
@@ -256,6 +256,7 @@ class _PositionAxisNormalization(keras.layers.Layer):
         self.beta = self.add_weight(name="beta", shape=(input_shape[-1],), initializer="zeros")
         super().build(input_shape)
 
+    @static_call
     def call(self, x):
         x32 = ops.cast(x, "float32")
         count = ops.cast(ops.shape(x)[-2], "float32")

@@ -3,6 +3,7 @@
 from keras_posenc.backend import (
     attention_kernel_initializer,
     keras,
+    static_call,
     weight_name_scope,
     without_keras_mask,
 )
@@ -149,6 +150,7 @@ class DecoderLayer(ShapePreserving, keras.layers.Layer):
             raise ValueError(f"`{name}` must have shape [batch, length, d_model={self.d_model}], "
                              f"got shape {tuple(shape)}.")
 
+    @static_call
     def call(self, x, encoder_outputs, mask=None, encoder_mask=None, position_ids=None, training=None,
              return_attention_scores=False):
         self._check_shape("x", tuple(x.shape))

@@ -1,6 +1,6 @@
 """Encoder: token and position embedding followed by a stack of EncoderLayers."""
 
-from keras_posenc.backend import keras, ops, weight_name_scope
+from keras_posenc.backend import keras, ops, static_call, weight_name_scope
 from keras_posenc.layers._shape_preserving import input_shape_of
 from keras_posenc.layers.encoder_layer import (
     ATTENTION_POSITIONS,
@@ -233,6 +233,7 @@ class Encoder(keras.layers.Layer):
                 layer.build(shape)
         super().build(input_shape)
 
+    @static_call
     def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, attention_mask=None,
              use_causal_mask=False, training=None, cache=None, cache_index=None):
         if cache is not None:

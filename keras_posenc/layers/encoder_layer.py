@@ -4,6 +4,7 @@ from keras_posenc.backend import (
     attention_kernel_initializer,
     keras,
     ops,
+    static_call,
     weight_name_scope,
     without_keras_mask,
 )
@@ -247,6 +248,7 @@ class EncoderLayer(ShapePreserving, keras.layers.Layer):
                 layer.build(shape)
         super().build(input_shape)
 
+    @static_call
     def call(self, x, mask=None, attention_mask=None, use_causal_mask=False, position_ids=None,
              training=None, return_attention_scores=False, cache=None, cache_index=None):
         if len(x.shape) != 3 or x.shape[-1] != self.d_model:

@@ -11,7 +11,16 @@ with the TensorFlow or JAX backend.
 
 import numpy as np
 
-from keras_posenc.backend import add_rows, dtype_name, eager_scope, keras, no_autocast, ops, static_int
+from keras_posenc.backend import (
+    add_rows,
+    dtype_name,
+    eager_scope,
+    keras,
+    no_autocast,
+    ops,
+    static_call,
+    static_int,
+)
 from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.positions import running_count
 from keras_posenc.validation import (
@@ -239,6 +248,7 @@ class PositionEmbeddingBase(ShapePreserving, keras.layers.Layer):
         self._dropout_layer.build(input_shape)
         super().build(input_shape)
 
+    @static_call
     def call(self, inputs, position_ids=None, language_ids=None, mask=None, training=None):
         if len(inputs.shape) != 3:
             raise ValueError(

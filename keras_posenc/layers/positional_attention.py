@@ -1,6 +1,6 @@
 """PositionalAttention: multi-head attention with RoPE or ALiBi inside it."""
 
-from keras_posenc.backend import build_multi_head_attention, keras, ops
+from keras_posenc.backend import build_multi_head_attention, keras, ops, static_call
 from keras_posenc.layers._shape_preserving import input_shape_of
 from keras_posenc.layers.alibi import MASKED_BIAS, alibi_bias, alibi_slopes
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
@@ -163,6 +163,7 @@ class PositionalAttention(keras.layers.MultiHeadAttention):
         """Queries, keys and values of self-attention on `x`: three `[batch, length, heads, head_dim]`."""
         return self._query_dense(x), self._key_dense(x), self._value_dense(x)
 
+    @static_call
     def call(self, query, value=None, key=None, attention_mask=None, return_attention_scores=False,
              training=None, use_causal_mask=False, position_ids=None, **kwargs):
         value = query if value is None else value

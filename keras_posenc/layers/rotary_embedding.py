@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_posenc.backend import dtype_name, is_tensorflow, is_tracer, keras, ops
+from keras_posenc.backend import dtype_name, is_tensorflow, is_tracer, keras, ops, static_call
 from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.layers.rope_scaling import (
     DYNAMIC_SCALINGS,
@@ -503,6 +503,7 @@ class RotaryEmbedding(ShapePreserving, keras.layers.Layer):
             if self._switches():
                 self._long_tables = self._scaled(*rotary_cos_sin(positions, self._long_frequencies))
 
+    @static_call
     def call(self, inputs, position_ids=None, mask=None, segment_ids=None, offset=0):
         _check_rank(inputs)
         cos, sin = self._call_tables(inputs, position_ids, mask, segment_ids, offset)

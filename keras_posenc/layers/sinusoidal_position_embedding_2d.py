@@ -3,7 +3,7 @@
 import numpy as np
 
 from keras_posenc import tables
-from keras_posenc.backend import keras, ops
+from keras_posenc.backend import keras, ops, static_call
 from keras_posenc.layers._shape_preserving import ShapePreserving, input_shape_of
 from keras_posenc.validation import check_base, check_positive_int
 
@@ -77,6 +77,7 @@ class SinusoidalPositionEmbedding2D(ShapePreserving, keras.layers.Layer):
         self._table = np.asarray(table, np.float32)
         super().build(input_shape)
 
+    @static_call
     def call(self, inputs):
         if inputs.shape[1] is not None and inputs.shape[1] != self.num_tokens:
             raise ValueError(f"`inputs` must have {self.num_tokens} tokens, got shape {inputs.shape}.")

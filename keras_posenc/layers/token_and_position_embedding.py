@@ -2,7 +2,7 @@
 
 import math
 
-from keras_posenc.backend import dtype_name, keras, ops
+from keras_posenc.backend import dtype_name, keras, ops, static_call
 from keras_posenc.layers._shape_preserving import input_shape_of
 from keras_posenc.layers.integer_position_embedding import IntegerPositionEmbedding
 from keras_posenc.layers.learned_position_embedding import LearnedPositionEmbedding
@@ -129,6 +129,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.position_embedding.build(input_shape + (self.d_model,))
         super().build(input_shape)
 
+    @static_call
     def call(self, token_ids, position_ids=None, language_ids=None, segment_ids=None, training=None):
         if len(token_ids.shape) != 2:
             raise ValueError(
