@@ -170,7 +170,8 @@ def held_out_rows(sp_model, corpus, rows=24):
 # Quantizer's, whichever stack converted the float32 model.
 @pytest.mark.parametrize("target,quantize", [
     pytest.param("cpu", "int8", marks=once_on_keras2("TensorFlow 2.21's int8 bundle runs on the GPU")),
-    pytest.param("cpu", "int4", marks=once_on_keras2("int4 bundles: the same LiteRT Quantizer recipe")),
+    pytest.param("cpu", "int4", marks=once_on_keras3("int4 bundles: the same LiteRT Quantizer recipe; on "
+                                                     "Keras 3, whose edge run is the shorter")),
     pytest.param("gpu", "int8", marks=once_on_keras3("TensorFlow 2.12's int8 bundle runs on the CPU"))])
 def test_quantized_bundles_run_on_the_engine_as_on_litert(tmp_path, sp_model, corpus, edge, target, quantize):
     model = tied_lm(POSITIONS["rope-yarn"])
