@@ -354,6 +354,16 @@ def test_a_quantized_build_measures_quality_on_its_sources_and_calibrates_onnx_i
     assert built.format_quality(built.quality, None).endswith("(limit: a drop of 0.5), chrF 50.00 -> 50.00.")
 
 
+def test_an_int8_build_checking_one_new_token_calibrates_every_signature(model, near, built_with):
+    """The calibration runs as many steps as the files allow, whatever the check's `max_new_tokens`:
+    a beam search of one step would never call `decode_beams`."""
+    _, calls = built_with(model, precision="int8", max_new_tokens=1, check_sources=check_sources(model))
+    calibration = calls[1]["calibration"]
+    assert sorted(calibration) == ["decode", "decode_beams", "encode"]
+    assert all(calibration[key] for key in calibration)
+    assert len(calibration["decode"]) > 2 * 3  # more steps than the first of each greedy and beam run
+
+
 def test_a_float16_build_is_not_calibrated(model, built_with):
     built, calls = built_with(model, precision="float16", check_sources=check_sources(model))
     assert [call["calibration"] for call in calls] == [None, None]

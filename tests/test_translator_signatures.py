@@ -24,7 +24,7 @@ from translator_sessions import (
 )
 
 from keras_posenc.backend import is_keras3, keras
-from keras_posenc.export import contract, translator
+from keras_posenc.export import contract, kinds, quantization, translator
 from keras_posenc.export.targets import target_of
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.seq2seq import Seq2SeqTransformer
@@ -82,6 +82,45 @@ def test_the_search_over_the_signatures_is_translates(model, beam_size, beam_row
     used_beams = contract.BEAM_SIGNATURE in session.calls
     assert used_beams == (1 < beam_size <= beam_rows)
     assert session.calls.count(translator.ENCODE) == 3
+
+
+def test_beams_ranked_with_translates_default_penalty_score_as_translate_does(model):
+    """`alpha` left to its default reaches the search: scores of translations longer than one token
+    depend on it (beam_search's own default is another, 0.6)."""
+    session = _session(model, beam_rows=4)
+    lengths = []
+    for row in check_sources(model):
+        expected = model.translate(np.array([row]), CACHE_LENGTH - 1, beam_size=3)
+        got = _search(session, model, row, beam_size=3)
+        assert got.ids[0].tolist() == expected.ids[0].tolist()
+        np.testing.assert_allclose(got.scores, expected.scores, atol=TOLERANCE, rtol=0)
+        lengths.append(len(expected.ids[0]))
+    assert max(lengths) > 1
+
+
+@pytest.mark.parametrize("beam_rows, calibration, missing", [
+    (0, None, "encode, decode"),
+    (2, {"encode": [{"source_ids": 0}], "decode": [{"token_id": 0}]}, "decode_beams"),
+    (2, {"encode": [{"source_ids": 0}], "decode": [], "decode_beams": [{"token_id": 0}]}, "decode")])
+def test_an_int8_onnx_pair_needs_feeds_for_every_signature(model, beam_rows, calibration, missing):
+    recipe = quantization.recipe_for("tensorrt", "int8", kinds.TRANSLATE)
+    with pytest.raises(ValueError, match=f"`calibration` has no feeds for {missing} "):
+        translator.to_onnx_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                      recipe=recipe, calibration=calibration, beam_rows=beam_rows)
+
+
+@pytest.mark.parametrize("beam_rows, signatures", [
+    (None, ["encode", "decode"]), (2, ["encode", "decode", "decode_beams"])])
+def test_a_cpu_file_gets_decode_beams_only_when_asked_for(model, monkeypatch, beam_rows, signatures):
+    """What `to_tflite_translator` hands the converter (the conversion itself: test_export_translation.py)."""
+    given = []
+    monkeypatch.setattr(translator, "frozen_signature", lambda function, names: function)
+    monkeypatch.setattr(translator, "convert_signatures",
+                        lambda functions, recipe, litert_python: given.append(list(functions)) or b"")
+    options = {} if beam_rows is None else {"beam_rows": beam_rows}
+    translator.to_tflite_translator(model, source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+                                    target="cpu", **options)
+    assert given == [signatures]
 
 
 def test_the_default_length_penalty_is_translates():

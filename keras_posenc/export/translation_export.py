@@ -167,7 +167,8 @@ def _files(model, target, source_length, cache_length, beam_rows, recipe, litert
 
 def _onnx_calibration(session, model, sources, max_new_tokens):
     """`{signature: [feeds]}` of the float32 files' greedy runs over `sources` (ONNX int8), and with
-    `decode_beams` their beam searches."""
+    `decode_beams` their beam searches, `max_new_tokens` steps at most (the longest the files allow:
+    a beam search of one step never calls `decode_beams`)."""
     with recording(session) as calls:
         for row in sources:
             _ids(model, session, row, max_new_tokens)
@@ -209,7 +210,7 @@ def build_translation(model, *, target, precision, litert_python=None, source_le
         if recipe is not None:
             float_files = _files(model, recipe=None, interpreter=interpreter, **files)
             if target.file_format is ONNX and recipe.precision == "int8":
-                calibration = _onnx_calibration(float_files[1], model, sources, max_new_tokens)
+                calibration = _onnx_calibration(float_files[1], model, sources, limit)
         models, session = _files(model, recipe=recipe, interpreter=interpreter, calibration=calibration,
                                  **files)
         same, parity, tokens = check_parity(model, session, sources, max_new_tokens)

@@ -211,8 +211,19 @@ def to_onnx_translator(model, *, source_length, cache_length, recipe=None, opset
     """The `encode`, `decode` (and with `beam_rows` `decode_beams`) graphs as ONNX models
     (`tensorrt`), static shapes, in that order.
 
-    `calibration`: for an int8 `recipe`, `{signature: [feeds]}` of float32 runs (`recorded_feeds`).
+    `calibration`: for an int8 `recipe`, `{signature: [feeds]}` of float32 runs (`recorded_feeds`),
+    some for every signature.
+
+    Raises:
+        ValueError: an int8 `recipe` without feeds for a signature, before any conversion.
     """
+    if recipe is not None and recipe.precision == "int8":
+        wanted = [ENCODE, DECODE] + ([contract.BEAM_SIGNATURE] if beam_rows else [])
+        missing = [key for key in wanted if not (calibration or {}).get(key)]
+        if missing:
+            raise ValueError(f"An int8 ONNX translator is calibrated on float32 runs of each signature: "
+                             f"`calibration` has no feeds for {', '.join(missing)} (it holds "
+                             f"{sorted(calibration or {})}).")
     from keras_posenc.export.onnx_tools import import_tf2onnx
 
     tf2onnx = import_tf2onnx()
