@@ -15,6 +15,9 @@ import types
 from pathlib import Path
 
 import pytest
+from stacks import once_on_keras2
+
+pytestmark = once_on_keras2("`make mutation` runs on .venv, the Keras 2 stack, and nowhere else")
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = "keras_posenc/m.py"
