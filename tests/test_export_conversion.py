@@ -26,6 +26,7 @@ from keras_posenc.layers import (
 )
 from keras_posenc.layers.encoder import Encoder
 from keras_posenc.models import CausalLM
+from keras_posenc.seq2seq import Seq2SeqTransformer
 
 LENGTH = 6
 
@@ -406,6 +407,24 @@ def test_load_model_refuses_what_it_cannot_read(tmp_path):
     loaded = model_spec.load_model(str(path))
     ids = np.array([[3, 4, 5, 6]], np.int32)
     np.testing.assert_array_equal(np.asarray(loaded(ids)), np.asarray(lm(ids)))
+    with pytest.raises(ValueError) as error:
+        model_spec.load_model(str(path), translator=True)
+    assert _message(error) == (f"--translate exports a translator (`keras-posenc train --task translate`); "
+                               f"{str(path)!r} holds a CausalLM.")
+
+
+def test_load_model_takes_a_translator_only_when_asked_to(tmp_path):
+    translator = Seq2SeqTransformer(num_layers=1, d_model=8, num_heads=2, dff=16, vocab_size=24, max_length=8)
+    translator.build_on_dummy()
+    path = str(tmp_path / "de.keras")
+    save_model(translator, path)
+    with pytest.raises(ValueError) as error:
+        model_spec.load_model(path)
+    assert _message(error) == (f"{path!r} holds an encoder-decoder translator (Seq2SeqTransformer): "
+                               "export it with `keras-posenc export MODEL --translate`.")
+    loaded = model_spec.load_model(path, translator=True)
+    assert isinstance(loaded, Seq2SeqTransformer)
+    assert all(np.array_equal(a, b) for a, b in zip(loaded.get_weights(), translator.get_weights()))
 
 
 # ONNX calibration rows (no tf2onnx needed) -------------------------------------------------------
