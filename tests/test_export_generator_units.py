@@ -11,6 +11,7 @@ import json
 import os
 
 import numpy as np
+import onnx
 import pytest
 import tensorflow as tf
 from litert_stand_in import FAILED_QUANTIZE, executable, failing_litert_python
@@ -596,6 +597,29 @@ def test_the_checked_export_reports_tokens_parity_and_costs(model):
     assert len(result.models) == 1
     assert set(result.report) == {"same_tokens", "parity", "tokens_checked", "verdicts"}
     assert result.report["verdicts"] == {}
+
+
+@once_on_keras2("each stack's tensorrt pair is checked by tests/edge/edge_generate_onnx.py; this one is for "
+                "`make mutation`, which runs on Keras 2")
+def test_the_checked_tensorrt_export_is_the_onnx_pair_measured_against_float32(model):
+    """`tensorrt`: the prefill and decode ONNX models, each with its cost, checked token for token
+    on onnxruntime, and a float16 pair measured against a float32 pair of the same target."""
+    eval_rows = np.array([[6, 7, 8, 9, 10, 11], [12, 13, 0, 0, 0, 0]])
+    result = pipeline.export_generation(model, prompt_length=4, cache_length=8, target="tensorrt",
+                                        check_prompt=[6, 7, 8, 9, 10], check_tokens=3, quantize="float16",
+                                        eval_token_ids=eval_rows)
+    assert result.target == "tensorrt" and result.quantize == "float16" and len(result.models) == 2
+    for proto in result.models:  # the float16 pair (float16 weights), not the float32 reference
+        weights = onnx.load_from_string(proto).graph.initializer
+        assert onnx.TensorProto.FLOAT16 in {weight.data_type for weight in weights}
+    assert result.report["same_tokens"] is True and result.report["parity"] < 1e-2
+    meta = result.metadata
+    assert 0 < meta["decode_multiply_adds"] < meta["prefill_multiply_adds"]
+    quality = result.report["quality"]
+    assert meta["quality"] == quality and quality["prompts"] == 3 and quality["rows"] == 2
+    assert quality["greedy_tokens"] == 3 and 0.0 <= quality["generation_agreement"] <= 1.0
+    assert quality["loss_increase"] != 0.0  # against float32's logits, not the float16 pair's own
+    assert result.description.endswith(", float16 weights")
 
 
 def test_a_file_whose_tokens_differ_says_so(model, monkeypatch):
