@@ -12,7 +12,8 @@ import os
 __all__ = ["BEAM_SIGNATURE", "CONTRACT_SUFFIX", "EMBEDDINGS_QUANTIZED_SUFFIX", "EMBEDDINGS_SUFFIX", "KEYS",
            "LITERTLM_SUFFIX", "METADATA_SUFFIX", "SIGNATURES", "TENSORS", "TRANSLATE_SIGNATURES", "VERSION",
            "contract_path", "cross_name", "document", "embeddings_path", "file_record", "kv_cache_name",
-           "metadata_path", "model_paths", "past_name", "present_name", "present_to_past"]
+           "metadata_path", "model_paths", "past_name", "present_name", "present_to_past",
+           "translate_signatures"]
 
 VERSION = 1
 
@@ -64,6 +65,17 @@ TRANSLATE_SIGNATURES = ("encode", "decode")
 BEAM_SIGNATURE = "decode_beams"
 METADATA_SUFFIX = ".json"
 CONTRACT_SUFFIX = ".contract.json"
+
+
+def translate_signatures(beam_rows):
+    """A translator's signatures, in file order: `encode`, `decode`, and with `beam_rows` `decode_beams`.
+
+    Example:
+
+    >>> translate_signatures(0), translate_signatures(4)
+    (('encode', 'decode'), ('encode', 'decode', 'decode_beams'))
+    """
+    return TRANSLATE_SIGNATURES + ((BEAM_SIGNATURE,) if beam_rows else ())
 EMBEDDINGS_SUFFIX = ".embeddings.npy"  # float32 (or float16 with --quantize float16)
 # int8 / int4 rows: `codes`, `scales`, `bits`, `block` (keras_posenc.export.host_table)
 EMBEDDINGS_QUANTIZED_SUFFIX = ".embeddings.npz"

@@ -14,7 +14,7 @@ over `max_bleu_drop`.
 import numpy as np
 
 from keras_posenc import special_ids
-from keras_posenc.export.contract import BEAM_SIGNATURE
+from keras_posenc.export.contract import translate_signatures
 from keras_posenc.export.kinds import TRANSLATE
 from keras_posenc.export.quantization import interpreter_for, recipe_for
 from keras_posenc.export.result import Built
@@ -219,7 +219,7 @@ def build_translation(model, *, target, precision, litert_python=None, source_le
         if recipe is not None:
             quality = translation_quality(model, float_files[1], session, list(quality_sources or sources),
                                           max_new_tokens, score)
-    signatures = TRANSLATE.signatures + ((BEAM_SIGNATURE,) if beam_rows else ())
+    signatures = translate_signatures(beam_rows)
     metadata = translation_metadata(model, source_length=source_length, cache_length=cache_length,
                                     target=target)
     metadata["quantize"] = precision

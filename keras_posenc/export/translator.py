@@ -217,13 +217,13 @@ def to_onnx_translator(model, *, source_length, cache_length, recipe=None, opset
     Raises:
         ValueError: an int8 `recipe` without feeds for a signature, before any conversion.
     """
+    calibration = calibration or {}
     if recipe is not None and recipe.precision == "int8":
-        wanted = [ENCODE, DECODE] + ([contract.BEAM_SIGNATURE] if beam_rows else [])
-        missing = [key for key in wanted if not (calibration or {}).get(key)]
+        missing = [key for key in contract.translate_signatures(beam_rows) if not calibration.get(key)]
         if missing:
             raise ValueError(f"An int8 ONNX translator is calibrated on float32 runs of each signature: "
                              f"`calibration` has no feeds for {', '.join(missing)} (it holds "
-                             f"{sorted(calibration or {})}).")
+                             f"{sorted(calibration)}).")
     from keras_posenc.export.onnx_tools import import_tf2onnx
 
     tf2onnx = import_tf2onnx()
@@ -233,7 +233,6 @@ def to_onnx_translator(model, *, source_length, cache_length, recipe=None, opset
               for function, names in signatures.values()]
     if recipe is None:
         return tuple(protos)
-    calibration = calibration or {}
     return tuple(quantize_onnx(proto, recipe, calibration.get(key, ()))
                  for proto, key in zip(protos, signatures))
 
