@@ -232,9 +232,11 @@ def longest_sequence(model):
 def frozen_function(function):
     """The concrete function of `function` with every variable it reads folded in as a constant.
 
-    The converter freezes the variables of a Keras 2 model itself; a Keras 3 model's variables
-    are not tracked by the function, so they would stay VAR_HANDLE/READ_VARIABLE ops that the
-    runtime never initialises (garbage outputs, and no GPU runs them). Frozen here for both.
+    For the exports that save their signatures in a SavedModel of a bare `tf.Module` (several
+    signatures in one file): the module tracks none of the variables (a Keras 3 model's least of
+    all), so unfrozen they would stay VAR_HANDLE/READ_VARIABLE ops that the runtime never
+    initialises (garbage outputs, and no GPU runs them). One function given to
+    `TFLiteConverter.from_concrete_functions` needs no freezing here: the converter does it.
     """
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
