@@ -128,7 +128,7 @@ def to_genai_onnx(model, *, cache_length, opset=ONNX_OPSET):
 
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     graph = _DecoderGraph(clone, None, cache_length, target)
-    proto = generator.frozen_onnx(tf2onnx, graph.function(), [LOGITS] + graph.present_names(), opset)
+    proto = generator.frozen_onnx(tf2onnx, graph.function(), opset)
     folded = onnx_graph.fold_constants(onnx.load_from_string(proto))
     return _named_dims(folded, graph).SerializeToString()
 

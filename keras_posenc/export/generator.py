@@ -315,7 +315,7 @@ def to_onnx_generator(model, *, prompt_length, cache_length, opset=ONNX_OPSET, r
     clone = rebuild(model, ModelSpec.of(model, cache_length, 1))
     module = _Generator(clone, prompt_length, cache_length, target)
     # The outputs keep their contract names (the dict's keys); the shape arithmetic goes.
-    protos = [onnx_graph.finish(frozen_onnx(tf2onnx, function, module.output_names, opset))
+    protos = [onnx_graph.finish(frozen_onnx(tf2onnx, function, opset))
               for function in (module.prefill_function(), module.decode_function())]
     if recipe is None:
         return tuple(protos)
@@ -351,16 +351,17 @@ def frozen_signature(function, output_names):
                            input_signature=function.input_signature).get_concrete_function()
 
 
-def frozen_onnx(tf2onnx, function, output_names, opset):
-    """The serialized ONNX of `function` (a `tf.function` with an input signature) by `tf2onnx`,
-    its variables folded in and its outputs named `output_names`; unfolded (see `onnx_graph`).
+def frozen_onnx(tf2onnx, function, opset):
+    """The serialized ONNX of `function` (a `tf.function` with an input signature, returning a dict)
+    by `tf2onnx`, its variables folded in and its outputs named by the dict's keys; unfolded (see
+    `onnx_graph`).
 
     `tf2onnx`: the module (`onnx_tools.import_tf2onnx()`), imported by the caller before any
     graph is traced, so that a missing tool is said first.
     """
-    frozen = frozen_signature(function, output_names)
-    wrapped = static_function(lambda *inputs: frozen(*inputs), input_signature=function.input_signature)
-    proto, _ = tf2onnx.convert.from_function(wrapped, input_signature=function.input_signature, opset=opset)
+    # tf2onnx freezes the function itself and names the outputs by its dict's keys: freezing it
+    # here first as well would import the graph twice.
+    proto, _ = tf2onnx.convert.from_function(function, input_signature=function.input_signature, opset=opset)
     return proto.SerializeToString()
 
 

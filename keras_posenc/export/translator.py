@@ -229,8 +229,7 @@ def to_onnx_translator(model, *, source_length, cache_length, recipe=None, opset
     tf2onnx = import_tf2onnx()
     module = TranslatorSignatures(float32_clone(model, cache_length), source_length, cache_length, beam_rows)
     signatures = module.signatures()
-    protos = [onnx_graph.finish(frozen_onnx(tf2onnx, function, names, opset))
-              for function, names in signatures.values()]
+    protos = [onnx_graph.finish(frozen_onnx(tf2onnx, function, opset)) for function, _ in signatures.values()]
     if recipe is None:
         return tuple(protos)
     return tuple(quantize_onnx(proto, recipe, calibration.get(key, ()))
