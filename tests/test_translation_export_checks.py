@@ -180,6 +180,7 @@ def test_default_sources_are_ordinary_ids_ending_in_eos(model):
                        for r, n in enumerate(lengths)]
     assert translation_export.default_sources(model, 3) == [s[:2] + [model.eos_id] for s in sources]
     assert translation_export.default_sources(model, SOURCE_LENGTH, count=1) == sources[:1]
+    assert [len(row) for row in translation_export.default_sources(model, 12)] == [4, 8, 12]  # 3, 7, 11 ids
     assert translation_export.default_sources(model, 2) == [[5, model.eos_id], [12, model.eos_id],
                                                              [19, model.eos_id]]
 
