@@ -8,6 +8,8 @@ refusals are read whole. Expected values are computed here from the models; the 
 are tests/test_export_translation.py's. The file runs in seconds (what `make mutation` runs).
 """
 
+import json
+
 import numpy as np
 import pytest
 from stacks import once_on_keras2
@@ -254,6 +256,8 @@ def test_the_metadata_the_kit_reads(model):
                         "special_ids": [0, 1, 2, 3, 4], "source_length": 8, "cache_length": 9,
                         "cache_shape": [1, 9, 2, 8], "cross_shape": [1, 8, 2, 8],
                         "cache_bytes": 2 * 2 * 9 * 16 * 4, "length_penalty": 1.0}
+    # Written as JSON and given to np.zeros by the kit, which refuses a float dimension (8.0 == 8).
+    assert json.dumps([metadata["cache_shape"], metadata["cross_shape"]]) == "[[1, 9, 2, 8], [1, 8, 2, 8]]"
 
 
 # build_translation with the files stood in for ------------------------------------------------
