@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from stacks import once_on_keras2
 from translator_sessions import (
     CACHE_LENGTH,
@@ -433,3 +434,25 @@ def test_a_tflite_build_reports_each_backends_verdict_per_signature_file(model, 
         expected = [verdict_line(models[0], backend) for backend in backends]
     assert built.lines[:-1] == expected and built.lines[-1].startswith("Greedy parity over ")
     assert built.models == models
+
+
+# _files: the converted files and their session -------------------------------------------------
+class _RecordingInterpreter(tf.lite.Interpreter):
+    opened = 0
+
+    def __init__(self, **kwargs):
+        type(self).opened += 1
+        super().__init__(**kwargs)
+
+
+@pytest.mark.parametrize("target, files", [("cpu", 1), ("gl", 2)])
+def test_the_files_session_opens_each_file_with_the_interpreter_given_and_no_decode_beams(model, target,
+                                                                                          files):
+    _RecordingInterpreter.opened = 0
+    models, session = translation_export._files(
+        model, TARGETS[target], SOURCE_LENGTH, CACHE_LENGTH, beam_rows=0, recipe=None, litert_python=None,
+        interpreter=_RecordingInterpreter)
+    assert len(models) == files and _RecordingInterpreter.opened == files
+    assert set(session.calls) == {"encode", "decode"} and session.beam_rows == 0
+    row = check_sources(model)[0]
+    assert translation_export._ids(model, session, row, 6).ids[0].tolist() == _keras_ids(model, row, 6)
