@@ -65,6 +65,10 @@ TRANSLATE_SIGNATURES = ("encode", "decode")
 BEAM_SIGNATURE = "decode_beams"
 METADATA_SUFFIX = ".json"
 CONTRACT_SUFFIX = ".contract.json"
+EMBEDDINGS_SUFFIX = ".embeddings.npy"  # float32 (or float16 with --quantize float16)
+# int8 / int4 rows: `codes`, `scales`, `bits`, `block` (keras_posenc.export.host_table)
+EMBEDDINGS_QUANTIZED_SUFFIX = ".embeddings.npz"
+LITERTLM_SUFFIX = ".litertlm"
 
 
 def translate_signatures(beam_rows):
@@ -76,10 +80,6 @@ def translate_signatures(beam_rows):
     (('encode', 'decode'), ('encode', 'decode', 'decode_beams'))
     """
     return TRANSLATE_SIGNATURES + ((BEAM_SIGNATURE,) if beam_rows else ())
-EMBEDDINGS_SUFFIX = ".embeddings.npy"  # float32 (or float16 with --quantize float16)
-# int8 / int4 rows: `codes`, `scales`, `bits`, `block` (keras_posenc.export.host_table)
-EMBEDDINGS_QUANTIZED_SUFFIX = ".embeddings.npz"
-LITERTLM_SUFFIX = ".litertlm"
 
 
 def past_name(kind, layer):

@@ -69,9 +69,6 @@ def present_name(kind, layer):
 class _DecoderGraph(litertlm.EngineGraphs):
     """The decoder in onnxruntime-genai's contract: LiteRT-LM's engine step with a dynamic chunk length."""
 
-    def present_names(self):
-        return [present_name(kind, i) for i in range(self.layers) for kind in ("key", "value")]
-
     def function(self):
         names = [(kind, i) for i in range(self.layers) for kind in ("key", "value")]
 
