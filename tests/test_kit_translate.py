@@ -604,6 +604,19 @@ def test_argument_errors_are_one_line(command, monkeypatch, flags, message):
     assert not (folder / "hyp.txt").exists()
 
 
+def test_the_help_is_what_a_device_user_reads(monkeypatch, capsys):
+    """`--help` word for word, the usage line's required flags included (tests/data/kit_help/; after a
+    change to an option, regenerate it with `COLUMNS=100 python3 export/jetson/run_translate.py --help >
+    tests/data/kit_help/run_translate.txt`)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(sys, "argv", ["run_translate.py"])
+    with pytest.raises(SystemExit) as raised:
+        run_translate.parse_args(["--help"])
+    assert raised.value.code == 0
+    expected = open(os.path.join(os.path.dirname(__file__), "data", "kit_help", "run_translate.txt")).read()
+    assert capsys.readouterr().out == expected
+
+
 def test_missing_files_and_an_output_over_the_input_are_one_line(command, monkeypatch):
     run, folder = command
     monkeypatch.setattr(sys, "argv", ["run_translate.py"])
@@ -624,8 +637,12 @@ def test_missing_files_and_an_output_over_the_input_are_one_line(command, monkey
                                 str(folder / "o.txt")])) == (
         f"--input {folder / 'latin1.txt'}: not UTF-8 text (invalid continuation byte at byte 3).")
     (folder / "bad.model").write_bytes(b"not a model")
-    assert exited(lambda: run_translate.load_pieces(str(folder / "bad.model"), None)).startswith(
-        f"--spm {folder / 'bad.model'}: not a SentencePiece model")
+    try:
+        spm.SentencePieceProcessor().Load(str(folder / "bad.model"))
+    except (OSError, RuntimeError) as error:
+        reason = " ".join(str(error).split())
+    assert exited(lambda: run_translate.load_pieces(str(folder / "bad.model"), None)) == (
+        f"--spm {folder / 'bad.model'}: not a SentencePiece model ({reason}).")
     assert src == str(folder / "src.txt") and (folder / "src.txt").read_text().startswith(SENTENCES[0])
 
 
@@ -647,6 +664,38 @@ def test_another_kind_of_file_names_the_command_that_makes_a_translator(command,
     assert exited(lambda: run(model_path=small)) == (
         f"--spm {folder / 'spm.model'} has 32 pieces, more than the file's vocabulary of 30: give the "
         "spm.model of the run that was exported.")
+
+
+def test_a_contract_without_the_translator_signatures_is_one_line(command):
+    run, folder = command
+    path = str(folder / "de.tflite")
+    document = contract.document()
+    del document["translate_signatures"]
+    (folder / "de.tflite.contract.json").write_text(json.dumps(document))
+    assert exited(run) == f"{path}: its contract names no encode/decode signatures: export it again."
+
+
+def test_an_onnx_pair_is_checked_as_onnx_files_not_as_tflite(tmp_path, translator_model):
+    model, sp_model = translator_model
+    metadata = translate_export(model, source_length=model.max_length, cache_length=9).metadata
+    pair = {"encode": "de.encode.onnx", "decode": "de.decode.onnx"}
+    records = {}
+    for signature, name in pair.items():
+        data = f"an ONNX protobuf for {signature}".encode()
+        (tmp_path / name).write_bytes(data)
+        records[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    path = str(tmp_path / "de.onnx")
+    with open(path + ".json", "w") as f:
+        json.dump({**metadata, "target": "tensorrt", "signature_files": pair, "files": records}, f)
+    with open(path + ".contract.json", "w") as f:
+        json.dump(contract.document(), f)
+    (tmp_path / "spm.model").write_bytes(sp_model)
+    (tmp_path / "src.txt").write_text(SENTENCES[0] + "\n", encoding="utf-8")
+    args = run_translate.parse_args([path, "--spm", str(tmp_path / "spm.model"), "--input",
+                                     str(tmp_path / "src.txt"), "--output", str(tmp_path / "o.txt")])
+    meta, max_new_tokens, alpha = run_translate.open_translator(args)
+    assert (sorted(meta.signature_files().values()), max_new_tokens, alpha) == (
+        [str(tmp_path / "de.decode.onnx"), str(tmp_path / "de.encode.onnx")], 9, 1.0)
 
 
 def test_the_runtime_flag_picks_the_runtime_and_fits_the_file(tmp_path, monkeypatch):
@@ -709,6 +758,53 @@ def test_write_atomically_replaces_whole_files_or_leaves_them(tmp_path, monkeypa
     assert exited(lambda: run_translate.write_atomically(path, "drei\n")) == (
         f"--output {path}: cannot write it (No space).")
     assert open(path, encoding="utf-8").read() == "eins\nzwei\n" and os.listdir(tmp_path) == ["hyp.txt"]
+
+
+def test_the_temporary_file_is_hidden_beside_the_output_and_named_after_it(tmp_path, monkeypatch):
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(run_translate.os, "replace",
+                        lambda source, target: replaced.append(source) or real_replace(source, target))
+    run_translate.write_atomically(str(tmp_path / "hyp.txt"), "eins\n")
+    folder, name = os.path.split(replaced[0])
+    assert folder == str(tmp_path) and name.startswith(".hyp.txt.") and name.endswith(".tmp"), replaced
+
+
+def test_a_folder_that_takes_no_file_is_one_line(tmp_path, monkeypatch):
+    def refused(**kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(run_translate.tempfile, "mkstemp", refused)
+    path = str(tmp_path / "hyp.txt")
+    assert exited(lambda: run_translate.write_atomically(path, "eins\n")) == (
+        f"--output {path}: cannot write there (Permission denied).")
+    assert os.listdir(tmp_path) == []
+
+
+def test_input_that_cannot_be_read_is_one_line(tmp_path):
+    missing, folder = str(tmp_path / "gone.txt"), str(tmp_path)
+    assert exited(lambda: run_translate.read_lines(missing)) == f"--input {missing}: file not found."
+    assert exited(lambda: run_translate.read_lines(folder)) == (
+        f"--input {folder}: not readable (Is a directory).")
+
+
+@pytest.fixture
+def ascii_locale():
+    """The C locale's ASCII as the locale encoding (a shell with LANG=C and PYTHONUTF8=0)."""
+    import locale
+
+    previous = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    yield
+    locale.setlocale(locale.LC_CTYPE, previous)
+
+
+def test_text_is_read_and_written_as_utf8_whatever_the_locale(tmp_path, ascii_locale):
+    german = "Größe ändern\nÜber\n"
+    (tmp_path / "src.txt").write_bytes(german.encode("utf-8"))
+    assert run_translate.read_lines(str(tmp_path / "src.txt")) == ["Größe ändern", "Über"]
+    run_translate.write_atomically(str(tmp_path / "hyp.txt"), german)
+    assert (tmp_path / "hyp.txt").read_bytes() == german.encode("utf-8")
 
 
 def umask():

@@ -24,7 +24,6 @@ import kit_runtime  # noqa: E402
 import kit_sessions  # noqa: E402
 import run_generate  # noqa: E402
 import run_tflite  # noqa: E402
-import run_translate  # noqa: E402
 
 TFLITE = b"\x1c\x00\x00\x00TFL3" + bytes(range(40))  # a flatbuffer's head: the identifier at byte 4
 
@@ -1358,12 +1357,11 @@ def test_run_tflite_main_checks_the_file_before_a_runtime_opens_it(tmp_path, mon
     )
 
 
-@pytest.mark.parametrize(
-    "runner", [run_tflite, run_generate, run_translate], ids=["run_tflite", "run_generate", "run_translate"]
-)
+@pytest.mark.parametrize("runner", [run_tflite, run_generate], ids=["run_tflite", "run_generate"])
 def test_the_runners_help_is_what_a_device_user_reads(runner, monkeypatch, capsys):
     """`--help` word for word (tests/data/kit_help/; after a change to an option, regenerate it with
-    `COLUMNS=100 python3 export/jetson/RUNNER.py --help > tests/data/kit_help/RUNNER.txt`)."""
+    `COLUMNS=100 python3 export/jetson/RUNNER.py --help > tests/data/kit_help/RUNNER.txt`; run_translate's
+    is tests/test_kit_translate.py's)."""
     name = runner.__name__
     monkeypatch.setenv("COLUMNS", "100")
     monkeypatch.setattr(sys, "argv", [f"{name}.py"])
