@@ -35,8 +35,8 @@ def check_sources(model, seed=0):
 class FunctionSession:
     """`runners.TranslatorSession`'s interface over a `TranslatorSignatures`' functions."""
 
-    def __init__(self, module):
-        self.functions = {name: function for name, (function, _) in module.signatures().items()}
+    def __init__(self, module, functions=None):
+        self.functions = functions or {name: function for name, (function, _) in module.signatures().items()}
         self.source_length = module.source_length
         self.cache_shape = module.cache_shape
         self.beam_rows = module.beam_rows
@@ -50,9 +50,23 @@ class FunctionSession:
         return {name: np.asarray(value) for name, value in function(*args).items()}
 
 
+# (model, lengths, beam rows, write_cache) -> (model, module, functions): a session's traced functions,
+# shared by the sessions of the same arguments (each with its own `calls`); the model is kept with
+# them so that its id is not reused by another model.
+_TRACED = {}
+
+
 def function_session(model, source_length, cache_length, beam_rows=0,
                      write_cache=translator.write_by_update_slice):
-    """A `FunctionSession` over the float32 clone of `model`, as the `cpu` file computes it."""
-    clone = translator.float32_clone(model, cache_length)
-    return FunctionSession(translator.TranslatorSignatures(clone, source_length, cache_length, beam_rows,
-                                                           write_cache=write_cache))
+    """A `FunctionSession` over the float32 clone of `model`, as the `cpu` file computes it; its
+    functions are traced once per model and arguments (the clone's weights are `model`'s at that time:
+    the tests do not change their models' weights)."""
+    key = (id(model), source_length, cache_length, beam_rows, write_cache)
+    if key not in _TRACED:
+        clone = translator.float32_clone(model, cache_length)
+        module = translator.TranslatorSignatures(clone, source_length, cache_length, beam_rows,
+                                                 write_cache=write_cache)
+        functions = {name: function for name, (function, _) in module.signatures().items()}
+        _TRACED[key] = (model, module, functions)
+    _, module, functions = _TRACED[key]
+    return FunctionSession(module, functions)
