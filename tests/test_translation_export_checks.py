@@ -390,6 +390,28 @@ def test_max_new_tokens_is_checked_against_the_cache(model, built_with, value, m
     assert str(error.value) == message
 
 
+def test_a_precision_the_translators_runtime_cannot_run_is_refused_before_any_conversion(model, monkeypatch):
+    from keras_posenc.export import quantization
+
+    monkeypatch.setattr(translation_export, "_files", lambda *args, **kwargs: pytest.fail("converted"))
+    with pytest.raises(ValueError) as error:
+        translation_export.build_translation(model, target="cpu", precision="int4",
+                                             source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH)
+    refusal = quantization.recipes_of(target_of("cpu"), TRANSLATE)["int4"]
+    assert str(error.value) == f"--quantize int4 is refused for target='cpu': {refusal}."
+
+
+def test_the_litert_python_given_is_the_one_a_litert_checked_recipe_looks_for(model, built_with, monkeypatch):
+    from keras_posenc.export import quantization
+
+    asked = []
+    monkeypatch.setattr(quantization, "runtime_python", lambda given, module: asked.append(given))
+    monkeypatch.setattr(quantization, "_litert_in_process", lambda: False)
+    with pytest.raises(ValueError, match=r"^--quantize int8 on target='gl' is checked by ai-edge-litert"):
+        built_with(model, target="gl", precision="int8", litert_python="/opt/litert/bin/python")
+    assert asked == ["/opt/litert/bin/python"]
+
+
 def test_max_new_tokens_defaults_to_the_cache_or_the_models_bound(model, built_with):
     row = check_sources(model)[0]  # no decode_beams: the parity's greedy tokens count the steps
     built, _ = built_with(model, max_new_tokens=None, check_sources=[row], beam_rows=0)
