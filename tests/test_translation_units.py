@@ -18,6 +18,7 @@ import pytest
 import sacrebleu
 import sentencepiece as spm
 import tensorflow as tf
+from stacks import once_on_keras2
 
 from keras_posenc.app import dev_scoring, translation, translation_data
 from keras_posenc.app.dataset import CorpusError, train_sentencepiece
@@ -410,6 +411,8 @@ def test_sentences_are_batched_32_at_a_time_by_length_then_input_order(processor
     assert texts == [processor.decode([row[0]]) for row in rows]
 
 
+@once_on_keras2("a default argument of translate_sentences; the beam search it passes the size to runs on "
+                "both stacks in test_seq2seq.py")
 def test_the_default_beam_is_4(seq2seq, sp_model, processor):
     run = translation.TranslationRun(seq2seq, sp_model)
     for seed in range(1, 20):  # weights whose beams of 4 and 5 find other translations
