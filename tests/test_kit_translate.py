@@ -246,6 +246,9 @@ class ModelSession:
 
     def decode(self, feeds):
         assert set(feeds) == set(self.input_names("decode"))
+        # as onnxruntime, which refuses an input of another dtype (the kit's TFLite sessions cast)
+        assert np.asarray(feeds["token_id"]).dtype == np.int32, feeds["token_id"].dtype
+        assert np.asarray(feeds["position"]).dtype == np.int32, feeds["position"].dtype
         cache = np.stack([np.stack([feeds[contract.past_name(kind, i)] for kind in ("key", "value")], axis=1)
                           for i in self.layers], axis=1)
         cross = np.stack([np.stack([feeds[contract.cross_name(kind, i)] for kind in ("key", "value")], axis=1)
@@ -324,6 +327,17 @@ def test_a_beam_search_steps_its_hypotheses_in_one_decode_beams_call(translator_
         assert set(session.calls[2:]) <= {contract.BEAM_SIGNATURE}
         lengths.append(len(ids))
     assert max(lengths) > 0
+
+
+def test_hypotheses_at_two_positions_are_not_stepped_in_one_call(translator_model):
+    model, _ = translator_model
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    cross = translator.encode(np.full([1, model.max_length], model.pad_id, np.int32))
+    states = [(1, cross, translator.empty), (2, cross, translator.empty)]
+    with pytest.raises(ValueError) as error:
+        translator.step_many([5, 6], states)
+    assert str(error.value) == "decode_beams steps hypotheses at one position only."
 
 
 @pytest.mark.parametrize("beam_size", [1, 2])
