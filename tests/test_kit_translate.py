@@ -329,6 +329,49 @@ def test_a_beam_search_steps_its_hypotheses_in_one_decode_beams_call(translator_
     assert max(lengths) > 0
 
 
+def test_the_time_to_first_token_is_read_on_the_clock_given(translator_model):
+    model, sp_model = translator_model
+    pieces = spm.SentencePieceProcessor(model_proto=sp_model).encode(SENTENCES[0])
+    meta = translate_export(model, source_length=model.max_length, cache_length=9)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    ticks = iter([10.0, 10.25])
+    ids, ttft = translator.translate(pieces, beam_size=2, alpha=1.0, max_new_tokens=7,
+                                     clock=lambda: next(ticks))
+    expected = model.translate(translator.source_row(pieces), 7, beam_size=2).ids[0].tolist()
+    assert ttft == 0.25 and ids == expected
+
+
+def test_one_sentences_source_is_repeated_over_the_rows_once(translator_model):
+    """The rows of one sentence's beam read its `encode` outputs repeated over `decode_beams`' rows,
+    made once per sentence and reused at each step; several sentences' rows are stacked."""
+    model, _ = translator_model
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    one, other = (translator.encode(np.full([1, model.max_length], token, np.int32)) for token in (5, 6))
+    tiled = translator._sources([one, one])
+    assert translator._sources([one, one, one]) is tiled
+    assert all(np.array_equal(tiled[name], np.repeat(one[name], 4, axis=0)) for name in one)
+    assert translator._sources([other, other]) is not tiled
+    stacked = translator._sources([one, other])
+    for name in one:
+        np.testing.assert_array_equal(stacked[name], np.concatenate(
+            [one[name], other[name]] + [np.zeros_like(one[name])] * 2))
+
+
+def test_json_is_alone_on_stdout_whatever_the_runtime_prints(command, monkeypatch, capfd):
+    run, folder = command
+    made = run_translate.make_session
+
+    def printing(args, meta):
+        os.write(1, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")  # as native runtimes do
+        return made(args, meta)
+
+    monkeypatch.setattr(run_translate, "make_session", printing)
+    assert run("--json") == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["sentences"] == 4 and "XNNPACK" in err
+
+
 def test_hypotheses_at_two_positions_are_not_stepped_in_one_call(translator_model):
     model, _ = translator_model
     meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
@@ -451,6 +494,7 @@ def command(tmp_path, translator_model, monkeypatch):
     opened = []
 
     def session(args, meta):
+        assert isinstance(meta, kit_contract.Export) and meta.model == args.model  # the file checked
         opened.append(args)
         return ModelSession(model, meta)
 
@@ -561,15 +605,24 @@ def test_the_json_figures_are_the_run_s_rates(stats, rates):
                      "beam_size": 4, "alpha": 0.6, "jobs": 2}
 
 
-def test_main_defaults_alpha_and_the_length_to_the_file_s(command, monkeypatch):
+def test_main_defaults_alpha_and_the_length_to_the_file_s(command, monkeypatch, capsys):
     run, folder = command
-    seen = []
-    monkeypatch.setattr(run_translate, "translate_lines",
-                        lambda translator, processor, lines, **options: seen.append(options) or ([], {
-                            "sentences": 0, "translated": 0, "tokens": 0, "seconds": 0.0, "ttft": None}))
+    seen, translators = [], []
+    def translate_lines(translator, processor, lines, **options):
+        seen.append(options)
+        translators.append(translator)
+        return [], {"sentences": 0, "translated": 0, "tokens": 0, "seconds": 0.0, "ttft": None}
+
+    monkeypatch.setattr(run_translate, "translate_lines", translate_lines)
     assert run() == 0
     assert seen == [{"beam_size": 4, "alpha": 1.0, "max_new_tokens": 9, "helpers": []}]
     assert (folder / "hyp.txt").read_text() == ""
+    assert capsys.readouterr().out.splitlines()[1] == "translated 0 of 0 lines in 0.00 s, beam 4, alpha 1.0"
+    assert (translators[0].chosen, translators[0].sentences_per_call) == (None, 1)
+    assert run("--jobs", "3", "--sentences-per-call", "2") == 0
+    main, helpers = translators[1], seen[1]["helpers"]
+    assert len(helpers) == 2 and len({id(t.session) for t in [main] + helpers}) == 3
+    assert [t.sentences_per_call for t in [main] + helpers] == [2, 2, 2]
 
 
 def test_logits_keeps_the_greedy_steps_of_each_translated_line(command, translator_model):
