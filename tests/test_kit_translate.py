@@ -570,6 +570,63 @@ def test_jobs_translate_each_sentence_once_as_one_job_does(translator_model):
     assert sum(session.calls.count("encode") for session in sessions) == len(lines) - 1
 
 
+def test_the_run_s_figures_are_counted_on_the_clock_given(translator_model):
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    lines = [SENTENCES[0], "", SENTENCES[1]]
+    ticks = iter([10.0, 11.0, 11.5, 12.0, 12.25, 15.0])  # the run, then each sentence's first token
+    outputs, stats = run_translate.translate_lines(translator, processor, lines, beam_size=2, alpha=1.0,
+                                                   max_new_tokens=7, clock=lambda: next(ticks))
+    ids = [model.translate(translator.source_row(processor.encode(line)), 7, beam_size=2).ids[0].tolist()
+           for line in lines if line]
+    assert stats == {"sentences": 3, "translated": 2, "tokens": sum(len(i) + 1 for i in ids), "seconds": 5.0,
+                     "ttft": 0.375}  # (0.5 + 0.25) / 2
+    assert outputs[1] == "" and stats["tokens"] != 2 * len(ids)
+    ticks = iter([1.0, 3.0])
+    assert run_translate.translate_lines(translator, processor, ["", " "], beam_size=2, alpha=1.0,
+                                         max_new_tokens=7, clock=lambda: next(ticks)) == (["", ""], {
+        "sentences": 2, "translated": 0, "tokens": 0, "seconds": 2.0, "ttft": None})
+
+
+def test_sentences_in_lockstep_are_grouped_by_length(translator_model, monkeypatch):
+    """A group steps until its longest translation ends: sentences of similar length share one (ties
+    in input order); one sentence at a time goes in the input's order."""
+    model, sp_model = translator_model
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    groups = []
+    monkeypatch.setattr(translator, "translate_group", lambda sentences, **options: (
+        groups.append([processor.decode(p) for p in sentences]) or ([[]] * len(sentences), 0.0)))
+    lengths = {line: len(processor.encode(line)) for line in SENTENCES[:4]}
+    translator.sentences_per_call = 2
+    options = {"alpha": 1.0, "max_new_tokens": 7}
+    run_translate.translate_lines(translator, processor, SENTENCES[:4], beam_size=2, **options)
+    by_length = sorted(SENTENCES[:4], key=lambda line: (lengths[line], SENTENCES.index(line)))
+    assert groups == [by_length[:2], by_length[2:]] and by_length != SENTENCES[:4]
+    groups.clear()
+    run_translate.translate_lines(translator, processor, SENTENCES[:4], beam_size=4, **options)
+    assert groups == [[line] for line in SENTENCES[:4]]
+
+
+def test_the_lockstep_group_is_what_decode_beams_holds_and_one_while_logits_are_kept(translator_model):
+    model, _ = translator_model
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    translator = run_translate.Translator(ModelSession(model, meta), meta)
+    translator.sentences_per_call = 4
+    assert [translator.group_size(beam) for beam in (1, 2, 3, 4, 5)] == [4, 2, 1, 1, 1]
+    translator.sentences_per_call = 3
+    assert [translator.group_size(beam) for beam in (1, 2)] == [3, 2]
+    translator.chosen = []
+    assert [translator.group_size(beam) for beam in (1, 2)] == [1, 1]
+    plain = run_translate.Translator(ModelSession(model, translate_export(model, model.max_length, 9)),
+                                     translate_export(model, model.max_length, 9))
+    plain.sentences_per_call = 4
+    assert plain.group_size(1) == 1
+
+
 def test_a_job_s_failure_reaches_the_caller(translator_model):
     model, sp_model = translator_model
     processor = spm.SentencePieceProcessor(model_proto=sp_model)
