@@ -372,6 +372,27 @@ def test_json_is_alone_on_stdout_whatever_the_runtime_prints(command, monkeypatc
     assert json.loads(out)["sentences"] == 4 and "XNNPACK" in err
 
 
+def test_lockstep_hands_each_search_its_own_steps_in_one_call_per_round():
+    def search(name, counts):
+        received = []
+        for count in counts:
+            received.append((yield [f"{name}{k}" for k in range(count)], [name] * count))
+        return received
+
+    calls = []
+
+    def step_many(tokens, states):
+        calls.append(list(tokens))
+        return [(token, state) for token, state in zip(tokens, states)]
+
+    searches = [search("a", [1, 2]), search("b", []), search("c", [2, 1, 3]), search("d", [3])]
+    results = run_translate.lockstep(searches, step_many)
+    assert results == [[[("a0", "a")], [("a0", "a"), ("a1", "a")]], [],
+                       [[("c0", "c"), ("c1", "c")], [("c0", "c")], [("c0", "c"), ("c1", "c"), ("c2", "c")]],
+                       [[("d0", "d"), ("d1", "d"), ("d2", "d")]]]
+    assert calls == [["a0", "c0", "c1", "d0", "d1", "d2"], ["a0", "a1", "c0"], ["c0", "c1", "c2"]]
+
+
 def test_hypotheses_at_two_positions_are_not_stepped_in_one_call(translator_model):
     model, _ = translator_model
     meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
