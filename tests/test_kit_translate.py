@@ -51,9 +51,12 @@ def table_log_probs(prefix, seed, vocab=12):
     return logits - np.log(np.sum(np.exp(logits)))
 
 
-def package_ids(seed, beam_size, alpha, max_new_tokens):
-    """keras_posenc.beam_search's best hypothesis over `table_log_probs` (a batch of one row)."""
+def package_ids(seed, beam_size, alpha, max_new_tokens, rounds=None):
+    """keras_posenc.beam_search's best hypothesis over `table_log_probs` (a batch of one row); each
+    step's call appended to `rounds`."""
     def step(tokens, prefixes):
+        if rounds is not None:
+            rounds.append(len(tokens))
         prefixes = [prefix + (int(token),) for prefix, token in zip(prefixes, tokens)]
         return np.stack([table_log_probs(prefix, seed) for prefix in prefixes]), prefixes
 
@@ -88,6 +91,52 @@ def test_the_kit_search_gives_the_package_s_ids(beam_size, alpha):
             assert kit_ids(seed, beam_size, alpha, max_new_tokens) == expected, (seed, max_new_tokens)
             lengths.add(len(expected))
     assert {0, 1, 2, 3} <= lengths  # ended early and ran to the limit, in many lengths
+
+
+@pytest.mark.parametrize("beam_size", [2, 4, 8])
+def test_the_kit_search_stops_at_the_package_s_step(beam_size):
+    """A beam stops once `beam_size` hypotheses are finished and no live one can beat the worst of
+    them (the package's rule): the kit steps as many rounds as keras_posenc.beam_search, and a beam of
+    8 (16 candidates, more than the 10 allowed tokens at the first step) still finds its ids."""
+    early = 0
+    for seed in range(40):
+        for alpha in (0.0, 0.6, 1.0):
+            rounds, calls = [], []
+            expected = package_ids(seed, beam_size, alpha, 9, rounds)
+            assert kit_ids(seed, beam_size, alpha, 9, calls) == expected, (seed, alpha)
+            assert len({len(prefix) for prefix in calls}) == len(rounds), (seed, alpha)
+            early += len(rounds) < 8 and len(expected) < len(rounds)  # stopped with hypotheses still live
+    assert early >= 5
+
+
+def test_a_beam_stops_when_the_best_live_score_ties_the_worst_finished_one():
+    """Exact scores (alpha 0: no length penalty): after the second step the best live hypothesis
+    scores -2, as the worst of the two finished; it cannot beat it, so both searches stop there."""
+    table = {(): {EOS_ID: -1.0, 4: -1.0, 5: -1.0}, (4,): {EOS_ID: -1.0, 4: -1.0, 5: -5.0},
+             (5,): {EOS_ID: -1.0, 4: -1.5, 5: -5.0}}
+
+    def log_probs(prefix):
+        row = np.full(6, -50.0)
+        row[[EOS_ID, 4, 5]] = -1.0, -3.0, -3.0
+        for token, value in table.get(tuple(prefix), {}).items():
+            row[token] = value
+        return row
+
+    rounds = []
+
+    def package_step(tokens, prefixes):
+        rounds.append(len(tokens))
+        prefixes = [prefix + (int(token),) for prefix, token in zip(prefixes, tokens)]
+        return np.stack([log_probs(prefix) for prefix in prefixes]), prefixes
+
+    expected = beam_search(log_probs(())[None], [()], package_step, lambda p, rows: [p[r] for r in rows],
+                           beam_size=2, max_new_tokens=3, end_id=EOS_ID, alpha=0.0,
+                           forbidden_ids=FORBIDDEN).ids[0].tolist()
+    calls = []
+    ids = run_translate.beam_search(log_probs(()), (), lambda token, prefix: (
+        calls.append(prefix + (token,)) or (log_probs(prefix + (token,)), prefix + (token,))),
+        beam_size=2, max_new_tokens=3, end_id=EOS_ID, alpha=0.0, forbidden_ids=FORBIDDEN)
+    assert ids == expected == [] and rounds == [2] and calls == [(4,), (5,)]
 
 
 def test_the_search_cases_tell_the_beam_sizes_and_penalties_apart():
@@ -249,6 +298,7 @@ class ModelSession:
         # as onnxruntime, which refuses an input of another dtype (the kit's TFLite sessions cast)
         assert np.asarray(feeds["token_id"]).dtype == np.int32, feeds["token_id"].dtype
         assert np.asarray(feeds["position"]).dtype == np.int32, feeds["position"].dtype
+        assert all(np.asarray(feeds[name]).dtype == np.float32 for name in feeds if name.startswith("past_"))
         cache = np.stack([np.stack([feeds[contract.past_name(kind, i)] for kind in ("key", "value")], axis=1)
                           for i in self.layers], axis=1)
         cross = np.stack([np.stack([feeds[contract.cross_name(kind, i)] for kind in ("key", "value")], axis=1)
@@ -391,6 +441,48 @@ def test_lockstep_hands_each_search_its_own_steps_in_one_call_per_round():
                        [[("c0", "c"), ("c1", "c")], [("c0", "c")], [("c0", "c"), ("c1", "c"), ("c2", "c")]],
                        [[("d0", "d"), ("d1", "d"), ("d2", "d")]]]
     assert calls == [["a0", "c0", "c1", "d0", "d1", "d2"], ["a0", "a1", "c0"], ["c0", "c1", "c2"]]
+
+
+def test_more_hypotheses_than_rows_take_one_decode_beams_call_per_rows(translator_model):
+    model, _ = translator_model
+    meta = translate_export(model, source_length=model.max_length, cache_length=9, beam_rows=4)
+    session = ModelSession(model, meta)
+    translator = run_translate.Translator(session, meta)
+    cross = translator.encode(np.full([1, model.max_length], 7, np.int32))
+    states = [(0, cross, translator.empty)] * 6
+    tokens = [model.bos_id, 5, 6, 7, 8, 9]
+    session.calls.clear()
+    together = translator.step_many(tokens, states)
+    assert session.calls == [contract.BEAM_SIGNATURE, contract.BEAM_SIGNATURE]
+    for (scores, _), token, state in zip(together, tokens, states):
+        np.testing.assert_allclose(scores, translator.step(token, state)[0], atol=1e-5, rtol=0)
+
+
+def test_without_a_decode_beams_file_the_rows_in_file_json_are_not_used(translator_model):
+    model, _ = translator_model
+    meta = translate_export(model, source_length=model.max_length, cache_length=9)
+    meta.metadata["beam_rows"] = 4  # the signature is not among the files: nothing to call
+    assert run_translate.Translator(ModelSession(model, meta), meta).beam_rows == 0
+
+
+def test_the_search_never_picks_padding_or_the_start_token(translator_model):
+    model, sp_model = translator_model
+    keen = Seq2SeqTransformer.from_config(model.get_config())
+    keen.build_on_dummy()
+    keen.set_weights(model.get_weights())
+    bias = keen.head.bias.numpy()
+    bias[[PAD_ID, BOS_ID]] += 30.0  # above every other logit
+    keen.head.bias.assign(bias)
+    processor = spm.SentencePieceProcessor(model_proto=sp_model)
+    meta = translate_export(keen, source_length=keen.max_length, cache_length=9)
+    translator = run_translate.Translator(ModelSession(keen, meta), meta)
+    pieces = processor.encode(SENTENCES[1])
+    found = {}
+    for beam_size in (1, 2):
+        found[beam_size], _ = translator.translate(pieces, beam_size=beam_size, alpha=1.0, max_new_tokens=7)
+        expected = keen.translate(translator.source_row(pieces), 7, beam_size=beam_size).ids[0].tolist()
+        assert found[beam_size] == expected and not {PAD_ID, BOS_ID} & set(expected)
+    assert len(found[1]) == 7  # greedy runs to the limit: 7 steps that could have picked them
 
 
 def test_hypotheses_at_two_positions_are_not_stepped_in_one_call(translator_model):
