@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 from stacks import once_on_keras2
+from user_checks import assert_lowest_accepted, refuses
 
 from keras_posenc.app.dataset import NUM_RESERVED_IDS, train_sentencepiece
 from keras_posenc.app.translation import TranslationRun, translate_sentences
@@ -816,6 +817,30 @@ def test_logits_keeps_the_greedy_steps_of_each_translated_line(command, translat
             np.testing.assert_allclose(kept[key], full, atol=1e-5, rtol=0)
 
 
+def test_the_flags_defaults_and_types(tmp_path):
+    for name in ("spm.model", "src.txt"):
+        (tmp_path / name).write_text("x\n")
+    required = ["de.tflite", "--spm", str(tmp_path / "spm.model"), "--input", str(tmp_path / "src.txt"),
+                "--output", str(tmp_path / "o.txt")]
+    args = vars(run_translate.parse_args(required))
+    assert {key: args[key] for key in ("beam_size", "alpha", "max_new_tokens", "accelerator", "delegate",
+                                       "precision", "threads", "runtime", "sentences_per_call", "jobs",
+                                       "json", "logits")} == {
+        "beam_size": 4, "alpha": None, "max_new_tokens": None, "accelerator": "cpu", "delegate": None,
+        "precision": "fp32", "threads": None, "runtime": "auto", "sentences_per_call": 1, "jobs": 1,
+        "json": False, "logits": None}
+    flags = ["--threads", "2", "--alpha", "0.5", "--precision", "fp16"]
+    given = vars(run_translate.parse_args(required + flags))
+    assert (given["threads"], given["alpha"], given["precision"]) == (2, 0.5, "fp16")
+
+    def accepts(flag):
+        return lambda value: not refuses(lambda: run_translate.parse_args(required + [flag, str(value)]))
+
+    for flag in ("--beam-size", "--max-new-tokens", "--sentences-per-call", "--jobs"):
+        assert_lowest_accepted(accepts(flag), 1)
+    assert_lowest_accepted(accepts("--alpha"), 0)  # no length penalty: the plain log-probability
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--beam-size", "0"], "--beam-size must be >= 1, got 0."),
     (["--logits", "steps.npz"], "--logits writes the greedy steps' logits: it needs --beam-size 1, got 4."),
@@ -828,6 +853,7 @@ def test_logits_keeps_the_greedy_steps_of_each_translated_line(command, translat
     (["--runtime", "tensorrt"], "run_translate.py: argument --runtime: invalid choice: 'tensorrt'"),
     (["--accelerator", "gpu"], "was exported with --target cpu, which runs on cpu only"),
     (["--jobs", "0"], "--jobs must be >= 1, got 0."),
+    (["--sentences-per-call", "0"], "--sentences-per-call must be >= 1, got 0."),
     (["--jobs", "2", "--accelerator", "gpu"],
      "--jobs 2 opens a session per job: it is for --accelerator cpu, not gpu (one GPU runs one session at "
      "a time)."),
