@@ -412,6 +412,41 @@ def test_the_litert_python_given_is_the_one_a_litert_checked_recipe_looks_for(mo
     assert asked == ["/opt/litert/bin/python"]
 
 
+def test_the_recipes_interpreter_and_litert_python_reach_every_file(model, near, monkeypatch):
+    """A gl int8 build: the files are converted with the LiteRT Python given, and both the float32
+    reference and the quantized file run on the interpreter that `interpreter_for` gives the recipe."""
+    import contextlib
+
+    from keras_posenc.export import quantization
+
+    opened, files = [], []
+
+    @contextlib.contextmanager
+    def interpreter_for(recipe, litert_python=None):
+        opened.append((recipe, litert_python))
+        yield "LiteRT's interpreter"
+
+    def converted(model_, target, source_length, cache_length, beam_rows, recipe, litert_python, interpreter,
+                  calibration=None):
+        files.append((recipe, litert_python, interpreter))
+        session = function_session(model_ if recipe is None else near, source_length, cache_length, beam_rows)
+        return (b"encode", b"decode"), session
+
+    monkeypatch.setattr(quantization, "_litert_in_process", lambda: False)
+    monkeypatch.setattr(quantization, "runtime_python", lambda given, module: given)
+    monkeypatch.setattr(translation_export, "interpreter_for", interpreter_for)
+    monkeypatch.setattr(translation_export, "_files", converted)
+    monkeypatch.setattr(translation_export, "verdict_line", lambda flat, backend: "verdict")
+    monkeypatch.setattr(translation_export, "gpu_incompatible_ops", lambda flat, backend: [])
+    built = translation_export.build_translation(
+        model, target="gl", precision="int8", source_length=SOURCE_LENGTH, cache_length=CACHE_LENGTH,
+        check_sources=check_sources(model), max_new_tokens=2, litert_python="/opt/litert/bin/python")
+    recipe = quantization.recipe_for("gl", "int8", TRANSLATE, litert_python="/opt/litert/bin/python")
+    assert opened == [(built.recipe, "/opt/litert/bin/python")] and built.recipe == recipe
+    assert files == [(None, "/opt/litert/bin/python", "LiteRT's interpreter"),
+                     (built.recipe, "/opt/litert/bin/python", "LiteRT's interpreter")]
+
+
 def test_max_new_tokens_defaults_to_the_cache_or_the_models_bound(model, built_with):
     row = check_sources(model)[0]  # no decode_beams: the parity's greedy tokens count the steps
     built, _ = built_with(model, max_new_tokens=None, check_sources=[row], beam_rows=0)
