@@ -457,17 +457,20 @@ def test_max_new_tokens_defaults_to_the_cache_or_the_models_bound(model, built_w
 
 @pytest.fixture(scope="module")
 def flatbuffers():
-    """Two tiny TFLite files: one every GPU backend runs (ADD), one with a lookup (GATHER)."""
+    """Three tiny TFLite files: one every GPU backend runs (ADD), one with a lookup (GATHER), one that
+    the LiteRT GPU accelerator runs and the GL delegate does not (TRANSPOSE)."""
     import tensorflow as tf
 
     table = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
     add = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([2, 3], tf.float32)])
     gather = tf.function(lambda ids: tf.gather(table, ids), input_signature=[tf.TensorSpec([2], tf.int32)])
+    transpose = tf.function(lambda x: tf.transpose(x) + 1.0,
+                            input_signature=[tf.TensorSpec([2, 3], tf.float32)])
     return tuple(tf.lite.TFLiteConverter.from_concrete_functions([f.get_concrete_function()]).convert()
-                 for f in (add, gather))
+                 for f in (add, gather, transpose))
 
 
-@pytest.mark.parametrize("target, files", [("gl", (0, 1)), ("cpu", (1,))])
+@pytest.mark.parametrize("target, files", [("gl", (0, 1)), ("cpu", (1,)), ("gl", (0, 2))])
 def test_a_tflite_build_reports_each_backends_verdict_per_signature_file(model, flatbuffers, monkeypatch,
                                                                           target, files):
     from keras_posenc.export.verdicts import gpu_incompatible_ops, verdict_line
@@ -483,7 +486,9 @@ def test_a_tflite_build_reports_each_backends_verdict_per_signature_file(model, 
     assert built.report["verdicts"] == {backend: sorted({op for flat in models
                                                          for op in gpu_incompatible_ops(flat, backend)})
                                         for backend in backends}
-    assert any(built.report["verdicts"].values())  # GATHER is refused somewhere
+    assert any(built.report["verdicts"].values())  # GATHER or TRANSPOSE is refused somewhere
+    if 2 in files:  # each backend's own verdict
+        assert built.report["verdicts"] == {"gl": ["TRANSPOSE"], "webgpu": []}
     if len(models) == 2:
         expected = [f"{signature}: {verdict_line(flat, backend)}" for backend in backends
                     for signature, flat in zip(("encode", "decode"), models)]
