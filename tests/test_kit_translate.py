@@ -735,8 +735,8 @@ def test_the_lockstep_group_is_what_decode_beams_holds_and_one_while_logits_are_
     assert [translator.group_size(beam) for beam in (1, 2)] == [3, 2]
     translator.chosen = []
     assert [translator.group_size(beam) for beam in (1, 2)] == [1, 1]
-    plain = run_translate.Translator(ModelSession(model, translate_export(model, model.max_length, 9)),
-                                     translate_export(model, model.max_length, 9))
+    plain_meta = translate_export(model, model.max_length, 9)
+    plain = run_translate.Translator(ModelSession(model, plain_meta), plain_meta)
     plain.sentences_per_call = 4
     assert plain.group_size(1) == 1
 

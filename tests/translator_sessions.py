@@ -6,6 +6,8 @@ converter is given, and records each call's signature. `sharp_translator` and `c
 the tiny model and the sources these tests run it on.
 """
 
+import copy
+
 import numpy as np
 
 from keras_posenc.backend import keras
@@ -35,8 +37,8 @@ def check_sources(model, seed=0):
 class FunctionSession:
     """`runners.TranslatorSession`'s interface over a `TranslatorSignatures`' functions."""
 
-    def __init__(self, module, functions=None):
-        self.functions = functions or {name: function for name, (function, _) in module.signatures().items()}
+    def __init__(self, module):
+        self.functions = {name: function for name, (function, _) in module.signatures().items()}
         self.source_length = module.source_length
         self.cache_shape = module.cache_shape
         self.beam_rows = module.beam_rows
@@ -50,9 +52,8 @@ class FunctionSession:
         return {name: np.asarray(value) for name, value in function(*args).items()}
 
 
-# (model, lengths, beam rows, write_cache) -> (model, module, functions): a session's traced functions,
-# shared by the sessions of the same arguments (each with its own `calls`); the model is kept with
-# them so that its id is not reused by another model.
+# (model, lengths, beam rows, write_cache) -> the first session of those arguments, whose traced
+# functions the later ones share (each with its own `calls`)
 _TRACED = {}
 
 
@@ -61,12 +62,11 @@ def function_session(model, source_length, cache_length, beam_rows=0,
     """A `FunctionSession` over the float32 clone of `model`, as the `cpu` file computes it; its
     functions are traced once per model and arguments (the clone's weights are `model`'s at that time:
     the tests do not change their models' weights)."""
-    key = (id(model), source_length, cache_length, beam_rows, write_cache)
+    key = (model, source_length, cache_length, beam_rows, write_cache)
     if key not in _TRACED:
         clone = translator.float32_clone(model, cache_length)
-        module = translator.TranslatorSignatures(clone, source_length, cache_length, beam_rows,
-                                                 write_cache=write_cache)
-        functions = {name: function for name, (function, _) in module.signatures().items()}
-        _TRACED[key] = (model, module, functions)
-    _, module, functions = _TRACED[key]
-    return FunctionSession(module, functions)
+        _TRACED[key] = FunctionSession(translator.TranslatorSignatures(clone, source_length, cache_length,
+                                                                       beam_rows, write_cache=write_cache))
+    session = copy.copy(_TRACED[key])
+    session.calls = []
+    return session
