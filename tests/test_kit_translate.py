@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 from stacks import once_on_keras2
-from user_checks import assert_lowest_accepted, refuses
+from user_checks import ascii_locale, assert_lowest_accepted, refuses
 
 from keras_posenc.app.dataset import NUM_RESERVED_IDS, train_sentencepiece
 from keras_posenc.app.translation import TranslationRun, translate_sentences
@@ -1051,22 +1051,12 @@ def test_input_that_cannot_be_read_is_one_line(tmp_path):
         f"--input {folder}: not readable (Is a directory).")
 
 
-@pytest.fixture
-def ascii_locale():
-    """The C locale's ASCII as the locale encoding (a shell with LANG=C and PYTHONUTF8=0)."""
-    import locale
-
-    previous = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    yield
-    locale.setlocale(locale.LC_CTYPE, previous)
-
-
-def test_text_is_read_and_written_as_utf8_whatever_the_locale(tmp_path, ascii_locale):
+def test_text_is_read_and_written_as_utf8_whatever_the_locale(tmp_path):
     german = "Größe ändern\nÜber\n"
     (tmp_path / "src.txt").write_bytes(german.encode("utf-8"))
-    assert run_translate.read_lines(str(tmp_path / "src.txt")) == ["Größe ändern", "Über"]
-    run_translate.write_atomically(str(tmp_path / "hyp.txt"), german)
+    with ascii_locale():
+        assert run_translate.read_lines(str(tmp_path / "src.txt")) == ["Größe ändern", "Über"]
+        run_translate.write_atomically(str(tmp_path / "hyp.txt"), german)
     assert (tmp_path / "hyp.txt").read_bytes() == german.encode("utf-8")
 
 

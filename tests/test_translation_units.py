@@ -9,7 +9,6 @@ the file runs in seconds (it is what `make mutation` runs for these modules).
 
 import io
 import json
-import locale
 import sys
 import types
 
@@ -19,6 +18,7 @@ import sacrebleu
 import sentencepiece as spm
 import tensorflow as tf
 from stacks import once_on_keras2
+from user_checks import ascii_locale
 
 from keras_posenc.app import dev_scoring, translation, translation_data
 from keras_posenc.app.dataset import CorpusError, train_sentencepiece
@@ -712,16 +712,12 @@ def test_translate_file_reads_utf8_text_whatever_the_locale(run_folder, seq2seq,
     source, reference = tmp_path / "in.txt", tmp_path / "ref.txt"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     reference.write_text("".join(line + "\n" for line in references), encoding="utf-8")
-    saved = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale: what open() reads without an encoding
-    try:
+    with ascii_locale():
         if not sys.flags.utf8_mode:  # (Python's UTF-8 mode reads UTF-8 in any locale)
             with pytest.raises(UnicodeDecodeError), open(source) as f:
                 f.read()
         result = translation.translate_file(str(run_folder), str(source), str(tmp_path / "out.txt"),
                                             reference_path=str(reference), beam_size=1)
-    finally:
-        locale.setlocale(locale.LC_CTYPE, saved)
     texts, _ = _translated_file(seq2seq, processor, lines, beam_size=1)
     assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "".join(text + "\n" for text in texts)
     assert result["bleu"] == translation.corpus_scores(texts, references)["bleu"]

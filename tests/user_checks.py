@@ -10,6 +10,8 @@
   new one's, and no partial or temporary file.
 - `assert_readable_per_umask`: a written file's mode is 0o666 less the umask, as `open` gives
   (tests run as root, who reads any file: the mode bits are what another user would meet).
+- `ascii_locale`: the C locale inside a block, for text that must be read and written as UTF-8
+  whatever the locale says.
 - `assert_config_round_trip`: `get_config` holds every constructor argument given, key by key, and
   `from_config` of it gives the same config again; `assert_arguments_covered` says which
   constructor arguments no case sets to a value other than its default.
@@ -17,6 +19,7 @@
 
 import contextlib
 import inspect
+import locale
 import os
 import resource
 import signal
@@ -184,6 +187,18 @@ def umask(mask):
         yield
     finally:
         os.umask(previous)
+
+
+@contextlib.contextmanager
+def ascii_locale():
+    """The C locale inside the block: ASCII is what `open` reads and writes without an encoding (a
+    shell with LANG=C and PYTHONUTF8=0; Python's UTF-8 mode, when on, still reads UTF-8)."""
+    previous = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, previous)
 
 
 def assert_readable_per_umask(path, mask):
